@@ -1,0 +1,357 @@
+"""The configuration: one pydantic model, read from JSON or YAML (precdbg's flat form or an msprobe
+config.json as is), overridden by keyword arguments, validated once.
+
+Every error is a `ConfigError` whose message names the file and the key, on one line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+from .schema import DataMode, Level, SummaryMode, Task
+
+__all__ = ["DumpConfig", "load_config"]
+
+_LEVEL_ALIASES = {"l0": Level.MODULE, "l1": Level.API, "module": Level.MODULE, "api": Level.API,
+                  "mix": Level.MIX}
+_SUMMARY_ALIASES = {"statistics": SummaryMode.STATISTICS, "checksum": SummaryMode.CHECKSUM,
+                    "md5": SummaryMode.CHECKSUM}
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def _expand_int_list(value: Any, key: str) -> List[int]:
+    """[0, 2, "4-6"] -> [0, 2, 4, 5, 6]; an int alone is a one-element list."""
+    if value is None:
+        return []
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"expected a list of integers, got {value!r}")
+    out: List[int] = []
+    for item in value:
+        if isinstance(item, bool):
+            raise ValueError(f"expected an integer, got {item!r}")
+        if isinstance(item, int):
+            out.append(item)
+            continue
+        if isinstance(item, str):
+            match = _RANGE.match(item)
+            if match:
+                lo, hi = int(match.group(1)), int(match.group(2))
+                if lo > hi:
+                    raise ValueError(f"range {item!r} runs backwards")
+                out.extend(range(lo, hi + 1))
+                continue
+            if item.strip().isdigit():
+                out.append(int(item))
+                continue
+        raise ValueError(f"expected an integer or a range like '3-5', got {item!r}")
+    if any(v < 0 for v in out):
+        raise ValueError(f"{key} values must be >= 0, got {sorted(set(v for v in out if v < 0))}")
+    return sorted(set(out))
+
+
+class DumpConfig(BaseModel):
+    """What to capture, where to write it. Field names follow msprobe where one exists."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    task: Task = Task.STATISTICS
+    level: Level = Level.MIX
+    dump_path: str = "./precdbg_dump"
+    step: List[int] = Field(default_factory=list, description="iterations to dump; empty = all")
+    rank: List[int] = Field(default_factory=list, description="ranks to dump; empty = all")
+    scope: List[str] = Field(default_factory=list,
+                             description="glob patterns on module path or entry/API name to keep")
+    scope_range: List[str] = Field(default_factory=list,
+                                   description="msprobe scope: [first entry, last entry], inclusive, "
+                                               "in forward execution order")
+    api_list: List[str] = Field(default_factory=list, alias="list",
+                                description="API names (or substrings) to keep, e.g. 'linear'")
+    tensor_list: List[str] = Field(default_factory=list,
+                                   description="statistics task: also store full tensors of these")
+    data_mode: List[DataMode] = Field(default_factory=lambda: [DataMode.ALL])
+    summary_mode: SummaryMode = SummaryMode.STATISTICS
+    include_optimizer: bool = False
+    stack: bool = True
+    queue_mb: int = Field(default=256, ge=1, le=1 << 20)
+    overflow_nums: int = Field(default=-1, ge=-1,
+                               description="overflow task: keep the first N non-finite ops; -1 all")
+    compression: Optional[str] = None
+    seed: Optional[int] = None
+    deterministic: bool = False
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _level(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            key = value.strip().lower()
+            if key == "l2":
+                raise ValueError("L2 (kernel-level dump) is not supported; use module (L0), "
+                                 "api (L1) or mix")
+            if key in _LEVEL_ALIASES:
+                return _LEVEL_ALIASES[key]
+            raise ValueError(f"{value!r} is not one of module, api, mix (or L0, L1)")
+        return value
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            key = value.strip().lower()
+            if key == "overflow_check":
+                return Task.OVERFLOW
+            if key not in {t.value for t in Task}:
+                raise ValueError(f"{value!r} is not one of statistics, tensor, overflow")
+            return key
+        return value
+
+    @field_validator("summary_mode", mode="before")
+    @classmethod
+    def _summary(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            key = value.strip().lower()
+            if key not in _SUMMARY_ALIASES:
+                raise ValueError(f"{value!r} is not one of statistics, checksum (or md5)")
+            return _SUMMARY_ALIASES[key]
+        return value
+
+    @field_validator("step", "rank", mode="before")
+    @classmethod
+    def _int_lists(cls, value: Any, info: Any) -> List[int]:
+        return _expand_int_list(value, info.field_name)
+
+    @field_validator("scope", "api_list", "tensor_list", mode="before")
+    @classmethod
+    def _str_lists(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        return value
+
+    @field_validator("data_mode", mode="before")
+    @classmethod
+    def _data_mode(cls, value: Any) -> Any:
+        if value is None or value == []:
+            return [DataMode.ALL]
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)) and len(value) > 1 and "all" in value:
+            raise ValueError("'all' must stand alone (or combine forward/backward with input/output)")
+        return value
+
+    @field_validator("scope_range")
+    @classmethod
+    def _scope_range(cls, value: List[str]) -> List[str]:
+        if value and len(value) != 2:
+            raise ValueError(f"expected [first entry, last entry], got {len(value)} names")
+        return value
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, value: Optional[str]) -> Optional[str]:
+        if value in (None, "", "none"):
+            return None
+        if value not in ("lzf", "gzip"):
+            raise ValueError(f"{value!r} is not one of none, lzf, gzip")
+        return value
+
+    # ---- derived views (kept here so every adapter applies the same rules) ----
+    @property
+    def keeps_modules(self) -> bool:
+        return self.level in (Level.MODULE, Level.MIX)
+
+    @property
+    def keeps_apis(self) -> bool:
+        return self.level in (Level.API, Level.MIX)
+
+    @property
+    def checksums(self) -> bool:
+        return self.summary_mode is SummaryMode.CHECKSUM
+
+    def public_dict(self) -> Dict[str, Any]:
+        """JSON-ready form, as recorded in run.json."""
+        return json.loads(self.model_dump_json(by_alias=True))
+
+
+# ----------------------------------------------------------------------------- msprobe form
+_MSPROBE_TASK_SECTIONS = {"statistics": "statistics", "tensor": "tensor",
+                          "overflow_check": "overflow_check", "overflow": "overflow_check"}
+_MSPROBE_UNSUPPORTED_TASKS = {"free_benchmark", "run_ut", "grad_probe", "structure",
+                              "exception_dump", "acc_check", "diff_check", "nan_check"}
+_MSPROBE_SECTIONS = set(_MSPROBE_TASK_SECTIONS.values()) | _MSPROBE_UNSUPPORTED_TASKS
+# top-level msprobe keys that carry over unchanged, renamed, or are checked then dropped
+_MSPROBE_TOP_KEEP = {"task", "dump_path", "rank", "step", "level"}
+_MSPROBE_TOP_RENAMED = {"is_deterministic": "deterministic", "seed": "seed"}
+_MSPROBE_SECTION_KEEP = {"list", "data_mode", "tensor_list", "overflow_nums"}
+# msprobe names an entry Prefix.api.N.direction or Module|Cell.path.Class.direction.N
+_ENTRY_NAME = re.compile(r"^[A-Za-z]+\..+\.(\d+\.(forward|backward)|(forward|backward)\.\d+)$")
+_MS_STAT_ITEMS = {"max", "min", "mean", "l2norm", "norm", "nan count", "negative zero count",
+                  "positive zero count", "zero count", "inf count", "-inf count", "hash", "md5"}
+
+
+def _is_msprobe(raw: Mapping[str, Any]) -> bool:
+    return any(key in raw and isinstance(raw[key], dict) for key in _MSPROBE_SECTIONS) or any(
+        key in raw for key in ("is_deterministic", "enable_dataloader", "async_dump", "framework"))
+
+
+def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
+    """Translate an msprobe config.json into precdbg's flat form; refuse what cannot apply."""
+    task = str(raw.get("task", "statistics")).strip().lower()
+    if task in _MSPROBE_UNSUPPORTED_TASKS:
+        raise ConfigError(f"{where}: task: msprobe task {task!r} is not a dump task; precdbg "
+                          "supports statistics, tensor and overflow_check")
+    flat: Dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _MSPROBE_SECTIONS:
+            continue
+        if key in _MSPROBE_TOP_KEEP:
+            flat[key] = value
+        elif key in _MSPROBE_TOP_RENAMED:
+            flat[_MSPROBE_TOP_RENAMED[key]] = value
+        elif key == "enable_dataloader":
+            if value:
+                raise ConfigError(f"{where}: enable_dataloader: dataloader-driven steps are not "
+                                  "supported; call debugger.step() once per iteration")
+        elif key in ("async_dump", "framework", "precision", "extra_info", "risk_level", "load"):
+            continue  # precdbg always writes in the background, always in float64 statistics
+        elif key == "dump_enable":
+            if value is False:
+                raise ConfigError(f"{where}: dump_enable: false would dump nothing; remove the "
+                                  "debugger or set it to true")
+        elif key == "acl_config":
+            continue  # only used by L2, which is refused through `level`
+        elif key == "custom_op_namespaces":
+            if value:
+                raise ConfigError(f"{where}: custom_op_namespaces: not supported; custom ops are "
+                                  "captured when they dispatch through torch")
+        else:
+            raise ConfigError(f"{where}: {key}: unknown msprobe key")
+    section_name = _MSPROBE_TASK_SECTIONS.get(task)
+    section = raw.get(section_name, {}) if section_name else {}
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: {section_name}: expected an object, got {type(section).__name__}")
+    for key, value in section.items():
+        path = f"{section_name}.{key}"
+        if key in _MSPROBE_SECTION_KEEP:
+            flat[key] = value
+        elif key == "scope":
+            _msprobe_scope(value, flat, where, path)
+        elif key == "summary_mode":
+            flat[key] = _msprobe_summary(value, where, path)
+        elif key in ("device", "bench_path", "diff_nums", "error_data_path", "white_list",
+                     "black_list", "is_online", "rank_list"):
+            continue  # host/device statistics placement and acc_check settings: nothing to do
+        elif key == "file_format":
+            if str(value).lower() not in ("npy", "hdf5", "h5"):
+                raise ConfigError(f"{where}: {path}: {value!r} does not apply; precdbg stores "
+                                  "tensors in the step's HDF5 file (use 'npy' or omit it)")
+        elif key == "check_mode":
+            if str(value).lower() != "all":
+                raise ConfigError(f"{where}: {path}: {value!r} is an Ascend kernel overflow mode; "
+                                  "precdbg checks every captured tensor ('all')")
+        elif key in ("online_run_ut", "online_run_ut_recompute"):
+            if value:
+                raise ConfigError(f"{where}: {path}: online run_ut is not supported")
+        elif key in ("nfs_path", "host", "port", "tls_path", "backward_input"):
+            if value not in (None, "", [], 0, -1):
+                raise ConfigError(f"{where}: {path}: remote/online dumping is not supported")
+        else:
+            raise ConfigError(f"{where}: {path}: unknown key for task {task!r}")
+    return flat
+
+
+def _msprobe_scope(value: Any, flat: Dict[str, Any], where: str, path: str) -> None:
+    """msprobe's scope is [first, last] full entry names; precdbg also takes glob patterns."""
+    if not value:
+        return
+    names = [value] if isinstance(value, str) else list(value)
+    if all(isinstance(n, str) and _ENTRY_NAME.match(n) for n in names):
+        if len(names) == 1:
+            names = names * 2
+        if len(names) != 2:
+            raise ConfigError(f"{where}: {path}: a scope of entry names must be [first, last]")
+        flat["scope_range"] = names
+    else:
+        flat["scope"] = names
+
+
+def _msprobe_summary(value: Any, where: str, path: str) -> str:
+    if isinstance(value, list):
+        unknown = [v for v in value if str(v).lower() not in _MS_STAT_ITEMS]
+        if unknown:
+            raise ConfigError(f"{where}: {path}: unknown statistic {unknown[0]!r}")
+        return "checksum" if any(str(v).lower() in ("hash", "md5") for v in value) \
+            else "statistics"
+    if str(value).lower() == "xor":
+        return "checksum"
+    return value
+
+
+# ----------------------------------------------------------------------------- loading
+def _read_file(path: str) -> Dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    lower = path.lower()
+    try:
+        if lower.endswith((".yaml", ".yml")):
+            import yaml
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+                          f"{exc.msg}") from None
+    except Exception as exc:  # yaml.YAMLError and friends
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{path}: invalid YAML: {reason}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def _pydantic_message(exc: ValidationError, where: str) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err.get("loc", ())) or "config"
+    if key == "api_list":
+        key = "list"
+    msg = err.get("msg", "invalid value")
+    if err.get("type") == "extra_forbidden":
+        fields = ", ".join(sorted(f.alias or n for n, f in DumpConfig.model_fields.items()))
+        msg = f"unknown key (known: {fields})"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{where}: {key}: {msg}{extra}"
+
+
+def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConfig:
+    """Read a config file (JSON/YAML, precdbg or msprobe form) and apply keyword overrides."""
+    where = config_path or "arguments"
+    raw: Dict[str, Any] = {}
+    if config_path is not None:
+        raw = _read_file(os.fspath(config_path))
+        if _is_msprobe(raw):
+            raw = _from_msprobe(raw, where)
+    for key, value in overrides.items():
+        if value is not None:
+            raw["list" if key == "api_list" else key] = value
+            where = f"{where}" if config_path else "arguments"
+    try:
+        return DumpConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_pydantic_message(exc, where)) from None

@@ -1,0 +1,107 @@
+"""The user-facing debugger object, shared by every adapter: an ordinary object and a context
+manager around one `Session`. `start/stop/step` are safe to repeat and never raise into training
+except for invalid arguments (a `PrecdbgError` with a one-line reason)."""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+from .config import DumpConfig, load_config
+from .errors import PrecdbgError
+from .session import Adapter, Session
+
+__all__ = ["BaseDebugger"]
+
+log = logging.getLogger("precdbg")
+
+
+def _close_at_exit(ref: "weakref.ref[BaseDebugger]") -> None:
+    debugger = ref()
+    if debugger is not None:
+        debugger.close()
+
+
+class BaseDebugger:
+    """`PrecisionDebugger(config_path=None, **settings)`; settings override the file."""
+
+    def __init__(self, config_path: Optional[str], adapter_factory: Callable[[], Adapter],
+                 **settings: Any) -> None:
+        self.config: DumpConfig = load_config(config_path, **settings)
+        self._session = Session(self.config, adapter_factory())
+        self._closed = False
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # -- the four lines ----------------------------------------------------------------------
+    def start(self, model: Any = None) -> bool:
+        """Start capturing (no-op on steps/ranks not selected). Returns whether it captures."""
+        try:
+            return self._session.start(model)
+        except (PrecdbgError, TypeError) as exc:
+            raise PrecdbgError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a broken hook must not stop training
+            self._session.hook_failed(exc, "start()")
+            return False
+
+    def stop(self) -> None:
+        try:
+            self._session.stop()
+        except Exception as exc:  # noqa: BLE001
+            self._session.hook_failed(exc, "stop()")
+
+    def step(self) -> None:
+        try:
+            self._session.step()
+        except Exception as exc:  # noqa: BLE001
+            self._session.hook_failed(exc, "step()")
+
+    @contextlib.contextmanager
+    def capture(self, model: Any = None) -> Iterator["BaseDebugger"]:
+        """`with debugger.capture(model): ...` is start(model) ... stop()."""
+        self.start(model)
+        try:
+            yield self
+        finally:
+            self.stop()
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def close(self, timeout: Optional[float] = 120.0) -> bool:
+        """Stop, then wait until every step file is written. Safe to repeat."""
+        if self._closed:
+            return True
+        self._closed = True
+        try:
+            return self._session.close(timeout)
+        except Exception as exc:  # noqa: BLE001
+            self._session.hook_failed(exc, "close()")
+            return False
+
+    def flush(self, timeout: Optional[float] = 120.0) -> bool:
+        """Wait until everything captured so far is on disk."""
+        return self._session.writer.flush(timeout)
+
+    def __enter__(self) -> "BaseDebugger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def current_step(self) -> int:
+        return self._session.current_step
+
+    @property
+    def capturing(self) -> bool:
+        return self._session.active
+
+    @property
+    def failures(self) -> int:
+        """Hook and writer failures so far (each logged; none raised into training)."""
+        return self._session.failures + self._session.writer.errors
+
+    @property
+    def dump_path(self) -> str:
+        return self.config.dump_path

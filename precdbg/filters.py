@@ -1,0 +1,98 @@
+"""What to keep: level, phase, scope, list, scope range, data mode. One rule set for every adapter."""
+from __future__ import annotations
+
+import fnmatch
+from typing import FrozenSet, Iterable, Optional
+
+from .config import DumpConfig
+from .schema import DataMode, Direction, Phase, Role
+
+__all__ = ["CaptureFilter"]
+
+_INPUT_ROLES = frozenset({Role.INPUT.value, Role.GRAD_OUTPUT.value})
+_OUTPUT_ROLES = frozenset({Role.OUTPUT.value, Role.GRAD_INPUT.value, Role.PARAM_GRAD.value})
+
+
+def _glob_any(text: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(text, p) for p in patterns)
+
+
+class CaptureFilter:
+    """Decides, per entry at its forward call, whether it is captured; per record, by data mode."""
+
+    def __init__(self, config: DumpConfig) -> None:
+        self.config = config
+        modes = set(config.data_mode)
+        directions = {m for m in modes if m in (DataMode.FORWARD, DataMode.BACKWARD)}
+        ios = {m for m in modes if m in (DataMode.INPUT, DataMode.OUTPUT)}
+        self.directions: FrozenSet[str] = frozenset(
+            d.value for d in directions) if directions else frozenset({"forward", "backward"})
+        roles = set()
+        if DataMode.INPUT in ios:
+            roles |= _INPUT_ROLES
+        if DataMode.OUTPUT in ios:
+            roles |= _OUTPUT_ROLES
+        self.roles: Optional[FrozenSet[str]] = frozenset(roles) if ios else None
+        self.scope = list(config.scope)
+        self.api_list = list(config.api_list)
+        self.tensor_list = list(config.tensor_list)
+        self.range_first, self.range_last = (config.scope_range + [None, None])[:2]
+        self.range_state = 0 if self.range_first else 1   # 0 before, 1 inside, 2 after
+        self.keeps_backward = "backward" in self.directions
+
+    def reset_step(self) -> None:
+        self.range_state = 0 if self.range_first else 1
+
+    # -- entry level ------------------------------------------------------------------------
+    def _named(self, patterns, entry: str, api: str, module: str, substring: bool) -> bool:
+        if substring:
+            return any(p in entry or p == api for p in patterns)
+        return (_glob_any(entry, patterns) or _glob_any(api, patterns)
+                or (module != "" and (_glob_any(module, patterns)
+                                      or _glob_any(module, [p + ".*" for p in patterns]))))
+
+    def keep_entry(self, entry: str, api: str, module: str, phase: str, inside_kept_module: bool,
+                   is_module: bool) -> bool:
+        cfg = self.config
+        if phase == Phase.OPTIMIZER.value and not cfg.include_optimizer:
+            return False
+        if is_module and not cfg.keeps_modules:
+            return False
+        if not is_module and not cfg.keeps_apis:
+            return False
+        if self.range_first is not None:
+            if self.range_state == 0 and entry == self.range_first:
+                self.range_state = 1
+            if self.range_state != 1:
+                return False
+            if entry == self.range_last:
+                self.range_state = 2
+        if inside_kept_module:
+            return True
+        if self.scope and not self._named(self.scope, entry, api, module, substring=False):
+            return False
+        if self.api_list and not self._named(self.api_list, entry, api, module, substring=True):
+            return False
+        return True
+
+    def module_selects_subtree(self, entry: str, cls: str, path: str) -> bool:
+        """At level mix a module named by `list`/`scope` is dumped whole, with every call inside."""
+        if self.api_list and self._named(self.api_list, entry, cls, path, substring=True):
+            return True
+        return bool(self.scope) and self._named(self.scope, entry, cls, path, substring=False)
+
+    def stores_tensor(self, entry: str, api: str) -> bool:
+        return bool(self.tensor_list) and self._named(self.tensor_list, entry, api, "", True)
+
+    def keep_param(self, path: str) -> bool:
+        if not self.scope:
+            return True
+        return _glob_any(path, self.scope) or _glob_any(path, [p + ".*" for p in self.scope])
+
+    # -- record level -------------------------------------------------------------------------
+    def keep_record(self, direction: str, role: str) -> bool:
+        if direction != Direction.NONE.value and direction not in self.directions:
+            return False
+        if self.roles is not None and role not in self.roles and direction != "none":
+            return False
+        return True

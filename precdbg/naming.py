@@ -1,0 +1,101 @@
+"""Entry names and the canonical op vocabulary.
+
+Entry names are *derived* from record fields (prefix, API or module path and class, call index,
+direction); nothing ever parses them back. Canonical ops put the same math under the same word in
+every framework (`torch.matmul`, `Tensor.__matmul__`, `ops.matmul` are all `matmul`). The tables
+are data files in `precdbg/names/`, read on first use (importing this module reads nothing).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+from typing import Any, Dict, Iterable
+
+__all__ = ["api_entry", "module_entry", "param_entry", "canonical_op", "framework_table",
+           "normalize_api_name"]
+
+_NAMES_DIR = os.path.join(os.path.dirname(__file__), "names")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_REFLECTED = {"radd", "rsub", "rmul", "rtruediv", "rfloordiv", "rpow", "rmatmul", "rand", "ror",
+              "rxor", "rdiv", "rmod", "rlshift", "rrshift"}
+_INPLACE = {"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "imatmul", "iand", "ior",
+            "ixor", "idiv", "imod", "ilshift", "irshift"}
+
+
+def _join(*parts: Any) -> str:
+    return ".".join(str(p) for p in parts if p != "" and p is not None)
+
+
+def api_entry(prefix: str, api: str, call_index: int, direction: str) -> str:
+    """`Functional.linear.3.forward`"""
+    return _join(prefix, api, call_index, direction)
+
+
+def module_entry(prefix: str, path: str, cls: str, direction: str, call_index: int) -> str:
+    """`Module.blocks.0.attn.qkv.Linear.forward.0` (the root module has an empty path)."""
+    return _join(prefix, path, cls, direction, call_index)
+
+
+def param_entry(path: str, role: str, call_index: int = 0) -> str:
+    """`Param.blocks.0.attn.qkv.weight.grad`; inventory `Param.<path>` / `Buffer.<path>`."""
+    if role == "param_grad":
+        return _join("Param", path, "grad", call_index if call_index else "")
+    return _join("Buffer" if role == "buffer" else "Param", path)
+
+
+@functools.lru_cache(maxsize=None)
+def _yaml(name: str) -> Dict[str, Any]:
+    import yaml
+    with open(os.path.join(_NAMES_DIR, name), "r", encoding="utf-8") as handle:
+        return yaml.safe_load(handle) or {}
+
+
+def framework_table(framework: str) -> Dict[str, Any]:
+    """The name table of one framework (`torch`, `mindspore`): prefixes, ignore list, aliases."""
+    return _yaml(f"{framework}.yaml")
+
+
+@functools.lru_cache(maxsize=None)
+def _alias_index() -> Dict[str, str]:
+    index: Dict[str, str] = {}
+    for canonical, names in _yaml("ops.yaml").items():
+        index[canonical] = canonical
+        for name in names or ():
+            index[str(name)] = canonical
+    return index
+
+
+def normalize_api_name(name: str) -> str:
+    """`__radd__` -> `add`, `add_` -> `add`, `LayerNorm` -> `layer_norm`, `Conv2d` -> `conv2d`."""
+    base = name.rsplit(".", 1)[-1]
+    dunder = base.startswith("__") and base.endswith("__")
+    base = base.strip("_")
+    if dunder:
+        if base in _REFLECTED or base in _INPLACE:
+            base = base[1:]
+    elif name.endswith("_") and not name.endswith("__"):
+        base = base.rstrip("_")
+    if any(ch.isupper() for ch in base):
+        base = _CAMEL.sub("_", base).lower()
+    return base
+
+
+@functools.lru_cache(maxsize=8192)
+def canonical_op(name: str) -> str:
+    """The canonical op of an API, method or module/cell class name."""
+    base = normalize_api_name(name)
+    index = _alias_index()
+    if base in index:
+        return index[base]
+    compact = base.replace("_", "")
+    for candidate in (compact, re.sub(r"\d+d$", "", base)):
+        if candidate in index:
+            return index[candidate]
+    return base
+
+
+def matches_any(text: str, patterns: Iterable[str]) -> bool:
+    """Glob match (fnmatch, case-sensitive) of `text` against any pattern."""
+    import fnmatch
+    return any(fnmatch.fnmatchcase(text, p) for p in patterns)

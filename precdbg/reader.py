@@ -1,0 +1,263 @@
+"""Open a dump: records as numpy columns, tensors lazily.
+
+`open_dump(path)` takes a dump root (with run.json and step<S>/ folders), one step folder, or one
+step file. Incomplete files (`*.partial`, left by a crash) are skipped and listed in `.partial`.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import DumpError
+from .schema import RECORD_COLUMNS, SCHEMA_VERSION
+
+__all__ = ["open_dump", "Dump", "RecordTable"]
+
+_STEP_DIR = re.compile(r"^step(\d+)$")
+_RANK_FILE = re.compile(r"^rank(\d+)(?:\.part(\d+))?\.h5$")
+_STRING_COLUMNS = {name for name, dtype in RECORD_COLUMNS if dtype is None}
+
+
+class RecordTable:
+    """Records as columns (numpy arrays of equal length), with `step` and `rank` added."""
+
+    def __init__(self, columns: Dict[str, np.ndarray]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns["entry"]) if "entry" in self.columns else 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self.columns[name]
+        except KeyError:
+            raise KeyError(f"no record column {name!r}; columns: {sorted(self.columns)}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.columns
+
+    def select(self, mask: Any) -> "RecordTable":
+        return RecordTable({k: v[mask] for k, v in self.columns.items()})
+
+    def row(self, i: int) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for name, column in self.columns.items():
+            value = column[i]
+            if name == "shape":
+                ndim = int(self.columns["ndim"][i])
+                value = tuple(int(d) for d in value[:ndim])
+            elif isinstance(value, np.generic):
+                value = value.item()
+            out[name] = value
+        return out
+
+    def rows(self) -> Iterator[Dict[str, Any]]:
+        for i in range(len(self)):
+            yield self.row(i)
+
+    @property
+    def key(self) -> np.ndarray:
+        """`<entry>.<role>.<arg_index>`: the name a tensor is fetched by."""
+        return np.char.add(np.char.add(np.char.add(self["entry"], "."), self["role"]),
+                           np.char.add(".", self["arg_index"].astype(str)))
+
+
+def _concat(tables: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+    if not tables:
+        return {}
+    if len(tables) == 1:
+        return tables[0]
+    return {name: np.concatenate([t[name] for t in tables]) for name in tables[0]}
+
+
+class _StepFile:
+    def __init__(self, path: str) -> None:
+        import h5py
+        self.path = path
+        try:
+            self.file = h5py.File(path, "r")
+        except OSError as exc:
+            raise DumpError(f"{path}: not a readable HDF5 step file ({exc})") from None
+        attrs = self.file.attrs
+        version = int(attrs.get("schema_version", -1))
+        if version != SCHEMA_VERSION:
+            raise DumpError(f"{path}: schema version {version}, this precdbg reads "
+                            f"{SCHEMA_VERSION}")
+        self.step = int(attrs["step"])
+        self.rank = int(attrs["rank"])
+        self.part = int(attrs.get("part", 0))
+        self.attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
+
+    def columns(self) -> Dict[str, np.ndarray]:
+        group = self.file["records"]
+        out: Dict[str, np.ndarray] = {}
+        for name, _ in RECORD_COLUMNS:
+            data = group[name][()]
+            if name in _STRING_COLUMNS:
+                data = np.char.decode(data, "utf-8") if data.size else data.astype(str)
+            out[name] = data
+        out["shape"] = group["shape"][()]
+        out["ndim"] = group["ndim"][()]
+        count = len(out["entry"])
+        out["step"] = np.full(count, self.step, dtype=np.int64)
+        out["rank"] = np.full(count, self.rank, dtype=np.int64)
+        out["part"] = np.full(count, self.part, dtype=np.int32)
+        return out
+
+    def read_bytes(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.file["data"][offset:offset + nbytes]
+
+    def strings(self, group: str, column: str) -> List[str]:
+        if group not in self.file:
+            return []
+        return [s.decode("utf-8") if isinstance(s, bytes) else s
+                for s in self.file[group][column][()]]
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _as_array(raw: np.ndarray, dtype: str, shape: Tuple[int, ...]) -> np.ndarray:
+    if dtype == "bfloat16" or dtype.startswith("float8"):
+        import ml_dtypes
+        np_dtype = np.dtype(getattr(ml_dtypes, dtype))
+    else:
+        np_dtype = np.dtype(dtype)
+    return raw.view(np_dtype).reshape(shape)
+
+
+class Dump:
+    """A dump on disk: `run`, `steps`, `ranks`, `records()`, `tensor()`, `modules()`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.run: Dict[str, Any] = {}
+        self.partial: List[str] = []
+        self._files: Dict[Tuple[int, int], List[_StepFile]] = {}
+        paths = self._discover(path)
+        for file_path in paths:
+            sf = _StepFile(file_path)
+            self._files.setdefault((sf.step, sf.rank), []).append(sf)
+        for parts in self._files.values():
+            parts.sort(key=lambda f: f.part)
+        if not self._files:
+            extra = f" ({len(self.partial)} incomplete .partial file(s))" if self.partial else ""
+            raise DumpError(f"{path}: no complete step files found{extra}")
+
+    def _discover(self, path: str) -> List[str]:
+        if not os.path.exists(path):
+            raise DumpError(f"{path}: no such dump")
+        if os.path.isfile(path):
+            if path.endswith(".partial"):
+                raise DumpError(f"{path}: incomplete step file (the run stopped while writing it)")
+            self._load_run(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+            return [path]
+        step_dirs = [path] if _STEP_DIR.match(os.path.basename(os.path.normpath(path))) else \
+            [d for d in glob.glob(os.path.join(path, "step*")) if os.path.isdir(d)
+             and _STEP_DIR.match(os.path.basename(d))]
+        self._load_run(path if len(step_dirs) != 1 or step_dirs[0] != path
+                       else os.path.dirname(os.path.abspath(path)))
+        files: List[str] = []
+        for step_dir in step_dirs:
+            for name in sorted(os.listdir(step_dir)):
+                if name.endswith(".partial"):
+                    self.partial.append(os.path.join(step_dir, name))
+                elif _RANK_FILE.match(name):
+                    files.append(os.path.join(step_dir, name))
+        return files
+
+    def _load_run(self, root: str) -> None:
+        run_json = os.path.join(root, "run.json")
+        if os.path.isfile(run_json):
+            try:
+                with open(run_json, "r", encoding="utf-8") as handle:
+                    self.run = json.load(handle)
+            except (OSError, json.JSONDecodeError) as exc:
+                raise DumpError(f"{run_json}: unreadable ({exc})") from None
+
+    @property
+    def steps(self) -> List[int]:
+        return sorted({s for s, _ in self._files})
+
+    @property
+    def ranks(self) -> List[int]:
+        return sorted({r for _, r in self._files})
+
+    def files(self, step: Optional[int] = None, rank: Optional[int] = None) -> List[_StepFile]:
+        out = []
+        for (s, r), parts in sorted(self._files.items()):
+            if (step is None or s == step) and (rank is None or r == rank):
+                out.extend(parts)
+        return out
+
+    def records(self, step: Optional[int] = None, rank: Optional[int] = None) -> RecordTable:
+        files = self.files(step, rank)
+        if not files and (step is not None or rank is not None):
+            raise DumpError(f"{self.path}: no step {step if step is not None else '*'} rank "
+                            f"{rank if rank is not None else '*'} (steps {self.steps}, "
+                            f"ranks {self.ranks})")
+        return RecordTable(_concat([f.columns() for f in files]))
+
+    def tensor(self, key: str, step: Optional[int] = None, rank: Optional[int] = None
+               ) -> np.ndarray:
+        """A stored tensor by `<entry>.<role>.<arg_index>`, e.g.
+        `Functional.linear.0.forward.output.0`; bf16 comes back as ml_dtypes.bfloat16."""
+        for sf in self.files(step, rank):
+            cols = sf.columns()
+            table = RecordTable(cols)
+            hits = np.nonzero(table.key == key)[0]
+            if len(hits):
+                return self._tensor_of(sf, table.row(int(hits[0])))
+        raise DumpError(f"{self.path}: no record {key!r}" +
+                        (f" in step {step}" if step is not None else ""))
+
+    def tensor_at(self, table: RecordTable, i: int) -> np.ndarray:
+        """The stored tensor of row i of a table returned by `records()`."""
+        row = table.row(i)
+        for sf in self._files.get((row["step"], row["rank"]), []):
+            if sf.part == row["part"]:
+                return self._tensor_of(sf, row)
+        raise DumpError(f"{self.path}: step {row['step']} rank {row['rank']} is not open")
+
+    @staticmethod
+    def _tensor_of(sf: _StepFile, row: Dict[str, Any]) -> np.ndarray:
+        if row["data_offset"] < 0:
+            raise DumpError(f"{sf.path}: {row['entry']} {row['role']} {row['arg_index']} has "
+                            "statistics only (dump with task 'tensor' to keep tensors)")
+        raw = sf.read_bytes(row["data_offset"], row["data_nbytes"])
+        return _as_array(raw, row["dtype"], row["shape"])
+
+    def modules(self, step: Optional[int] = None, rank: Optional[int] = None
+                ) -> List[Tuple[str, str, str]]:
+        for sf in self.files(step, rank):
+            paths = sf.strings("modules", "path")
+            if paths:
+                return list(zip(paths, sf.strings("modules", "cls"), sf.strings("modules", "parent")))
+        return []
+
+    def stacks(self, step: int, rank: int = 0, part: int = 0) -> List[str]:
+        for sf in self._files.get((step, rank), []):
+            if sf.part == part:
+                return sf.strings("stacks", "text")
+        return []
+
+    def close(self) -> None:
+        for parts in self._files.values():
+            for sf in parts:
+                sf.close()
+
+    def __enter__(self) -> "Dump":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_dump(path: str) -> Dump:
+    """Open a dump root, a step folder or one step file."""
+    return Dump(os.fspath(path))

@@ -1,0 +1,141 @@
+"""What one captured tensor is: the neutral record every adapter produces and every tool reads.
+
+A `Record` is plain structured data (a slotted dataclass, cheap enough to create thousands of times
+per step on the training thread). Names are derived from its fields by `precdbg.naming`, never
+parsed back. The HDF5 layout of a step file is the column list `RECORD_COLUMNS`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import Optional, Tuple
+
+import numpy as np
+
+__all__ = [
+    "SCHEMA_VERSION", "Task", "Level", "RecordKind", "Direction", "Role", "Phase", "DataMode",
+    "SummaryMode", "Record", "Stats", "RECORD_COLUMNS", "MAX_NDIM",
+]
+
+SCHEMA_VERSION = 1
+MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)
+
+
+class Task(str, Enum):
+    STATISTICS = "statistics"
+    TENSOR = "tensor"
+    OVERFLOW = "overflow"
+
+
+class Level(str, Enum):
+    MODULE = "module"
+    API = "api"
+    MIX = "mix"
+
+
+class RecordKind(str, Enum):
+    API = "api"
+    MODULE = "module"
+    PARAM_GRAD = "param_grad"
+    PARAM = "param"
+
+
+class Direction(str, Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    NONE = "none"          # parameter inventory, taken outside any pass
+
+
+class Role(str, Enum):
+    INPUT = "input"
+    OUTPUT = "output"
+    GRAD_INPUT = "grad_input"      # gradient produced for an input (dx)
+    GRAD_OUTPUT = "grad_output"    # gradient arriving at an output (dy)
+    PARAM_GRAD = "param_grad"      # dw of this backward pass
+    PARAM = "param"                # inventory: a parameter at start()
+    BUFFER = "buffer"              # inventory: a buffer at start()
+
+
+class Phase(str, Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    SETUP = "setup"                # inventory at start()
+
+
+class DataMode(str, Enum):
+    ALL = "all"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    INPUT = "input"        # forward inputs and the gradients flowing into a backward (grad_output)
+    OUTPUT = "output"      # forward outputs and the gradients a backward produces (grad_input)
+
+
+class SummaryMode(str, Enum):
+    STATISTICS = "statistics"
+    CHECKSUM = "checksum"
+
+
+@dataclasses.dataclass
+class Stats:
+    """Summary of one tensor. Counts are -1 when unknown (see `Record.stats_exact`)."""
+    min: float = float("nan")
+    max: float = float("nan")
+    mean: float = float("nan")
+    norm: float = float("nan")
+    nan_count: int = 0
+    inf_count: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class Record:
+    """One captured tensor (or non-tensor argument) of one entry."""
+    entry: str                     # derived entry name, e.g. Functional.linear.3.forward
+    kind: str                      # RecordKind value
+    prefix: str                    # Functional, Tensor, Torch, Module, Param, ...
+    api: str                       # framework API name, module class, or parameter path
+    op: str                        # canonical op (same vocabulary in every framework)
+    module: str                    # owning module path ('' = root / outside any module)
+    direction: str
+    role: str
+    phase: str
+    arg_index: int                 # ordinal of this tensor within its role
+    arg_key: str                   # where it came from: "0", "0.1", "weight", ...
+    call_index: int
+    order: int                     # execution order of the forward call of the entry
+    seq: int = 0                   # emission order within the step (backward order for grads)
+    dtype: str = ""
+    shape: Tuple[int, ...] = ()
+    numel: int = 0
+    min: float = float("nan")
+    max: float = float("nan")
+    mean: float = float("nan")
+    norm: float = float("nan")
+    nan_count: int = 0
+    inf_count: int = 0
+    checksum: str = ""
+    text: str = ""                 # value of a non-tensor argument
+    trainable: bool = False
+    stack_id: int = -1
+    data_offset: int = -1          # byte offset in the step file's data blob (tensor task)
+    data_nbytes: int = 0
+    tensor_id: int = -1            # distinct-tensor identity within the step (dedup key)
+
+    @property
+    def is_nonfinite(self) -> bool:
+        return self.nan_count != 0 or self.inf_count != 0
+
+
+# (column, numpy dtype or None for utf-8 strings) in storage order
+RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (
+    ("entry", None), ("kind", None), ("prefix", None), ("api", None), ("op", None),
+    ("module", None), ("direction", None), ("role", None), ("phase", None),
+    ("arg_index", np.dtype(np.int32)), ("arg_key", None), ("call_index", np.dtype(np.int32)),
+    ("order", np.dtype(np.int64)), ("seq", np.dtype(np.int64)), ("dtype", None),
+    ("numel", np.dtype(np.int64)), ("min", np.dtype(np.float64)), ("max", np.dtype(np.float64)),
+    ("mean", np.dtype(np.float64)), ("norm", np.dtype(np.float64)),
+    ("nan_count", np.dtype(np.int64)), ("inf_count", np.dtype(np.int64)), ("checksum", None),
+    ("text", None), ("trainable", np.dtype(np.bool_)), ("stack_id", np.dtype(np.int32)),
+    ("data_offset", np.dtype(np.int64)), ("data_nbytes", np.dtype(np.int64)),
+    ("tensor_id", np.dtype(np.int64)),
+)

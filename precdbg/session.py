@@ -1,0 +1,393 @@
+"""The start/stop/step lifecycle and the one place records are made.
+
+A `Session` owns the writer, the filters and every per-step counter; an `Adapter` (PyTorch,
+MindSpore) owns the framework hooks and only translates: it calls `begin_call`/`capture`/
+`end_call` with framework tensors, and answers the few tensor questions the core cannot
+(`describe`, `identity`, `summarize`/`resolve` for device statistics, `to_host`/`finish_host`).
+Statistics stay on the device until `resolve` is called once per batch of records.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import sys
+import time
+import weakref
+from typing import Any, Dict, Hashable, List, Optional, Protocol, Sequence, Tuple
+
+import numpy as np
+
+from . import __version__
+from .config import DumpConfig
+from .filters import CaptureFilter
+from .naming import api_entry, canonical_op, module_entry, param_entry
+from .schema import SCHEMA_VERSION, Direction, Phase, Record, RecordKind, Role, Task
+from .writer import DumpWriter, Payload, write_json_atomic
+
+__all__ = ["Adapter", "Call", "Session"]
+
+log = logging.getLogger("precdbg")
+
+_BATCH_TENSORS = 256            # statistics cross to the host once per this many distinct tensors
+_BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
+_MAX_LOGGED_FAILURES = 5
+_STACK_DEPTH = 6
+
+
+class Adapter(Protocol):
+    """What a framework adapter provides to the core."""
+    framework: str
+
+    def environment(self) -> Dict[str, Any]: ...
+    def rank_and_world(self) -> Tuple[int, int]: ...
+    def install(self, session: "Session", model: Any) -> None: ...
+    def uninstall(self) -> None: ...
+    def describe(self, tensor: Any) -> Tuple[str, Tuple[int, ...], int]: ...
+    def identity(self, tensor: Any) -> Optional[Hashable]: ...
+    def summarize(self, tensor: Any) -> Any: ...
+    def resolve(self, handles: Sequence[Any]) -> np.ndarray: ...
+    def to_host(self, tensor: Any) -> Any: ...
+    def finish_host(self, handles: Sequence[Any]) -> List[np.ndarray]: ...
+    def nbytes(self, tensor: Any) -> int: ...
+    def internal_dirs(self) -> Tuple[str, ...]: ...
+
+
+@dataclasses.dataclass
+class Call:
+    """One entry occurrence (an API call or a module call) with its forward identity."""
+    kind: str
+    prefix: str
+    api: str
+    op: str
+    module: str
+    call_index: int
+    order: int
+    phase: str
+    stack_id: int
+    store: bool
+    forward_entry: str
+    backward_entry: str
+
+
+class _Seen:
+    """A distinct tensor of this window: its id, statistics slot or values, payload state."""
+    __slots__ = ("ref", "tensor_id", "slot", "values", "copied", "__weakref__")
+
+    def __init__(self, ref: Any, tensor_id: int, slot: int) -> None:
+        self.ref, self.tensor_id, self.slot = ref, tensor_id, slot
+        self.values: Optional[np.ndarray] = None
+        self.copied = False
+
+
+class Session:
+    """Lifecycle, selection, naming and batching; framework-neutral."""
+
+    def __init__(self, config: DumpConfig, adapter: Adapter) -> None:
+        self.config = config
+        self.adapter = adapter
+        self.filter = CaptureFilter(config)
+        self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
+        self.current_step = 0
+        self.active = False
+        self.phase = Phase.FORWARD.value
+        self.failures = 0
+        self.rank = 0
+        self.world_size = 1
+        self._run_written = False
+        self._store_all = config.task is Task.TENSOR
+        self._checksum = config.checksums
+        self._overflow = config.task is Task.OVERFLOW
+        self._overflow_kept = 0
+        self._reset_step_counters()
+        self._reset_window()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _reset_step_counters(self) -> None:
+        self._order = 0
+        self._seq = 0
+        self._counts: Dict[Tuple[str, str], int] = {}
+        self.filter.reset_step()
+
+    def _reset_window(self) -> None:
+        self._seen: Dict[Hashable, _Seen] = {}
+        self._next_tensor_id = 0
+        self._handles: List[Any] = []
+        self._batch_seen: List[_Seen] = []
+        self._held_bytes = 0
+        self._pending: List[Tuple[Record, Optional[_Seen]]] = []
+        self._copies: List[Tuple[_Seen, Any, bool]] = []
+        self._stacks: Dict[Tuple, int] = {}
+        self._stack_text: List[str] = []
+        self._modules: List[Tuple[str, str, str]] = []
+        self._module_stack: List[Tuple[str, bool]] = []
+
+    def selected(self) -> bool:
+        cfg = self.config
+        return ((not cfg.step or self.current_step in cfg.step)
+                and (not cfg.rank or self.rank in cfg.rank))
+
+    def start(self, model: Any = None) -> bool:
+        """Begin capturing if this step and rank are selected; repeat calls are no-ops."""
+        if self.active:
+            return True
+        self.rank, self.world_size = self.adapter.rank_and_world()
+        if not self.selected():
+            return False
+        self._reset_window()
+        if not self._run_written:
+            self._write_run_json()
+        self.writer.open_step(self.current_step, self.rank, {
+            "framework": self.adapter.framework, "task": self.config.task.value,
+            "level": self.config.level.value, "world_size": self.world_size,
+            "precdbg_version": __version__})
+        self.phase = Phase.FORWARD.value
+        self.active = True
+        try:
+            self.adapter.install(self, model)
+        except Exception:
+            self.active = False
+            self.adapter.uninstall()
+            self.writer.close_step(self._modules, self._stack_text)
+            raise
+        return True
+
+    def stop(self) -> None:
+        """Remove every hook, flush statistics, close the step file; repeat calls are no-ops."""
+        if not self.active:
+            return
+        self.active = False
+        try:
+            self.adapter.uninstall()
+        finally:
+            try:
+                self.flush_batch()
+            except Exception as exc:  # noqa: BLE001 - never raise into training
+                self.hook_failed(exc, "flushing statistics")
+            self.writer.close_step(self._modules, self._stack_text)
+            self._reset_window()
+
+    def step(self) -> None:
+        """End the current iteration: stop if capturing, then count the step."""
+        self.stop()
+        self.current_step += 1
+        self._reset_step_counters()
+
+    def close(self, timeout: Optional[float] = 120.0) -> bool:
+        self.stop()
+        return self.writer.flush(timeout)
+
+    def _write_run_json(self) -> None:
+        info = {
+            "schema_version": SCHEMA_VERSION, "precdbg_version": __version__,
+            "framework": self.adapter.framework, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "python": platform.python_version(), "numpy": np.__version__,
+            "platform": platform.platform(), "world_size": self.world_size,
+            "config": self.config.public_dict(), "pid": os.getpid(),
+        }
+        info.update(self.adapter.environment())
+        write_json_atomic(os.path.join(self.config.dump_path, "run.json"), info)
+        self._run_written = True
+
+    # ------------------------------------------------------------------ failures
+    def hook_failed(self, exc: BaseException, where: str) -> None:
+        """Log and count a failure inside a hook; training goes on."""
+        self.failures += 1
+        if self.failures <= _MAX_LOGGED_FAILURES:
+            log.warning("precdbg: %s failed (%s: %s); training continues", where,
+                        type(exc).__name__, exc, exc_info=self.failures == 1)
+        elif self.failures == _MAX_LOGGED_FAILURES + 1:
+            log.warning("precdbg: further hook failures are counted, not logged")
+
+    # ------------------------------------------------------------------ modules
+    def set_module_tree(self, modules: Sequence[Tuple[str, str, str]]) -> None:
+        self._modules = list(modules)
+
+    def enter_module(self, path: str, keep_subtree: bool) -> None:
+        inside = bool(self._module_stack) and self._module_stack[-1][1]
+        self._module_stack.append((path, keep_subtree or inside))
+
+    def exit_module(self) -> None:
+        if self._module_stack:
+            self._module_stack.pop()
+
+    @property
+    def owning_module(self) -> str:
+        return self._module_stack[-1][0] if self._module_stack else ""
+
+    @property
+    def inside_kept_module(self) -> bool:
+        return bool(self._module_stack) and self._module_stack[-1][1]
+
+    # ------------------------------------------------------------------ calls
+    def _count(self, key: Tuple[str, str]) -> int:
+        n = self._counts.get(key, 0)
+        self._counts[key] = n + 1
+        return n
+
+    def begin_api(self, prefix: str, api: str) -> Optional[Call]:
+        """An API call starts; returns the Call to record into, or None when not captured."""
+        index = self._count((prefix, api))
+        forward = api_entry(prefix, api, index, "forward")
+        module = self.owning_module
+        if not self.filter.keep_entry(forward, api, module, self.phase, self.inside_kept_module,
+                                      is_module=False):
+            return None
+        self._order += 1
+        return Call(RecordKind.API.value, prefix, api, canonical_op(api), module, index,
+                    self._order, self.phase, self._stack_id(), self._stores(forward, api),
+                    forward, api_entry(prefix, api, index, "backward"))
+
+    def begin_module(self, prefix: str, path: str, cls: str) -> Tuple[Optional[Call], bool]:
+        """A module call starts: (Call or None, whether the module selects its whole subtree)."""
+        index = self._count((prefix, path))
+        forward = module_entry(prefix, path, cls, "forward", index)
+        subtree = self.filter.module_selects_subtree(forward, cls, path)
+        keep = self.filter.keep_entry(forward, cls, path, self.phase,
+                                      self.inside_kept_module or subtree, is_module=True)
+        if not keep:
+            return None, subtree
+        self._order += 1
+        return Call(RecordKind.MODULE.value, prefix, cls, canonical_op(cls), path, index,
+                    self._order, self.phase, self._stack_id(), self._stores(forward, cls),
+                    forward, module_entry(prefix, path, cls, "backward", index)), subtree
+
+    def param_call(self, path: str, kind: str = RecordKind.PARAM_GRAD.value) -> Optional[Call]:
+        if not self.filter.keep_param(path):
+            return None
+        index = self._count(("Param", path)) if kind == RecordKind.PARAM_GRAD.value else 0
+        owner, _, leaf = path.rpartition(".")
+        entry = param_entry(path, Role.PARAM_GRAD.value if kind == RecordKind.PARAM_GRAD.value
+                            else Role.PARAM.value, index)
+        return Call(kind, "Param", path, leaf, owner, index, 0, self.phase, -1,
+                    self._store_all, entry, entry)
+
+    def _stores(self, entry: str, api: str) -> bool:
+        return self._store_all or self.filter.stores_tensor(entry, api)
+
+    def end_call(self) -> None:
+        """Called after a call's records are captured: the batch crosses to the host when full."""
+        if len(self._handles) >= _BATCH_TENSORS or self._held_bytes >= _BATCH_BYTES:
+            self.flush_batch()
+
+    # ------------------------------------------------------------------ records
+    def capture(self, call: Call, direction: str, role: str, arg_index: int, arg_key: str,
+                tensor: Any, trainable: bool = False, entry: Optional[str] = None) -> None:
+        """Record one framework tensor of a call."""
+        if not self.filter.keep_record(direction, role):
+            return
+        dtype, shape, numel = self.adapter.describe(tensor)
+        seen = self._seen_tensor(tensor)
+        if entry is None:
+            entry = call.forward_entry if direction == "forward" else call.backward_entry
+        self._seq += 1
+        rec = Record(entry, call.kind, call.prefix, call.api, call.op, call.module, direction, role,
+                     call.phase if direction != "backward" else Phase.BACKWARD.value, arg_index,
+                     arg_key, call.call_index, call.order, self._seq, dtype, shape, numel,
+                     trainable=trainable, stack_id=call.stack_id, tensor_id=seen.tensor_id)
+        if direction == Direction.NONE.value:
+            rec.phase = Phase.SETUP.value
+        self._pending.append((rec, seen))
+        if (call.store or self._checksum) and not seen.copied:
+            seen.copied = True
+            self._copies.append((seen, self.adapter.to_host(tensor), call.store))
+
+    def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any) -> None:
+        """Record a non-tensor argument (a number, bool, string, dtype) of a forward call;
+        `arg_index` continues after the call's tensor inputs."""
+        if not self.filter.keep_record("forward", Role.INPUT.value):
+            return
+        self._seq += 1
+        rec = Record(call.forward_entry, call.kind, call.prefix, call.api, call.op, call.module,
+                     "forward", Role.INPUT.value, call.phase, arg_index, arg_key, call.call_index,
+                     call.order, self._seq, "py." + type(value).__name__, (), 1,
+                     stack_id=call.stack_id)
+        if isinstance(value, (bool, int, float)):
+            rec.min = rec.max = rec.mean = float(value)
+            rec.norm = abs(float(value))
+        rec.text = repr(value) if not isinstance(value, str) else value
+        self._pending.append((rec, None))
+
+    def _seen_tensor(self, tensor: Any) -> _Seen:
+        key = self.adapter.identity(tensor)
+        if key is not None:
+            seen = self._seen.get(key)
+            if seen is not None and seen.ref() is not None:
+                return seen
+        try:
+            ref = weakref.ref(tensor)
+        except TypeError:
+            ref = (lambda: None)
+        seen = _Seen(ref, self._next_tensor_id, len(self._handles))
+        self._next_tensor_id += 1
+        self._handles.append(self.adapter.summarize(tensor))
+        self._held_bytes += self.adapter.nbytes(tensor)
+        self._batch_seen.append(seen)
+        if key is not None:
+            self._seen[key] = seen
+        return seen
+
+    def flush_batch(self) -> None:
+        """One host sync: statistics (and host copies) of the pending batch, then to the writer."""
+        if not self._pending and not self._handles:
+            return
+        if self._handles:
+            values = self.adapter.resolve(self._handles)
+            for seen in self._batch_seen:
+                seen.values = values[seen.slot]
+        payloads: List[Payload] = []
+        if self._copies:
+            arrays = self.adapter.finish_host([handle for _, handle, _ in self._copies])
+            for (seen, _, store), array in zip(self._copies, arrays):
+                payloads.append(Payload(seen.tensor_id, array, store, self._checksum))
+        records: List[Record] = []
+        for rec, seen in self._pending:
+            if seen is not None and seen.values is not None:
+                v = seen.values
+                rec.min, rec.max, rec.mean, rec.norm = float(v[0]), float(v[1]), float(v[2]), \
+                    float(v[3])
+                rec.nan_count, rec.inf_count = int(v[4]), int(v[5])
+            records.append(rec)
+        if self._overflow:
+            records, payloads = self._overflow_only(records, payloads)
+        self._handles, self._batch_seen, self._pending, self._copies = [], [], [], []
+        self._held_bytes = 0
+        if records or payloads:
+            self.writer.submit(records, payloads)
+
+    def _overflow_only(self, records: List[Record], payloads: List[Payload]):
+        """Overflow task: keep non-finite records and the inputs of the entries that made them."""
+        bad_entries = {r.entry for r in records if r.is_nonfinite and r.role in (
+            Role.OUTPUT.value, Role.GRAD_INPUT.value, Role.PARAM_GRAD.value)}
+        limit = self.config.overflow_nums
+        kept_entries = []
+        for entry in sorted(bad_entries, key=lambda e: min(r.seq for r in records if r.entry == e)):
+            if limit >= 0 and self._overflow_kept >= limit:
+                break
+            self._overflow_kept += 1
+            kept_entries.append(entry)
+        keep = set(kept_entries)
+        kept = [r for r in records if r.entry in keep or (r.is_nonfinite and not bad_entries)]
+        ids = {r.tensor_id for r in kept}
+        return kept, [p for p in payloads if p.tensor_id in ids]
+
+    # ------------------------------------------------------------------ stacks
+    def _stack_id(self) -> int:
+        if not self.config.stack:
+            return -1
+        skip = self.adapter.internal_dirs()
+        frame = sys._getframe(2)
+        key = []
+        while frame is not None and len(key) < _STACK_DEPTH:
+            code = frame.f_code
+            if not code.co_filename.startswith(skip):
+                key.append((code.co_filename, frame.f_lineno, code.co_name))
+            frame = frame.f_back
+        tkey = tuple(key)
+        sid = self._stacks.get(tkey)
+        if sid is None:
+            sid = len(self._stack_text)
+            self._stacks[tkey] = sid
+            self._stack_text.append("\n".join(f"{f}:{line} in {name}" for f, line, name in key))
+        return sid

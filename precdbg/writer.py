@@ -1,0 +1,320 @@
+"""Background HDF5 writer: one thread owns every file; a byte-bounded queue feeds it.
+
+One file per step per rank, `<dump>/step<S>/rank<R>.h5`, written as `.partial` and renamed once it
+is complete and fsynced, so a crash loses at most the step being written. The training thread only
+enqueues; a full queue blocks it (data is never dropped). Errors in the thread are logged and
+counted, never raised into training.
+
+Inside a step file:
+  attrs           schema_version, step, rank, part, framework, task, level, ...
+  records/<col>   one dataset per column of `schema.RECORD_COLUMNS`, plus `shape` (N x MAX_NDIM)
+  data            one byte blob holding every stored tensor (records point at offset/nbytes)
+  modules/path, modules/cls, modules/parent   the module tree
+  stacks/text     de-duplicated call stacks (records hold stack_id)
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .schema import MAX_NDIM, RECORD_COLUMNS, SCHEMA_VERSION, Record
+
+__all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic"]
+
+log = logging.getLogger("precdbg")
+
+_STAGE_BYTES = 16 << 20      # small tensors are packed into writes of about this size
+_CHUNK_BYTES = 1 << 20
+
+
+class Payload:
+    """Host bytes of one distinct tensor: stored (tensor task) and/or hashed (checksum)."""
+    __slots__ = ("tensor_id", "array", "store", "checksum")
+
+    def __init__(self, tensor_id: int, array: np.ndarray, store: bool, checksum: bool) -> None:
+        self.tensor_id, self.array, self.store, self.checksum = tensor_id, array, store, checksum
+
+
+def step_file_path(dump_path: str, step: int, rank: int, part: int = 0) -> str:
+    name = f"rank{rank}.h5" if part == 0 else f"rank{rank}.part{part}.h5"
+    return os.path.join(dump_path, f"step{step}", name)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class _OpenStep:
+    """State of the step file being written (owned by the writer thread)."""
+
+    def __init__(self, final_path: str, attrs: Dict[str, Any], compression: Optional[str]) -> None:
+        import h5py
+        self.final_path = final_path
+        self.partial_path = final_path + ".partial"
+        os.makedirs(os.path.dirname(final_path), exist_ok=True)
+        self.file = h5py.File(self.partial_path, "w", libver="latest")
+        for key, value in attrs.items():
+            self.file.attrs[key] = value if not isinstance(value, (dict, list)) else json.dumps(value)
+        self.compression = compression
+        self.records: List[Record] = []
+        self.data = None
+        self.data_size = 0
+        self.stage: List[np.ndarray] = []
+        self.stage_bytes = 0
+        self.stage_start = 0
+        self.offsets: Dict[int, Tuple[int, int]] = {}
+        self.checksums: Dict[int, str] = {}
+        self.failed = False
+
+    # -- tensor bytes ------------------------------------------------------------------------
+    def _dataset(self):
+        if self.data is None:
+            kwargs: Dict[str, Any] = {}
+            if self.compression:
+                kwargs["compression"] = self.compression
+            self.data = self.file.create_dataset("data", shape=(0,), maxshape=(None,),
+                                                 dtype=np.uint8, chunks=(_CHUNK_BYTES,), **kwargs)
+        return self.data
+
+    def add_bytes(self, tensor_id: int, flat: np.ndarray) -> None:
+        nbytes = flat.nbytes
+        if not self.stage:
+            self.stage_start = self.data_size
+        self.offsets[tensor_id] = (self.data_size, nbytes)
+        self.data_size += nbytes
+        self.stage.append(flat)
+        self.stage_bytes += nbytes
+        if self.stage_bytes >= _STAGE_BYTES:
+            self.flush_stage()
+
+    def flush_stage(self) -> None:
+        if not self.stage:
+            return
+        blob = self.stage[0] if len(self.stage) == 1 else np.concatenate(self.stage)
+        ds = self._dataset()
+        ds.resize((self.data_size,))
+        ds[self.stage_start:self.stage_start + blob.nbytes] = blob
+        self.stage, self.stage_bytes = [], 0
+
+    # -- close ---------------------------------------------------------------------------------
+    def finish(self, modules: Sequence[Tuple[str, str, str]], stacks: Sequence[str]) -> str:
+        import h5py
+        self.flush_stage()
+        records = self.records
+        for rec in records:
+            if rec.tensor_id >= 0:
+                where = self.offsets.get(rec.tensor_id)
+                if where is not None:
+                    rec.data_offset, rec.data_nbytes = where
+                digest = self.checksums.get(rec.tensor_id)
+                if digest is not None:
+                    rec.checksum = digest
+        group = self.file.create_group("records")
+        group.attrs["count"] = len(records)
+        for column, dtype in RECORD_COLUMNS:
+            values = [getattr(rec, column) for rec in records]
+            if dtype is None:
+                arr = np.array([v.encode("utf-8") for v in values], dtype=bytes) if values \
+                    else np.zeros((0,), dtype="S1")
+            else:
+                arr = np.asarray(values, dtype=dtype) if values else np.zeros((0,), dtype=dtype)
+            group.create_dataset(column, data=arr)
+        shapes = np.full((len(records), MAX_NDIM), -1, dtype=np.int64)
+        ndims = np.zeros((len(records),), dtype=np.int8)
+        for i, rec in enumerate(records):
+            dims = rec.shape[:MAX_NDIM]
+            ndims[i] = len(rec.shape)
+            if dims:
+                shapes[i, :len(dims)] = dims
+        group.create_dataset("shape", data=shapes)
+        group.create_dataset("ndim", data=ndims)
+        mod = self.file.create_group("modules")
+        str_dt = h5py.string_dtype("utf-8")
+        for i, column in enumerate(("path", "cls", "parent")):
+            mod.create_dataset(column, data=np.array([m[i] for m in modules], dtype=object),
+                               dtype=str_dt)
+        self.file.create_group("stacks").create_dataset(
+            "text", data=np.array(list(stacks), dtype=object), dtype=str_dt)
+        self.file.attrs["complete"] = True
+        self.file.flush()
+        fd = self.file.id.get_vfd_handle()
+        os.fsync(fd)
+        self.file.close()
+        os.replace(self.partial_path, self.final_path)
+        _fsync_dir(os.path.dirname(self.final_path))
+        return self.final_path
+
+    def abandon(self) -> None:
+        try:
+            self.file.close()
+        except Exception:  # noqa: BLE001 - already failing; keep the .partial for inspection
+            pass
+
+
+class DumpWriter:
+    """One background thread writing step files; the queue is bounded in bytes and blocks."""
+
+    def __init__(self, dump_path: str, queue_bytes: int = 256 << 20,
+                 compression: Optional[str] = None) -> None:
+        self.dump_path = dump_path
+        self.queue_bytes = int(queue_bytes)
+        self.compression = compression
+        self._items: Deque[Tuple[str, Any]] = collections.deque()
+        self._pending_bytes = 0
+        self._cond = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._open: Optional[_OpenStep] = None
+        self._idle = True
+        self.errors = 0
+        self.last_error = ""
+        self.written: List[str] = []
+
+    # -- producer side (training thread) ----------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="precdbg-writer", daemon=True)
+            self._thread.start()
+
+    def _put(self, kind: str, item: Any, nbytes: int = 0) -> None:
+        with self._cond:
+            self._ensure_thread()
+            while self._pending_bytes and self._pending_bytes + nbytes > self.queue_bytes:
+                self._cond.wait(0.5)
+                if self._thread is None or not self._thread.is_alive():
+                    break
+            self._pending_bytes += nbytes
+            self._items.append((kind, (item, nbytes)))
+            self._idle = False
+            self._cond.notify_all()
+
+    def open_step(self, step: int, rank: int, attrs: Dict[str, Any]) -> None:
+        part = 0
+        while (os.path.exists(step_file_path(self.dump_path, step, rank, part))
+               or self._claimed(step, rank, part)):
+            part += 1
+        attrs = dict(attrs, step=step, rank=rank, part=part, schema_version=SCHEMA_VERSION)
+        self._claims.add((step, rank, part))
+        self._put("open", (step_file_path(self.dump_path, step, rank, part), attrs))
+
+    _claims: set = set()
+
+    def _claimed(self, step: int, rank: int, part: int) -> bool:
+        if "_claims" not in self.__dict__:
+            self._claims = set()
+        return (step, rank, part) in self._claims
+
+    def submit(self, records: List[Record], payloads: List[Payload]) -> None:
+        nbytes = sum(p.array.nbytes for p in payloads)
+        self._put("batch", (records, payloads), nbytes)
+
+    def close_step(self, modules: Sequence[Tuple[str, str, str]], stacks: Sequence[str]) -> None:
+        self._put("close", (list(modules), list(stacks)))
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until everything queued so far is written; False on timeout."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        self._put("flush", done)
+        return done.wait(timeout)
+
+    def shutdown(self, timeout: Optional[float] = 60.0) -> bool:
+        ok = self.flush(timeout)
+        with self._cond:
+            if self._open is not None and ok:
+                pass
+        return ok
+
+    # -- consumer side (writer thread) --------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._idle = True
+                    self._cond.wait()
+                kind, (item, nbytes) = self._items.popleft()
+            try:
+                self._handle(kind, item)
+            except Exception as exc:  # noqa: BLE001 - never raise into training; count and log
+                self._fail(exc)
+            finally:
+                with self._cond:
+                    self._pending_bytes -= nbytes
+                    self._cond.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        where = self._open.partial_path if self._open is not None else self.dump_path
+        log.error("precdbg: writing %s failed: %s", where, self.last_error)
+        if self._open is not None:
+            self._open.failed = True
+
+    def _handle(self, kind: str, item: Any) -> None:
+        if kind == "flush":
+            item.set()
+            return
+        if kind == "open":
+            if self._open is not None:       # an unclosed step: close it before the next one
+                self._finish([], [])
+            path, attrs = item
+            self._open = _OpenStep(path, attrs, self.compression)
+            return
+        step = self._open
+        if step is None or step.failed:
+            return
+        if kind == "batch":
+            records, payloads = item
+            for payload in payloads:
+                flat = np.ascontiguousarray(payload.array).reshape(-1).view(np.uint8)
+                if payload.checksum:
+                    import xxhash
+                    step.checksums[payload.tensor_id] = xxhash.xxh3_64_hexdigest(flat)
+                if payload.store:
+                    step.add_bytes(payload.tensor_id, flat)
+            step.records.extend(records)
+        elif kind == "close":
+            self._finish(*item)
+
+    def _finish(self, modules: Sequence[Tuple[str, str, str]], stacks: Sequence[str]) -> None:
+        step, self._open = self._open, None
+        if step is None:
+            return
+        if step.failed:
+            step.abandon()
+            return
+        started = time.perf_counter()
+        try:
+            path = step.finish(modules, stacks)
+        except Exception:
+            step.abandon()
+            raise
+        self.written.append(path)
+        log.debug("precdbg: wrote %s (%d records) in %.3fs", path, len(step.records),
+                  time.perf_counter() - started)

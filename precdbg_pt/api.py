@@ -1,0 +1,142 @@
+"""API capture through `torch.overrides.TorchFunctionMode`: every torch.*, torch.nn.functional.*,
+Tensor method and operator called inside the captured region, with nothing to patch or restore.
+
+Which prefix and name an API gets comes from the namespaces it is found in (table built once, on
+the first start) and the core's name table (`precdbg/names/torch.yaml`).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from precdbg.naming import framework_table
+
+__all__ = ["identify", "CaptureMode", "tensor_args", "tensor_outputs", "scalar_args"]
+
+_IGNORED = "ignored"
+_Ident = Optional[Tuple[str, str]]
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> Dict[Any, Any]:
+    names = framework_table("torch")
+    prefixes: Dict[str, str] = names["prefixes"]
+    ignore = set(names.get("ignore", ()))
+    table: Dict[Any, Any] = {}
+
+    def add(namespace: Any, prefix: str) -> None:
+        for attr, obj in vars(namespace).items():
+            if not callable(obj) or isinstance(obj, type):
+                continue
+            try:
+                hash(obj)
+            except TypeError:
+                continue
+            if obj in table:
+                continue
+            table[obj] = _IGNORED if attr in ignore else (prefix, attr)
+
+    # most specific first: an object found in F and in torch is named as in F
+    add(torch.nn.functional, prefixes["torch.nn.functional"])
+    for cls in (torch.Tensor, torch._C.TensorBase):
+        add(cls, prefixes["torch.Tensor"])
+    for module_name in ("torch.linalg", "torch.special", "torch.fft", "torch"):
+        key = module_name if module_name in prefixes else "torch"
+        add(importlib.import_module(module_name), prefixes[key])
+    try:   # torch_npu is optional; importing it fails without CANN
+        import torch_npu  # type: ignore
+        add(torch_npu, prefixes["torch_npu"])
+    except (ImportError, RuntimeError, OSError):
+        pass
+    return table
+
+
+def identify(func: Any) -> _Ident:
+    """(prefix, api name) of a function seen by the mode, or None when it is not captured."""
+    table = _table()
+    try:
+        hit = table.get(func)
+    except TypeError:
+        return None
+    if hit is not None:
+        return None if hit is _IGNORED else hit
+    name = getattr(func, "__name__", "")
+    if name in ("__get__", "__set__", "__delete__") or not name:
+        return None          # attribute access (x.shape, x.grad, ...): metadata, not math
+    owner = getattr(func, "__qualname__", name).split(".")[0]
+    prefix = "Tensor" if owner in ("Tensor", "TensorBase", "_TensorBase") else "Torch"
+    ident = None if name in set(framework_table("torch").get("ignore", ())) else (prefix, name)
+    try:
+        table[func] = ident if ident is not None else _IGNORED
+    except TypeError:
+        pass
+    return ident
+
+
+def _flatten(value: Any, key: str, out: List[Tuple[str, Any]], depth: int = 0) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append((key, value))
+    elif isinstance(value, (list, tuple)) and depth < 2:
+        for i, item in enumerate(value):
+            _flatten(item, f"{key}.{i}" if key else str(i), out, depth + 1)
+    elif isinstance(value, dict) and depth < 2:
+        for k, item in value.items():
+            _flatten(item, f"{key}.{k}" if key else str(k), out, depth + 1)
+
+
+def tensor_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[int, str, Any]]:
+    """[(ordinal, key, tensor)] of the tensors among args and kwargs, nested one level deep."""
+    found: List[Tuple[str, Any]] = []
+    for i, arg in enumerate(args):
+        _flatten(arg, str(i), found)
+    for name, arg in kwargs.items():
+        _flatten(arg, name, found)
+    return [(i, key, t) for i, (key, t) in enumerate(found)]
+
+
+def tensor_outputs(result: Any) -> List[Tuple[int, str, Any]]:
+    found: List[Tuple[str, Any]] = []
+    _flatten(result, "", found)
+    return [(i, key or "0", t) for i, (key, t) in enumerate(found)]
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def scalar_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    """Non-tensor arguments worth recording (numbers, strings, dtypes, int tuples like shapes)."""
+    out: List[Tuple[str, Any]] = []
+    items = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
+    for key, value in items:
+        if isinstance(value, _SCALARS):
+            out.append((key, value))
+        elif isinstance(value, torch.dtype):
+            out.append((key, str(value).replace("torch.", "")))
+        elif isinstance(value, (tuple, list, torch.Size)) and value and len(value) <= 8 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            out.append((key, tuple(value)))
+    return out
+
+
+class CaptureMode(TorchFunctionMode):
+    """Routes every torch function call to `on_call(func, ident, args, kwargs)`."""
+
+    def __init__(self, on_call: Any, is_busy: Any) -> None:
+        super().__init__()
+        self._on_call = on_call
+        self._is_busy = is_busy
+
+    def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if self._is_busy():
+            return func(*args, **kwargs)
+        ident = identify(func)
+        if ident is None:
+            return func(*args, **kwargs)
+        return self._on_call(func, ident, args, kwargs)

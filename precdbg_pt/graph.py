@@ -1,0 +1,116 @@
+"""Backward of one call, read off the autograd graph without changing it.
+
+dy: a pre-hook on the node that produced each output receives the gradient arriving at it (summed
+over every use of the output). dx: the nodes created by the call are walked from its outputs back
+to its inputs' nodes; a hook on each node with an edge into an input receives exactly the
+gradient this call sends to that input (summed when the call uses an input twice). This is the true
+per-input dx, not the grad_input of the call's last autograd node.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["input_targets", "watch_backward", "Target"]
+
+# (arg_index, arg_key, node or None, output_nr, leaf tensor or None)
+Target = Tuple[int, str, Any, int, Optional[torch.Tensor]]
+
+
+def input_targets(inputs: Sequence[Tuple[int, str, torch.Tensor]]) -> List[Target]:
+    """Where each grad-requiring input sits in the graph, taken *before* the call runs (an
+    in-place call replaces its input's grad_fn)."""
+    targets: List[Target] = []
+    for index, key, t in inputs:
+        if t.requires_grad:
+            node = t.grad_fn
+            targets.append((index, key, node, t.output_nr if node is not None else 0,
+                            None if node is not None else t))
+    return targets
+
+
+class _DxState:
+    __slots__ = ("expected", "arrived", "partial")
+
+    def __init__(self, n: int) -> None:
+        self.expected = [0] * n
+        self.arrived = [0] * n
+        self.partial: List[Optional[torch.Tensor]] = [None] * n
+
+
+def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, torch.Tensor]],
+                   on_grad: Callable[[str, int, str, torch.Tensor], None],
+                   add_handle: Callable[[Any], None], node_limit: int,
+                   wrap: Callable[[Callable], Callable]) -> bool:
+    """Hook dy of every output and dx of every target. `on_grad(role, index, key, grad)` is called
+    from the backward pass; `wrap` guards each hook (no capture, no raise). Returns False when the call is an identity on its input (its output
+    *is* an input), which has no backward of its own."""
+    node_of_target = {(id(node), nr): i for i, (_, _, node, nr, leaf) in enumerate(targets)
+                      if node is not None}
+    leaf_of_target = {id(leaf): i for i, (_, _, _, _, leaf) in enumerate(targets)
+                      if leaf is not None}
+    target_nodes = {id(node) for (_, _, node, _, _) in targets if node is not None}
+    by_node: Dict[int, Tuple[Any, List[Tuple[int, int, str]]]] = {}
+    for index, key, t in outputs:
+        node = t.grad_fn
+        if node is None:
+            continue
+        if (id(node), t.output_nr) in node_of_target or id(node) in target_nodes:
+            return False
+        by_node.setdefault(id(node), (node, []))[1].append((t.output_nr, index, key))
+    if not by_node:
+        return True
+    for node, outs in by_node.values():
+        add_handle(node.register_prehook(wrap(_dy_hook(outs, on_grad))))
+    if not targets:
+        return True
+    state = _DxState(len(targets))
+    edges: Dict[int, Tuple[Any, List[Tuple[int, int]]]] = {}
+    stack = [node for node, _ in by_node.values()]
+    visited = set()
+    while stack and len(visited) < node_limit:
+        node = stack.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        for position, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            ti = node_of_target.get((id(nxt), nr))
+            if ti is None and leaf_of_target and type(nxt).__name__ == "AccumulateGrad":
+                ti = leaf_of_target.get(id(nxt.variable))
+            if ti is not None:
+                edges.setdefault(id(node), (node, []))[1].append((position, ti))
+                state.expected[ti] += 1
+            elif id(nxt) not in target_nodes and id(nxt) not in visited:
+                stack.append(nxt)
+    for node, node_edges in edges.values():
+        add_handle(node.register_hook(wrap(_dx_hook(node_edges, state, targets, on_grad))))
+    return True
+
+
+def _dy_hook(outs: List[Tuple[int, int, str]], on_grad: Callable) -> Callable:
+    def hook(grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
+        for output_nr, index, key in outs:
+            grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
+            if grad is not None:
+                on_grad("grad_output", index, key, grad)
+    return hook
+
+
+def _dx_hook(node_edges: List[Tuple[int, int]], state: _DxState, targets: Sequence[Target],
+             on_grad: Callable) -> Callable:
+    def hook(grad_inputs: Sequence[Optional[torch.Tensor]], _grad_outputs: Any) -> None:
+        for position, ti in node_edges:
+            grad = grad_inputs[position] if position < len(grad_inputs) else None
+            state.arrived[ti] += 1
+            if grad is not None:
+                prev = state.partial[ti]
+                state.partial[ti] = grad if prev is None else prev + grad
+            if state.arrived[ti] >= state.expected[ti]:
+                total, state.partial[ti] = state.partial[ti], None
+                state.arrived[ti] = 0            # ready for another backward (retain_graph)
+                if total is not None:
+                    on_grad("grad_input", targets[ti][0], targets[ti][1], total)
+    return hook

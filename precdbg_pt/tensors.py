@@ -1,0 +1,207 @@
+"""Tensor questions the core asks: describe, identity, statistics on the device, host copies.
+
+Statistics: one min/max pass (`aminmax`), one sum, one sum of squares, in float32 (cascade sums,
+relative error ~1e-8 at 16 M elements) or float64 for float64/integer tensors. Results stay on the
+device as 0-d tensors and cross to the host in one `torch.stack(...).cpu()` per batch. NaN/Inf
+counts are only computed (at resolve time) for tensors whose min or max is not finite, and a
+float32 overflow of the sums is redone in float64 - both only if the tensor is unchanged since.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+__all__ = ["describe", "identity", "summarize", "resolve", "to_host", "finish_host", "nbytes"]
+
+_HALF = (torch.float16, torch.bfloat16)
+_DTYPE_NAMES: Dict[torch.dtype, str] = {}
+# numpy cannot hold these; their bytes go out as unsigned integers of the same width
+_RAW_VIEW = {torch.bfloat16: torch.uint16}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        _RAW_VIEW[getattr(torch, _name)] = torch.uint8
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def describe(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int]:
+    return dtype_name(t.dtype), tuple(t.shape), t.numel()
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _layout(t: torch.Tensor) -> Tuple[Tuple[int, int], ...]:
+    """Canonical (size, stride) pairs: equal for every view that addresses the same elements
+    (view, reshape without copy, transpose, permute, split then view...), so their statistics,
+    which do not depend on element order, are computed once."""
+    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    merged: List[List[int]] = []
+    for stride, size in dims:
+        if merged and merged[-1][1] != 0 and stride == merged[-1][1] * merged[-1][0]:
+            merged[-1][0] *= size
+        else:
+            merged.append([size, stride])
+    return tuple((size, stride) for size, stride in merged)
+
+
+def identity(t: torch.Tensor) -> Optional[Hashable]:
+    """Equal keys mean equal statistics: the same elements of the same storage, same version.
+    The core keeps the first tensor of a key alive-checked (weakly), so storage is not reused."""
+    try:
+        layout = (t.numel(),) if t.is_contiguous() else _layout(t)
+        return (t.data_ptr(), layout, t.dtype, t._version, t.device)
+    except (RuntimeError, NotImplementedError):   # tensors without storage (sparse, fake, ...)
+        return None
+
+
+class _Pending:
+    __slots__ = ("tensor", "version", "numel", "values")
+
+    def __init__(self, tensor: Optional[torch.Tensor], numel: int, values: Any) -> None:
+        self.tensor, self.numel, self.values = tensor, numel, values
+        self.version = tensor._version if tensor is not None else 0
+
+
+_DOT_LIMIT = 1 << 20        # up to this size a BLAS dot is accurate to ~1e-7; beyond, row dots
+_ROW = 4096
+
+
+def _work_view(x: torch.Tensor) -> torch.Tensor:
+    dtype = x.dtype
+    if dtype is torch.float32 or dtype is torch.float64:
+        return x
+    if dtype in _HALF:
+        return x.float()
+    if x.is_complex():
+        return x.abs()
+    return x.double()
+
+
+def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
+    n = flat.numel()
+    if n <= _DOT_LIMIT:
+        return torch.dot(flat, flat)
+    m = n // _ROW
+    rows = flat[:m * _ROW].view(m, 1, _ROW)
+    total = torch.bmm(rows, rows.transpose(1, 2)).sum(dtype=flat.dtype)
+    if n > m * _ROW:
+        rest = flat[m * _ROW:]
+        total = total + torch.dot(rest, rest)
+    return total
+
+
+def summarize(t: torch.Tensor) -> _Pending:
+    """Queue min, max, sum, sum of squares of a tensor; nothing leaves the device.
+    Called with gradients disabled (the adapter's guard)."""
+    numel = t.numel()
+    if numel == 0 or t.is_meta:
+        return _Pending(None, numel, None)
+    w = _work_view(t)
+    lo, hi = torch.aminmax(w)
+    flat = w.reshape(-1)
+    return _Pending(t, numel, (lo, hi, w.sum(), _sum_of_squares(flat)))
+
+
+def _nonfinite_rows(pending: Sequence[_Pending]) -> List[Optional[List[float]]]:
+    """For tensors whose min or max is NaN/Inf: NaN and Inf counts, and the sum and sum of squares
+    of the finite values, for all of them in one host transfer. None where the tensor changed."""
+    rows: List[Optional[List[float]]] = [None] * len(pending)
+    stacks, where = [], []
+    for i, p in enumerate(pending):
+        x = p.tensor
+        if x is None or x._version != p.version:
+            continue
+        w = _work_view(x).double()
+        nan = torch.isnan(w).sum()
+        inf = torch.isinf(w).sum()
+        finite = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
+        flat = finite.reshape(-1)
+        stacks.append(torch.stack([nan.double(), inf.double(), flat.sum(), torch.dot(flat, flat)]))
+        where.append(i)
+    if stacks:
+        host = torch.stack(stacks).cpu().tolist()
+        for i, row in zip(where, host):
+            rows[i] = row
+    return rows
+
+
+def resolve(handles: Sequence[_Pending]) -> np.ndarray:
+    """Rows of (min, max, mean, norm, nan_count, inf_count), one host transfer per dtype/device.
+    min/max are over all values (so -inf shows); mean and norm over the finite values."""
+    out = np.full((len(handles), 6), np.nan, dtype=np.float64)
+    out[:, 4:] = 0
+    groups: Dict[Tuple[torch.dtype, torch.device], List[int]] = {}
+    for i, p in enumerate(handles):
+        if p.values is not None:
+            groups.setdefault((p.values[0].dtype, p.values[0].device), []).append(i)
+    redo: List[int] = []
+    for indices in groups.values():
+        flat = [v for i in indices for v in handles[i].values]
+        host = torch.stack(flat).cpu().double().numpy().reshape(len(indices), 4)
+        for row, i in zip(host, indices):
+            lo, hi, total, sq = row
+            out[i, 0], out[i, 1] = lo, hi
+            if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(total)
+                    and math.isfinite(sq)):
+                redo.append(i)       # non-finite values, or float32 sums that overflowed
+                continue
+            n = handles[i].numel
+            out[i, 2], out[i, 3] = total / n, math.sqrt(sq)
+    if redo:
+        for i, row in zip(redo, _nonfinite_rows([handles[i] for i in redo])):
+            if row is None:
+                out[i, 4:] = -1               # changed in place since: counts unknown
+                continue
+            nan, inf, total, sq = row
+            finite = handles[i].numel - nan - inf
+            out[i, 2] = total / finite if finite else math.nan
+            out[i, 3] = math.sqrt(sq)
+            out[i, 4], out[i, 5] = nan, inf
+    for p in handles:
+        p.tensor = None                       # release every tensor once its row is known
+    return out
+
+
+class _HostCopy:
+    __slots__ = ("tensor", "asynchronous")
+
+    def __init__(self, tensor: torch.Tensor, asynchronous: bool) -> None:
+        self.tensor, self.asynchronous = tensor, asynchronous
+
+
+def to_host(t: torch.Tensor) -> _HostCopy:
+    """Start copying a tensor to host memory (asynchronous on accelerators)."""
+    x = t.detach()
+    raw = _RAW_VIEW.get(x.dtype)
+    with torch.no_grad():
+        if x.device.type == "cpu":
+            host = x.clone(memory_format=torch.contiguous_format)
+        else:
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            host.copy_(x, non_blocking=True)
+    return _HostCopy(host.view(raw) if raw is not None else host, x.device.type != "cpu")
+
+
+def finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:
+    """Wait once for all pending copies and hand out numpy arrays."""
+    if any(h.asynchronous for h in handles):
+        _synchronize()
+    return [h.tensor.numpy() for h in handles]
+
+
+def _synchronize() -> None:
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None and accel.is_available():
+        accel.synchronize()
+    elif torch.cuda.is_available():
+        torch.cuda.synchronize()
