@@ -39,8 +39,8 @@ class BaseDebugger:
         """Start capturing (no-op on steps/ranks not selected). Returns whether it captures."""
         try:
             return self._session.start(model)
-        except (PrecdbgError, TypeError) as exc:
-            raise PrecdbgError(str(exc)) from None
+        except PrecdbgError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a broken hook must not stop training
             self._session.hook_failed(exc, "start()")
             return False

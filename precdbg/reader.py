@@ -206,11 +206,18 @@ class Dump:
     def tensor(self, key: str, step: Optional[int] = None, rank: Optional[int] = None
                ) -> np.ndarray:
         """A stored tensor by `<entry>.<role>.<arg_index>`, e.g.
-        `Functional.linear.0.forward.output.0`; bf16 comes back as ml_dtypes.bfloat16."""
+        `Functional.linear.0.forward.output.0`, or by entry name alone when the entry holds one
+        tensor (`Param.fc.weight.grad`); bf16 comes back as ml_dtypes.bfloat16."""
         for sf in self.files(step, rank):
-            cols = sf.columns()
-            table = RecordTable(cols)
+            table = RecordTable(sf.columns())
             hits = np.nonzero(table.key == key)[0]
+            if not len(hits):
+                hits = np.nonzero((table["entry"] == key)
+                                  & ~np.char.startswith(table["dtype"], "py."))[0]
+                if len(hits) > 1:
+                    choices = ", ".join(sorted(set(table.key[hits].tolist()))[:6])
+                    raise DumpError(f"{self.path}: {key!r} holds {len(hits)} tensors; name one "
+                                    f"of {choices}")
             if len(hits):
                 return self._tensor_of(sf, table.row(int(hits[0])))
         raise DumpError(f"{self.path}: no record {key!r}" +

@@ -21,6 +21,7 @@ import numpy as np
 
 from . import __version__
 from .config import DumpConfig
+from .errors import ConfigError
 from .filters import CaptureFilter
 from .naming import api_entry, canonical_op, module_entry, param_entry
 from .schema import SCHEMA_VERSION, Direction, Phase, Record, RecordKind, Role, Task
@@ -137,6 +138,10 @@ class Session:
             return False
         self._reset_window()
         if not self._run_written:
+            earlier = self.writer.existing_files(self.rank)
+            if earlier:
+                raise ConfigError(f"dump_path: {self.config.dump_path} already holds a dump of "
+                                  f"rank {self.rank} ({earlier[0]}); choose an empty folder")
             self._write_run_json()
         self.writer.open_step(self.current_step, self.rank, {
             "framework": self.adapter.framework, "task": self.config.task.value,

@@ -194,6 +194,7 @@ class DumpWriter:
         self.errors = 0
         self.last_error = ""
         self.written: List[str] = []
+        self._parts: Dict[Tuple[int, int], int] = {}
 
     # -- producer side (training thread) ----------------------------------------------------
     def _ensure_thread(self) -> None:
@@ -213,21 +214,18 @@ class DumpWriter:
             self._idle = False
             self._cond.notify_all()
 
+    def existing_files(self, rank: int) -> List[str]:
+        """Step files of this rank already in the dump folder (from an earlier run)."""
+        import glob
+        pattern = os.path.join(self.dump_path, "step*", f"rank{rank}.*h5*")
+        return sorted(glob.glob(pattern))
+
     def open_step(self, step: int, rank: int, attrs: Dict[str, Any]) -> None:
-        part = 0
-        while (os.path.exists(step_file_path(self.dump_path, step, rank, part))
-               or self._claimed(step, rank, part)):
-            part += 1
+        """Queue a new step file; a second capture window in the same step gets `.partN`."""
+        part = self._parts.get((step, rank), 0)
+        self._parts[(step, rank)] = part + 1
         attrs = dict(attrs, step=step, rank=rank, part=part, schema_version=SCHEMA_VERSION)
-        self._claims.add((step, rank, part))
         self._put("open", (step_file_path(self.dump_path, step, rank, part), attrs))
-
-    _claims: set = set()
-
-    def _claimed(self, step: int, rank: int, part: int) -> bool:
-        if "_claims" not in self.__dict__:
-            self._claims = set()
-        return (step, rank, part) in self._claims
 
     def submit(self, records: List[Record], payloads: List[Payload]) -> None:
         nbytes = sum(p.array.nbytes for p in payloads)
@@ -243,13 +241,6 @@ class DumpWriter:
         done = threading.Event()
         self._put("flush", done)
         return done.wait(timeout)
-
-    def shutdown(self, timeout: Optional[float] = 60.0) -> bool:
-        ok = self.flush(timeout)
-        with self._cond:
-            if self._open is not None and ok:
-                pass
-        return ok
 
     # -- consumer side (writer thread) --------------------------------------------------------
     def _run(self) -> None:

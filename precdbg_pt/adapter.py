@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 import precdbg
+from precdbg.errors import PrecdbgError
 from precdbg.naming import param_entry
 from precdbg.schema import Phase, RecordKind
 
@@ -54,6 +55,7 @@ class TorchAdapter:
     def __init__(self) -> None:
         self.session: Any = None
         self.busy = 0
+        self.paused = False     # inside optimizer.step() when optimizer calls are not captured
         self._handles: List[Any] = []
         self._mode: Optional[CaptureMode] = None
         self._module_calls: Dict[int, List[Tuple[Any, list]]] = {}
@@ -103,6 +105,7 @@ class TorchAdapter:
     def install(self, session: Any, model: Any) -> None:
         self.session = session
         self.busy = 0
+        self.paused = False
         self.installed = True
         modules = self._named_modules(model)
         cfg = session.config
@@ -121,7 +124,7 @@ class TorchAdapter:
         self._handles.append(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self._handles.append(opt.register_optimizer_step_post_hook(self._optimizer_post))
         if cfg.keeps_apis or cfg.keeps_modules:
-            self._mode = CaptureMode(self._on_api_call, lambda: self.busy > 0)
+            self._mode = CaptureMode(self._on_api_call, lambda: self.busy > 0 or self.paused)
             self._mode.__enter__()
 
     def uninstall(self) -> None:
@@ -148,12 +151,12 @@ class TorchAdapter:
             out: List[Tuple[str, torch.nn.Module]] = []
             for i, m in enumerate(model):
                 if not isinstance(m, torch.nn.Module):
-                    raise TypeError(f"start(model): item {i} is {type(m).__name__}, "
-                                    "not a torch.nn.Module")
+                    raise PrecdbgError(f"start(model): item {i} is {type(m).__name__}, "
+                                       "not a torch.nn.Module")
                 out.extend((f"{i}.{p}" if p else str(i), sub) for p, sub in m.named_modules())
             return out
-        raise TypeError(f"start(model): expected a torch.nn.Module or a list of them, got "
-                        f"{type(model).__name__}")
+        raise PrecdbgError(f"start(model): expected a torch.nn.Module or a list of them, got "
+                           f"{type(model).__name__}")
 
     # ------------------------------------------------------------------ guarded hook plumbing
     def _safe(self, fn: Callable, where: str) -> Callable:
@@ -177,7 +180,8 @@ class TorchAdapter:
         return on_grad
 
     def _watch(self, call: Any, targets: list, outputs: list, limit: int) -> None:
-        if not self.session.filter.keeps_backward or not torch.is_grad_enabled():
+        """Hook the backward of a call whose forward ran with gradients enabled."""
+        if not self.session.filter.keeps_backward:
             return
         outs = [o for o in outputs if o[2].requires_grad]
         if outs:
@@ -210,8 +214,8 @@ class TorchAdapter:
             with _Guard(self):
                 for index, key, t in outputs:
                     session.capture(call, "forward", "output", index, key, t)
-            self._watch(call, targets, outputs, _API_NODE_LIMIT)
-            with _Guard(self):
+                if grad_on:
+                    self._watch(call, targets, outputs, _API_NODE_LIMIT)
                 session.end_call()
         except Exception as exc:  # noqa: BLE001
             session.hook_failed(exc, f"capturing outputs of {call.forward_entry}")
@@ -231,13 +235,13 @@ class TorchAdapter:
                 with _Guard(self):
                     call, subtree = session.begin_module("Module", path, cls)
                     session.enter_module(path, subtree)
-                    targets: list = []
+                    targets: Optional[list] = None
                     if call is not None:
                         inputs = tensor_args(args, kwargs)
                         for index, k, t in inputs:
                             session.capture(call, "forward", "input", index, k, t)
                         if grad_on:
-                            targets = input_targets(inputs)
+                            targets = input_targets(inputs)   # None: no grad, no backward
                     self._module_calls.setdefault(key, []).append((call, targets))
             except Exception as exc:  # noqa: BLE001
                 session.hook_failed(exc, f"forward pre-hook of {path or cls}")
@@ -257,8 +261,8 @@ class TorchAdapter:
                     with _Guard(self):
                         for index, k, t in outputs:
                             session.capture(call, "forward", "output", index, k, t)
-                    self._watch(call, targets, outputs, _MODULE_NODE_LIMIT)
-                    with _Guard(self):
+                        if targets is not None:
+                            self._watch(call, targets, outputs, _MODULE_NODE_LIMIT)
                         session.end_call()
             except Exception as exc:  # noqa: BLE001
                 session.hook_failed(exc, f"forward hook of {path or cls}")
@@ -304,9 +308,11 @@ class TorchAdapter:
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.session is not None:
             self.session.phase = Phase.OPTIMIZER.value
+            self.paused = not self.session.config.include_optimizer
         return None
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.session is not None:
             self.session.phase = Phase.FORWARD.value
+        self.paused = False
         return None

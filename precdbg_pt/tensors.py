@@ -1,5 +1,9 @@
 """Tensor questions the core asks: describe, identity, statistics on the device, host copies.
 
+CPU tensors (whose device *is* host memory) go through `precdbg._fastats`: one vectorised pass
+over the bytes gives min, max, the finite sum and sum of squares, NaN and Inf counts.
+On other devices:
+
 Statistics: one min/max pass (`aminmax`), one sum, one sum of squares, in float32 (cascade sums,
 relative error ~1e-8 at 16 M elements) or float64 for float64/integer tensors. Results stay on the
 device as 0-d tensors and cross to the host in one `torch.stack(...).cpu()` per batch. NaN/Inf
@@ -13,6 +17,11 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
+    from precdbg import _fastats
+except ImportError:  # pragma: no cover - exercised on machines without the extension
+    _fastats = None
 
 __all__ = ["describe", "identity", "summarize", "resolve", "to_host", "finish_host", "nbytes"]
 
@@ -65,11 +74,12 @@ def identity(t: torch.Tensor) -> Optional[Hashable]:
 
 
 class _Pending:
-    __slots__ = ("tensor", "version", "numel", "values")
+    __slots__ = ("tensor", "version", "numel", "values", "host")
 
     def __init__(self, tensor: Optional[torch.Tensor], numel: int, values: Any) -> None:
         self.tensor, self.numel, self.values = tensor, numel, values
         self.version = tensor._version if tensor is not None else 0
+        self.host: Optional[Tuple[float, float, float, float, int, int]] = None
 
 
 _DOT_LIMIT = 1 << 20        # up to this size a BLAS dot is accurate to ~1e-7; beyond, row dots
@@ -100,12 +110,32 @@ def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
     return total
 
 
+_FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+
+
+def _host_stats(t: torch.Tensor, code: int) -> Optional[_Pending]:
+    if not t.is_contiguous():
+        layout = _layout(t)
+        if len(layout) != 1 or layout[0][1] != 1:   # not a permutation of a dense block
+            t = t.contiguous()
+    mn, mx, total, sq, nan, inf = _fastats.stats(t.data_ptr(), t.numel(), code)
+    p = _Pending(None, t.numel(), None)
+    finite = p.numel - nan - inf
+    p.host = (mn, mx, total / finite if finite else math.nan, math.sqrt(sq), nan, inf)
+    return p
+
+
 def summarize(t: torch.Tensor) -> _Pending:
     """Queue min, max, sum, sum of squares of a tensor; nothing leaves the device.
     Called with gradients disabled (the adapter's guard)."""
     numel = t.numel()
     if numel == 0 or t.is_meta:
         return _Pending(None, numel, None)
+    if _fastats is not None and t.device.type == "cpu":
+        code = _FAST_CODES.get(t.dtype)
+        if code is not None and t.layout is torch.strided and not t.is_conj():
+            return _host_stats(t, code)
+    t = t.detach()
     w = _work_view(t)
     lo, hi = torch.aminmax(w)
     flat = w.reshape(-1)
@@ -142,7 +172,9 @@ def resolve(handles: Sequence[_Pending]) -> np.ndarray:
     out[:, 4:] = 0
     groups: Dict[Tuple[torch.dtype, torch.device], List[int]] = {}
     for i, p in enumerate(handles):
-        if p.values is not None:
+        if p.host is not None:
+            out[i] = p.host
+        elif p.values is not None:
             groups.setdefault((p.values[0].dtype, p.values[0].device), []).append(i)
     redo: List[int] = []
     for indices in groups.values():

@@ -1,0 +1,225 @@
+/* One-pass statistics of a host memory buffer: min, max (over non-NaN values), sum and sum of
+ * squares of the finite values (float64 partials), NaN count and Inf count.
+ *
+ * Framework-neutral: it reads (address, count, dtype code) so any adapter can hand it the memory
+ * of a CPU tensor. The GIL is released while it runs; big buffers are split across two threads.
+ * Used by precdbg's adapters when the tensor already lives in host memory; accelerator tensors
+ * use the framework's own reductions on the device.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3 };
+
+typedef struct {
+    double mn, mx, sum, sq;
+    long long nonfinite;
+} acc_t;
+
+static void acc_init(acc_t *a) {
+    a->mn = INFINITY; a->mx = -INFINITY; a->sum = 0.0; a->sq = 0.0; a->nonfinite = 0;
+}
+static float half_to_float(uint16_t h);
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define MULTIVERSION
+#endif
+
+/* Compiled with -ffinite-math-only so min/max vectorise: non-finite values are therefore
+ * recognised through their bits, never through float compares, and a buffer holding any is
+ * summarised again by the exact scalar pass `careful_*` below. Sums accumulate in float32 lanes
+ * inside blocks of BLK elements and in float64 across blocks. */
+#define BLK 1024
+#define F32_EXP 0x7f800000u
+#define F64_EXP 0x7ff0000000000000ull
+
+MULTIVERSION
+static void run_f32(const float *p, size_t n, acc_t *a) {
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        const float *q = p + i;
+        float s = 0.0f, sq = 0.0f, mn = INFINITY, mx = -INFINITY;
+        int bad = 0;
+        for (size_t k = 0; k < m; k++) {
+            float x = q[k];
+            uint32_t u; memcpy(&u, &x, sizeof u);
+            int fin = (u & F32_EXP) != F32_EXP;
+            uint32_t vu = fin ? u : 0u;
+            float v; memcpy(&v, &vu, sizeof v);
+            s += v; sq += v * v; bad += !fin;
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+        }
+        a->sum += s; a->sq += sq; a->nonfinite += bad;
+        if (mn < a->mn) a->mn = mn;
+        if (mx > a->mx) a->mx = mx;
+    }
+}
+
+MULTIVERSION
+static void run_f64(const double *p, size_t n, acc_t *a) {
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        const double *q = p + i;
+        double s = 0.0, sq = 0.0, mn = INFINITY, mx = -INFINITY;
+        long long bad = 0;
+        for (size_t k = 0; k < m; k++) {
+            double x = q[k];
+            uint64_t u; memcpy(&u, &x, sizeof u);
+            int fin = (u & F64_EXP) != F64_EXP;
+            uint64_t vu = fin ? u : 0u;
+            double v; memcpy(&v, &vu, sizeof v);
+            s += v; sq += v * v; bad += !fin;
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+        }
+        a->sum += s; a->sq += sq; a->nonfinite += bad;
+        if (mn < a->mn) a->mn = mn;
+        if (mx > a->mx) a->mx = mx;
+    }
+}
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) { bits = sign; }
+        else {                                    /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            man &= 0x3ff;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f; memcpy(&f, &bits, sizeof f); return f;
+}
+
+#define BLOCK 2048
+static void run_half(const uint16_t *p, size_t n, int bf16, acc_t *a) {
+    float buf[BLOCK];
+    for (size_t i = 0; i < n; i += BLOCK) {
+        size_t m = n - i < BLOCK ? n - i : BLOCK;
+        if (bf16) {
+            for (size_t k = 0; k < m; k++) {
+                uint32_t bits = (uint32_t)p[i + k] << 16;
+                memcpy(&buf[k], &bits, sizeof(float));
+            }
+        } else {
+            for (size_t k = 0; k < m; k++) buf[k] = half_to_float(p[i + k]);
+        }
+        run_f32(buf, m, a);
+    }
+}
+
+typedef struct {
+    const char *base;
+    size_t n;
+    int dtype;
+    acc_t acc;
+} job_t;
+
+static void run_job(job_t *job) {
+    acc_init(&job->acc);
+    switch (job->dtype) {
+    case DT_F32: run_f32((const float *)job->base, job->n, &job->acc); break;
+    case DT_F64: run_f64((const double *)job->base, job->n, &job->acc); break;
+    case DT_F16: run_half((const uint16_t *)job->base, job->n, 0, &job->acc); break;
+    case DT_BF16: run_half((const uint16_t *)job->base, job->n, 1, &job->acc); break;
+    }
+}
+
+static void *run_thread(void *arg) { run_job((job_t *)arg); return NULL; }
+
+static size_t itemsize(int dtype) {
+    return dtype == DT_F64 ? 8 : dtype == DT_F32 ? 4 : 2;
+}
+
+/* Exact pass for a buffer holding NaN or Inf (rare): min/max over non-NaN values (so +-Inf
+ * shows), NaN count, Inf count. Bits only: the file is compiled with -ffinite-math-only. */
+static double load(const char *base, size_t i, int dtype) {
+    switch (dtype) {
+    case DT_F32: return ((const float *)base)[i];
+    case DT_F64: return ((const double *)base)[i];
+    case DT_F16: return half_to_float(((const uint16_t *)base)[i]);
+    default: { uint32_t b = (uint32_t)((const uint16_t *)base)[i] << 16; float f;
+               memcpy(&f, &b, sizeof f); return f; }
+    }
+}
+
+static void careful(const char *base, size_t n, int dtype, double *mn_out, double *mx_out,
+                    long long *nan_out, long long *inf_out) {
+    long long nan = 0, inf = 0;
+    int pos_inf = 0, neg_inf = 0, any = 0;
+    double mn = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x = load(base, i, dtype);
+        uint64_t u; memcpy(&u, &x, sizeof u);
+        if ((u & F64_EXP) == F64_EXP) {
+            if (u & 0x000fffffffffffffull) { nan++; continue; }
+            inf++;
+            if (u >> 63) neg_inf = 1; else pos_inf = 1;
+            continue;
+        }
+        if (!any) { mn = mx = x; any = 1; }
+        else { if (x < mn) mn = x; if (x > mx) mx = x; }
+    }
+    *mn_out = neg_inf ? -INFINITY : any ? mn : (pos_inf ? INFINITY : NAN);
+    *mx_out = pos_inf ? INFINITY : any ? mx : (neg_inf ? -INFINITY : NAN);
+    *nan_out = nan; *inf_out = inf;
+}
+
+#define SPLIT_AT (1u << 19)
+
+static PyObject *fastats_stats(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    Py_ssize_t count;
+    int dtype, threads = 2;
+    if (!PyArg_ParseTuple(args, "Kni|i", &address, &count, &dtype, &threads)) return NULL;
+    if (dtype < DT_F32 || dtype > DT_BF16 || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "unsupported dtype code or negative count");
+        return NULL;
+    }
+    const char *base = (const char *)(uintptr_t)address;
+    size_t n = (size_t)count;
+    job_t jobs[2];
+    long long nan = 0, inf = 0;
+    double mn, mx;
+    Py_BEGIN_ALLOW_THREADS
+    int parts = (threads > 1 && n >= SPLIT_AT) ? 2 : 1;
+    size_t half = parts == 2 ? n / 2 : n;
+    jobs[0].base = base; jobs[0].n = half; jobs[0].dtype = dtype;
+    jobs[1].base = base + half * itemsize(dtype); jobs[1].n = n - half; jobs[1].dtype = dtype;
+    pthread_t tid;
+    int spawned = parts == 2 && pthread_create(&tid, NULL, run_thread, &jobs[1]) == 0;
+    run_job(&jobs[0]);
+    if (spawned) pthread_join(tid, NULL);
+    else if (parts == 2) run_job(&jobs[1]);
+    else acc_init(&jobs[1].acc);
+    mn = jobs[0].acc.mn < jobs[1].acc.mn ? jobs[0].acc.mn : jobs[1].acc.mn;
+    mx = jobs[0].acc.mx > jobs[1].acc.mx ? jobs[0].acc.mx : jobs[1].acc.mx;
+    if (jobs[0].acc.nonfinite + jobs[1].acc.nonfinite)
+        careful(base, n, dtype, &mn, &mx, &nan, &inf);
+    Py_END_ALLOW_THREADS
+    acc_t *a = &jobs[0].acc, *b = &jobs[1].acc;
+    return Py_BuildValue("(ddddLL)", mn, mx, a->sum + b->sum, a->sq + b->sq, nan, inf);
+}
+
+static PyMethodDef methods[] = {
+    {"stats", fastats_stats, METH_VARARGS,
+     "stats(address, count, dtype_code[, threads]) -> (min, max, sum_finite, sumsq_finite, "
+     "nan_count, inf_count); dtype codes: 0 float32, 1 float64, 2 float16, 3 bfloat16"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastats",
+                                    "One-pass tensor statistics on host memory.", -1, methods};
+
+PyMODINIT_FUNC PyInit__fastats(void) { return PyModule_Create(&module); }
