@@ -116,10 +116,9 @@ class TorchAdapter:
                 self._inventory(modules)
         for path, module in modules:
             self._hook_module(path, module)
-            for name, param in module.named_parameters(recurse=False):
-                if param.requires_grad:
-                    full = f"{path}.{name}" if path else name
-                    self._handles.append(param.register_hook(self._param_grad_hook(full)))
+        for full, param in self._named_tensors(modules, "param"):
+            if param.requires_grad:
+                self._handles.append(param.register_hook(self._param_grad_hook(full)))
         from torch.optim import optimizer as opt
         self._handles.append(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self._handles.append(opt.register_optimizer_step_post_hook(self._optimizer_post))
@@ -275,22 +274,33 @@ class TorchAdapter:
                                                           always_call=True))
 
     # ------------------------------------------------------------------ parameters
+    @staticmethod
+    def _named_tensors(modules: List[Tuple[str, torch.nn.Module]], kind: str
+                       ) -> List[Tuple[str, torch.Tensor]]:
+        """(full name, tensor) of every parameter or buffer, a shared (tied) one once under its
+        first name, as `named_parameters()` does."""
+        seen, out = set(), []
+        for path, module in modules:
+            items = module.named_parameters(recurse=False) if kind == "param" \
+                else module.named_buffers(recurse=False)
+            for name, value in items:
+                if value is None or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                out.append((f"{path}.{name}" if path else name, value))
+        return out
+
     def _inventory(self, modules: List[Tuple[str, torch.nn.Module]]) -> None:
         session = self.session
-        for path, module in modules:
-            for kind, items in (("param", module.named_parameters(recurse=False)),
-                                ("buffer", module.named_buffers(recurse=False))):
-                for name, value in items:
-                    if value is None:
-                        continue
-                    full = f"{path}.{name}" if path else name
-                    call = session.param_call(full, RecordKind.PARAM.value)
-                    if call is None:
-                        continue
-                    session.capture(call, "none", kind, 0, name, value,
-                                    trainable=bool(kind == "param" and value.requires_grad),
-                                    entry=param_entry(full, kind))
-            session.end_call()
+        for kind in ("param", "buffer"):
+            for full, value in self._named_tensors(modules, kind):
+                call = session.param_call(full, RecordKind.PARAM.value)
+                if call is None:
+                    continue
+                session.capture(call, "none", kind, 0, full.rpartition(".")[2], value,
+                                trainable=bool(kind == "param" and value.requires_grad),
+                                entry=param_entry(full, kind))
+                session.end_call()
 
     def _param_grad_hook(self, path: str) -> Callable:
         def record(grad: torch.Tensor) -> None:
