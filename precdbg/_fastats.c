@@ -2,14 +2,13 @@
  * squares of the finite values (float64 partials), NaN count and Inf count.
  *
  * Framework-neutral: it reads (address, count, dtype code) so any adapter can hand it the memory
- * of a CPU tensor. The GIL is released while it runs; big buffers are split across two threads.
- * Used by precdbg's adapters when the tensor already lives in host memory; accelerator tensors
- * use the framework's own reductions on the device.
+ * of a CPU tensor. The GIL is released while it runs. Single-threaded: adapters use it for
+ * host tensors up to a size where it beats the framework's multi-threaded reductions;
+ * accelerator tensors always use the framework's own reductions on the device.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -33,8 +32,8 @@ static float half_to_float(uint16_t h);
 
 /* Compiled with -ffinite-math-only so min/max vectorise: non-finite values are therefore
  * recognised through their bits, never through float compares, and a buffer holding any is
- * summarised again by the exact scalar pass `careful_*` below. Sums accumulate in float32 lanes
- * inside blocks of BLK elements and in float64 across blocks. */
+ * summarised again by the exact scalar pass `careful` below. Sums and sums of squares
+ * accumulate in float64 (so squares of large float32 values cannot overflow). */
 #define BLK 1024
 #define F32_EXP 0x7f800000u
 #define F64_EXP 0x7ff0000000000000ull
@@ -44,7 +43,8 @@ static void run_f32(const float *p, size_t n, acc_t *a) {
     for (size_t i = 0; i < n; i += BLK) {
         size_t m = n - i < BLK ? n - i : BLK;
         const float *q = p + i;
-        float s = 0.0f, sq = 0.0f, mn = INFINITY, mx = -INFINITY;
+        double s = 0.0, sq = 0.0;
+        float mn = INFINITY, mx = -INFINITY;
         int bad = 0;
         for (size_t k = 0; k < m; k++) {
             float x = q[k];
@@ -52,7 +52,8 @@ static void run_f32(const float *p, size_t n, acc_t *a) {
             int fin = (u & F32_EXP) != F32_EXP;
             uint32_t vu = fin ? u : 0u;
             float v; memcpy(&v, &vu, sizeof v);
-            s += v; sq += v * v; bad += !fin;
+            double d = (double)v;
+            s += d; sq += d * d; bad += !fin;
             mn = v < mn ? v : mn;
             mx = v > mx ? v : mx;
         }
@@ -120,27 +121,14 @@ static void run_half(const uint16_t *p, size_t n, int bf16, acc_t *a) {
     }
 }
 
-typedef struct {
-    const char *base;
-    size_t n;
-    int dtype;
-    acc_t acc;
-} job_t;
-
-static void run_job(job_t *job) {
-    acc_init(&job->acc);
-    switch (job->dtype) {
-    case DT_F32: run_f32((const float *)job->base, job->n, &job->acc); break;
-    case DT_F64: run_f64((const double *)job->base, job->n, &job->acc); break;
-    case DT_F16: run_half((const uint16_t *)job->base, job->n, 0, &job->acc); break;
-    case DT_BF16: run_half((const uint16_t *)job->base, job->n, 1, &job->acc); break;
+static void run(const char *base, size_t n, int dtype, acc_t *acc) {
+    acc_init(acc);
+    switch (dtype) {
+    case DT_F32: run_f32((const float *)base, n, acc); break;
+    case DT_F64: run_f64((const double *)base, n, acc); break;
+    case DT_F16: run_half((const uint16_t *)base, n, 0, acc); break;
+    case DT_BF16: run_half((const uint16_t *)base, n, 1, acc); break;
     }
-}
-
-static void *run_thread(void *arg) { run_job((job_t *)arg); return NULL; }
-
-static size_t itemsize(int dtype) {
-    return dtype == DT_F64 ? 8 : dtype == DT_F32 ? 4 : 2;
 }
 
 /* Exact pass for a buffer holding NaN or Inf (rare): min/max over non-NaN values (so +-Inf
@@ -177,45 +165,31 @@ static void careful(const char *base, size_t n, int dtype, double *mn_out, doubl
     *nan_out = nan; *inf_out = inf;
 }
 
-#define SPLIT_AT (1u << 19)
-
 static PyObject *fastats_stats(PyObject *self, PyObject *args) {
     unsigned long long address;
     Py_ssize_t count;
-    int dtype, threads = 2;
-    if (!PyArg_ParseTuple(args, "Kni|i", &address, &count, &dtype, &threads)) return NULL;
+    int dtype;
+    if (!PyArg_ParseTuple(args, "Kni", &address, &count, &dtype)) return NULL;
     if (dtype < DT_F32 || dtype > DT_BF16 || count < 0) {
         PyErr_SetString(PyExc_ValueError, "unsupported dtype code or negative count");
         return NULL;
     }
     const char *base = (const char *)(uintptr_t)address;
     size_t n = (size_t)count;
-    job_t jobs[2];
+    acc_t acc;
     long long nan = 0, inf = 0;
     double mn, mx;
     Py_BEGIN_ALLOW_THREADS
-    int parts = (threads > 1 && n >= SPLIT_AT) ? 2 : 1;
-    size_t half = parts == 2 ? n / 2 : n;
-    jobs[0].base = base; jobs[0].n = half; jobs[0].dtype = dtype;
-    jobs[1].base = base + half * itemsize(dtype); jobs[1].n = n - half; jobs[1].dtype = dtype;
-    pthread_t tid;
-    int spawned = parts == 2 && pthread_create(&tid, NULL, run_thread, &jobs[1]) == 0;
-    run_job(&jobs[0]);
-    if (spawned) pthread_join(tid, NULL);
-    else if (parts == 2) run_job(&jobs[1]);
-    else acc_init(&jobs[1].acc);
-    mn = jobs[0].acc.mn < jobs[1].acc.mn ? jobs[0].acc.mn : jobs[1].acc.mn;
-    mx = jobs[0].acc.mx > jobs[1].acc.mx ? jobs[0].acc.mx : jobs[1].acc.mx;
-    if (jobs[0].acc.nonfinite + jobs[1].acc.nonfinite)
-        careful(base, n, dtype, &mn, &mx, &nan, &inf);
+    run(base, n, dtype, &acc);
+    mn = acc.mn; mx = acc.mx;
+    if (acc.nonfinite) careful(base, n, dtype, &mn, &mx, &nan, &inf);
     Py_END_ALLOW_THREADS
-    acc_t *a = &jobs[0].acc, *b = &jobs[1].acc;
-    return Py_BuildValue("(ddddLL)", mn, mx, a->sum + b->sum, a->sq + b->sq, nan, inf);
+    return Py_BuildValue("(ddddLL)", mn, mx, acc.sum, acc.sq, nan, inf);
 }
 
 static PyMethodDef methods[] = {
     {"stats", fastats_stats, METH_VARARGS,
-     "stats(address, count, dtype_code[, threads]) -> (min, max, sum_finite, sumsq_finite, "
+     "stats(address, count, dtype_code) -> (min, max, sum_finite, sumsq_finite, "
      "nan_count, inf_count); dtype codes: 0 float32, 1 float64, 2 float16, 3 bfloat16"},
     {NULL, NULL, 0, NULL}};
 

@@ -72,13 +72,21 @@ class Call:
     backward_entry: str
 
 
-class _Seen:
-    """A distinct tensor of this window: its id, statistics slot or values, payload state."""
-    __slots__ = ("ref", "tensor_id", "slot", "values", "copied", "__weakref__")
+class _Stats:
+    """Statistics of a set of elements (shared by every view that holds exactly those)."""
+    __slots__ = ("ref", "slot", "values")
 
-    def __init__(self, ref: Any, tensor_id: int, slot: int) -> None:
-        self.ref, self.tensor_id, self.slot = ref, tensor_id, slot
+    def __init__(self, ref: Any, slot: int) -> None:
+        self.ref, self.slot = ref, slot
         self.values: Optional[np.ndarray] = None
+
+
+class _Seen:
+    """A distinct tensor (same bytes, same order) of this window: its id, statistics, payload."""
+    __slots__ = ("ref", "tensor_id", "stats", "copied")
+
+    def __init__(self, ref: Any, tensor_id: int, stats: _Stats) -> None:
+        self.ref, self.tensor_id, self.stats = ref, tensor_id, stats
         self.copied = False
 
 
@@ -113,9 +121,10 @@ class Session:
 
     def _reset_window(self) -> None:
         self._seen: Dict[Hashable, _Seen] = {}
+        self._stats_seen: Dict[Hashable, _Stats] = {}
         self._next_tensor_id = 0
         self._handles: List[Any] = []
-        self._batch_seen: List[_Seen] = []
+        self._batch_stats: List[_Stats] = []
         self._held_bytes = 0
         self._pending: List[Tuple[Record, Optional[_Seen]]] = []
         self._copies: List[Tuple[_Seen, Any, bool]] = []
@@ -154,7 +163,8 @@ class Session:
         except Exception:
             self.active = False
             self.adapter.uninstall()
-            self.writer.close_step(self._modules, self._stack_text)
+            self.writer.abandon_step()
+            self._reset_window()
             raise
         return True
 
@@ -309,28 +319,39 @@ class Session:
                      call.order, self._seq, "py." + type(value).__name__, (), 1,
                      stack_id=call.stack_id)
         if isinstance(value, (bool, int, float)):
-            rec.min = rec.max = rec.mean = float(value)
-            rec.norm = abs(float(value))
+            number = float(value)
+            rec.min = rec.max = rec.mean = number
+            rec.norm = abs(number)
+            rec.nan_count = int(number != number)
+            rec.inf_count = int(number in (float("inf"), float("-inf")))
         rec.text = repr(value) if not isinstance(value, str) else value
         self._pending.append((rec, None))
 
     def _seen_tensor(self, tensor: Any) -> _Seen:
-        key = self.adapter.identity(tensor)
-        if key is not None:
-            seen = self._seen.get(key)
+        """The distinct tensor this one is (same storage bytes, order and version), reusing the
+        statistics of any live view of exactly the same elements."""
+        keys = self.adapter.identity(tensor)
+        stats_key, data_key = keys if keys is not None else (None, None)
+        if data_key is not None:
+            seen = self._seen.get(data_key)
             if seen is not None and seen.ref() is not None:
                 return seen
         try:
             ref = weakref.ref(tensor)
         except TypeError:
             ref = (lambda: None)
-        seen = _Seen(ref, self._next_tensor_id, len(self._handles))
+        stats = self._stats_seen.get(stats_key) if stats_key is not None else None
+        if stats is None or stats.ref() is None:
+            stats = _Stats(ref, len(self._handles))
+            self._handles.append(self.adapter.summarize(tensor))
+            self._held_bytes += self.adapter.nbytes(tensor)
+            self._batch_stats.append(stats)
+            if stats_key is not None:
+                self._stats_seen[stats_key] = stats
+        seen = _Seen(ref, self._next_tensor_id, stats)
         self._next_tensor_id += 1
-        self._handles.append(self.adapter.summarize(tensor))
-        self._held_bytes += self.adapter.nbytes(tensor)
-        self._batch_seen.append(seen)
-        if key is not None:
-            self._seen[key] = seen
+        if data_key is not None:
+            self._seen[data_key] = seen
         return seen
 
     def flush_batch(self) -> None:
@@ -339,8 +360,8 @@ class Session:
             return
         if self._handles:
             values = self.adapter.resolve(self._handles)
-            for seen in self._batch_seen:
-                seen.values = values[seen.slot]
+            for stats in self._batch_stats:
+                stats.values = values[stats.slot]
         payloads: List[Payload] = []
         if self._copies:
             arrays = self.adapter.finish_host([handle for _, handle, _ in self._copies])
@@ -348,32 +369,37 @@ class Session:
                 payloads.append(Payload(seen.tensor_id, array, store, self._checksum))
         records: List[Record] = []
         for rec, seen in self._pending:
-            if seen is not None and seen.values is not None:
-                v = seen.values
+            if seen is not None and seen.stats.values is not None:
+                v = seen.stats.values
                 rec.min, rec.max, rec.mean, rec.norm = float(v[0]), float(v[1]), float(v[2]), \
                     float(v[3])
                 rec.nan_count, rec.inf_count = int(v[4]), int(v[5])
             records.append(rec)
         if self._overflow:
             records, payloads = self._overflow_only(records, payloads)
-        self._handles, self._batch_seen, self._pending, self._copies = [], [], [], []
+        self._handles, self._batch_stats, self._pending, self._copies = [], [], [], []
         self._held_bytes = 0
         if records or payloads:
             self.writer.submit(records, payloads)
 
     def _overflow_only(self, records: List[Record], payloads: List[Payload]):
-        """Overflow task: keep non-finite records and the inputs of the entries that made them."""
-        bad_entries = {r.entry for r in records if r.is_nonfinite and r.role in (
-            Role.OUTPUT.value, Role.GRAD_INPUT.value, Role.PARAM_GRAD.value)}
+        """Overflow task: keep every non-finite record, and every record of the entries whose
+        outputs are non-finite (what led to them). `overflow_nums` counts those entries in the
+        order their first non-finite output appeared."""
+        first_bad: Dict[str, int] = {}
+        for r in records:
+            if r.is_nonfinite and r.role in (Role.OUTPUT.value, Role.GRAD_INPUT.value,
+                                             Role.PARAM_GRAD.value):
+                first_bad.setdefault(r.entry, r.seq)
         limit = self.config.overflow_nums
-        kept_entries = []
-        for entry in sorted(bad_entries, key=lambda e: min(r.seq for r in records if r.entry == e)):
+        keep = set()
+        for entry in sorted(first_bad, key=first_bad.__getitem__):
             if limit >= 0 and self._overflow_kept >= limit:
                 break
             self._overflow_kept += 1
-            kept_entries.append(entry)
-        keep = set(kept_entries)
-        kept = [r for r in records if r.entry in keep or (r.is_nonfinite and not bad_entries)]
+            keep.add(entry)
+        full = limit < 0 or self._overflow_kept < limit
+        kept = [r for r in records if r.entry in keep or (r.is_nonfinite and full)]
         ids = {r.tensor_id for r in kept}
         return kept, [p for p in payloads if p.tensor_id in ids]
 

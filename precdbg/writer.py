@@ -182,6 +182,9 @@ class DumpWriter:
 
     def __init__(self, dump_path: str, queue_bytes: int = 256 << 20,
                  compression: Optional[str] = None) -> None:
+        # Import h5py here, on the caller's thread, before the debugger registers its atexit
+        # close: exit handlers run last-registered first, so ours then runs before h5py's.
+        import h5py  # noqa: F401
         self.dump_path = dump_path
         self.queue_bytes = int(queue_bytes)
         self.compression = compression
@@ -234,6 +237,10 @@ class DumpWriter:
     def close_step(self, modules: Sequence[Tuple[str, str, str]], stacks: Sequence[str]) -> None:
         self._put("close", (list(modules), list(stacks)))
 
+    def abandon_step(self) -> None:
+        """Drop the step being written (a start() that failed): no file is left behind."""
+        self._put("abandon", None)
+
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait until everything queued so far is written; False on timeout."""
         if self._thread is None:
@@ -276,6 +283,15 @@ class DumpWriter:
                 self._finish([], [])
             path, attrs = item
             self._open = _OpenStep(path, attrs, self.compression)
+            return
+        if kind == "abandon":
+            step, self._open = self._open, None
+            if step is not None:
+                step.abandon()
+                try:
+                    os.remove(step.partial_path)
+                except OSError:
+                    pass
             return
         step = self._open
         if step is None or step.failed:

@@ -46,17 +46,23 @@ def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, 
     """Hook dy of every output and dx of every target. `on_grad(role, index, key, grad)` is called
     from the backward pass; `wrap` guards each hook (no capture, no raise). Returns False when the call is an identity on its input (its output
     *is* an input), which has no backward of its own."""
-    node_of_target = {(id(node), nr): i for i, (_, _, node, nr, leaf) in enumerate(targets)
-                      if node is not None}
-    leaf_of_target = {id(leaf): i for i, (_, _, _, _, leaf) in enumerate(targets)
-                      if leaf is not None}
+    # a tensor passed as several arguments (torch.mul(x, x)) is several targets: its k-th edge
+    # found in the graph goes to its k-th argument (extra edges sum into the last one)
+    node_of_target: Dict[Tuple[int, int], List[int]] = {}
+    leaf_of_target: Dict[int, List[int]] = {}
+    for i, (_, _, node, nr, leaf) in enumerate(targets):
+        if node is not None:
+            node_of_target.setdefault((id(node), nr), []).append(i)
+        else:
+            leaf_of_target.setdefault(id(leaf), []).append(i)
+    edges_found: Dict[int, int] = {}
     target_nodes = {id(node) for (_, _, node, _, _) in targets if node is not None}
     by_node: Dict[int, Tuple[Any, List[Tuple[int, int, str]]]] = {}
     for index, key, t in outputs:
         node = t.grad_fn
         if node is None:
             continue
-        if (id(node), t.output_nr) in node_of_target or id(node) in target_nodes:
+        if id(node) in target_nodes:
             return False
         by_node.setdefault(id(node), (node, []))[1].append((t.output_nr, index, key))
     if not by_node:
@@ -77,10 +83,13 @@ def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, 
         for position, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
-            ti = node_of_target.get((id(nxt), nr))
-            if ti is None and leaf_of_target and type(nxt).__name__ == "AccumulateGrad":
-                ti = leaf_of_target.get(id(nxt.variable))
-            if ti is not None:
+            hits = node_of_target.get((id(nxt), nr))
+            if hits is None and leaf_of_target and type(nxt).__name__ == "AccumulateGrad":
+                hits = leaf_of_target.get(id(nxt.variable))
+            if hits is not None:
+                k = edges_found.get(id(hits), 0)
+                edges_found[id(hits)] = k + 1
+                ti = hits[min(k, len(hits) - 1)]
                 edges.setdefault(id(node), (node, []))[1].append((position, ti))
                 state.expected[ti] += 1
             elif id(nxt) not in target_nodes and id(nxt) not in visited:

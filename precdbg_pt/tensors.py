@@ -63,12 +63,17 @@ def _layout(t: torch.Tensor) -> Tuple[Tuple[int, int], ...]:
     return tuple((size, stride) for size, stride in merged)
 
 
-def identity(t: torch.Tensor) -> Optional[Hashable]:
-    """Equal keys mean equal statistics: the same elements of the same storage, same version.
-    The core keeps the first tensor of a key alive-checked (weakly), so storage is not reused."""
+def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
+    """(statistics key, data key). Equal statistics keys: the same elements of the same storage
+    at the same version, in any order (a transpose has the statistics of its base). Equal data
+    keys: also the same shape and strides, so the same bytes in the same order. The core checks
+    that the first tensor of a key is still alive, so its storage cannot have been reused."""
     try:
-        layout = (t.numel(),) if t.is_contiguous() else _layout(t)
-        return (t.data_ptr(), layout, t.dtype, t._version, t.device)
+        contiguous = t.is_contiguous()
+        base = (t.data_ptr(), t.dtype, t._version, t.device)
+        layout = (t.numel(),) if contiguous else _layout(t)
+        shape = tuple(t.shape)
+        return (base, layout), (base, shape, None if contiguous else t.stride())
     except (RuntimeError, NotImplementedError):   # tensors without storage (sparse, fake, ...)
         return None
 
@@ -111,6 +116,9 @@ def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
 
 
 _FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# Above this many elements torch's multi-threaded reductions beat the single-threaded C pass
+# (measured on 2 cores: 262 K elements 77 us vs 186 us; 1 M elements 352 us vs 190 us).
+_FAST_LIMIT = 1 << 19
 
 
 def _host_stats(t: torch.Tensor, code: int) -> Optional[_Pending]:
@@ -131,7 +139,7 @@ def summarize(t: torch.Tensor) -> _Pending:
     numel = t.numel()
     if numel == 0 or t.is_meta:
         return _Pending(None, numel, None)
-    if _fastats is not None and t.device.type == "cpu":
+    if _fastats is not None and numel <= _FAST_LIMIT and t.device.type == "cpu":
         code = _FAST_CODES.get(t.dtype)
         if code is not None and t.layout is torch.strided and not t.is_conj():
             return _host_stats(t, code)

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test suite on a fresh machine: create .venv if missing, install precdbg (".[torch,dev]"),
+# then run pytest. Extra arguments go to pytest:
+#
+#   bash scripts/test.sh                    # python -m pytest -q
+#   bash scripts/test.sh -k config -x       # python -m pytest -q -k config -x
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup_venv.sh
+"$PY" -m pytest -q "$@"

@@ -1,0 +1,869 @@
+"""What the PyTorch adapter captures: API and module records, real dy/dx, dw, the parameter
+inventory, phases, levels, filters, execution order and statistics."""
+from __future__ import annotations
+
+import collections
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import precdbg
+from precdbg_pt import PrecisionDebugger
+
+from conftest import (LINEAR_PATHS, assert_rel, dump_once, loss_of, make_batch_list, make_model,
+                      make_optimizer, norm64, one_row, rows_where, run_steps)
+
+FORWARD_ONLY_INPUT_MODULES = {"", "wte", "wpe"}   # their inputs are token ids: no dx
+
+
+# ----------------------------------------------------------------------------- shared dump
+@pytest.fixture(scope="module")
+def gpt_dump(tmp_path_factory):
+    """One captured forward + backward of the tiny GPT (no optimizer step), with the true
+    gradients kept for comparison."""
+    path = str(tmp_path_factory.mktemp("gpt_mix"))
+    model = make_model()
+    x, y = make_batch_list(1)[0]
+    dbg = PrecisionDebugger(task="statistics", level="mix", dump_path=path)
+    dbg.start(model)
+    loss = loss_of(model, x, y)
+    loss.backward()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    modules = {path: type(m).__name__ for path, m in model.named_modules()}
+    dump = precdbg.open_dump(path)
+    return dict(dump=dump, table=dump.records(step=0), grads=grads, params=params,
+                buffers=buffers, modules=modules, failures=dbg.failures, loss=float(loss.detach()))
+
+
+def test_no_failures_and_one_step(gpt_dump):
+    assert gpt_dump["failures"] == 0
+    dump = gpt_dump["dump"]
+    assert dump.steps == [0] and dump.ranks == [0] and dump.partial == []
+    assert dump.run["framework"] == "pytorch"
+    assert dump.run["framework_version"] == torch.__version__
+
+
+def test_api_records_carry_module_paths(gpt_dump):
+    t = gpt_dump["table"]
+    linear = rows_where(t, kind="api", op="linear", direction="forward", role="output")
+    assert [r["module"] for r in sorted(linear, key=lambda r: r["order"])] == LINEAR_PATHS
+    first = one_row(t, entry="Functional.linear.0.forward", role="output")
+    assert first["module"] == "blocks.0.attn.qkv"
+    assert first["prefix"] == "Functional" and first["api"] == "linear"
+    assert first["shape"] == (2, 16, 192)
+    # softmax is called directly in Attention.forward: owned by the attention module
+    soft = rows_where(t, kind="api", op="softmax", direction="forward", role="output")
+    assert [r["module"] for r in soft] == ["blocks.0.attn", "blocks.1.attn"]
+    # the embedding add happens in GPT.forward itself: the root, written ''
+    assert one_row(t, entry="Tensor.add.0.forward", role="output")["module"] == ""
+    assert one_row(t, entry="Torch.matmul.1.forward", role="output")["module"] == "blocks.0.attn"
+    gelu = one_row(t, entry="Functional.gelu.0.forward", role="output")
+    assert gelu["module"] == "blocks.0.mlp.act" and gelu["op"] == "gelu"
+
+
+def test_api_forward_inputs_and_outputs(gpt_dump):
+    t = gpt_dump["table"]
+    rows = rows_where(t, entry="Functional.linear.0.forward")
+    inputs = sorted((r for r in rows if r["role"] == "input"), key=lambda r: r["arg_index"])
+    assert [r["shape"] for r in inputs] == [(2, 16, 64), (192, 64), (192,)]
+    assert all(r["phase"] == "forward" and r["direction"] == "forward" for r in rows)
+    # the weight input is the parameter itself: same statistics as the inventory
+    inv = one_row(t, entry="Param.blocks.0.attn.qkv.weight")
+    assert inputs[1]["norm"] == inv["norm"]
+    assert inputs[1]["tensor_id"] == inv["tensor_id"]
+
+
+def test_every_module_has_forward_and_backward(gpt_dump):
+    t = gpt_dump["table"]
+    for path, cls in gpt_dump["modules"].items():
+        if cls == "ModuleList":
+            continue          # a container: never called
+        fwd = f"Module.{path}.{cls}.forward.0" if path else f"Module.{cls}.forward.0"
+        roles = {(r["role"], r["arg_index"]) for r in rows_where(t, entry=fwd)}
+        assert roles == {("input", 0), ("output", 0)}, fwd
+        row = rows_where(t, entry=fwd)[0]
+        assert row["kind"] == "module" and row["module"] == path and row["api"] == cls
+        if cls == "Dropout":
+            continue          # p=0 on CPU returns its input: an identity has no backward
+        bwd = f"Module.{path}.{cls}.backward.0" if path else f"Module.{cls}.backward.0"
+        roles = {r["role"] for r in rows_where(t, entry=bwd)}
+        expected = {"grad_output"} if path in FORWARD_ONLY_INPUT_MODULES else \
+            {"grad_output", "grad_input"}
+        assert roles == expected, bwd
+        for r in rows_where(t, entry=bwd):
+            assert r["direction"] == "backward" and r["phase"] == "backward"
+
+
+def test_module_backward_shapes_match_forward(gpt_dump):
+    t = gpt_dump["table"]
+    for path in LINEAR_PATHS:
+        fwd_in = one_row(t, entry=f"Module.{path}.Linear.forward.0", role="input")
+        fwd_out = one_row(t, entry=f"Module.{path}.Linear.forward.0", role="output")
+        dx = one_row(t, entry=f"Module.{path}.Linear.backward.0", role="grad_input")
+        dy = one_row(t, entry=f"Module.{path}.Linear.backward.0", role="grad_output")
+        assert dx["shape"] == fwd_in["shape"]
+        assert dy["shape"] == fwd_out["shape"]
+
+
+def test_api_backward_has_dy_and_dx_per_input(gpt_dump):
+    t = gpt_dump["table"]
+    for k in range(len(LINEAR_PATHS)):
+        entry = f"Functional.linear.{k}"
+        fwd_inputs = {r["arg_index"]: r["shape"] for r in rows_where(t, entry=entry + ".forward",
+                                                                     role="input")}
+        fwd_out = one_row(t, entry=entry + ".forward", role="output")
+        dy = one_row(t, entry=entry + ".backward", role="grad_output")
+        assert dy["shape"] == fwd_out["shape"]
+        dx = {r["arg_index"]: r["shape"] for r in rows_where(t, entry=entry + ".backward",
+                                                             role="grad_input")}
+        assert dx == fwd_inputs, entry        # one dx per input (x, weight, bias where present)
+        bwd = rows_where(t, entry=entry + ".backward")
+        assert {r["module"] for r in bwd} == {LINEAR_PATHS[k]}
+        assert {r["order"] for r in bwd} == {fwd_out["order"]}
+
+
+def test_api_dw_equals_param_grad(gpt_dump):
+    t = gpt_dump["table"]
+    grads = gpt_dump["grads"]
+    for k, path in enumerate(LINEAR_PATHS):
+        dw = one_row(t, entry=f"Functional.linear.{k}.backward", role="grad_input", arg_index=1)
+        assert_rel(dw["norm"], norm64(grads[path + ".weight"]), 1e-6, path)
+
+
+def test_dx_matches_true_gradients_numerically(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(5, 4, requires_grad=True)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    dbg.start()
+    y = x * 2
+    z = F.linear(y, w)
+    z.sum().backward()
+    dbg.stop()
+    assert dbg.close()
+    assert dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    dl_dy = torch.ones(3, 5, dtype=torch.float64) @ w.detach().double()   # d sum(y w^T) / dy
+    dl_dw = torch.ones(3, 5, dtype=torch.float64).T @ (x.detach().double() * 2)
+    lin_dx = one_row(t, entry="Functional.linear.0.backward", role="grad_input", arg_index=0)
+    lin_dw = one_row(t, entry="Functional.linear.0.backward", role="grad_input", arg_index=1)
+    assert_rel(lin_dx["norm"], norm64(dl_dy), 1e-6, "dL/dy")
+    assert_rel(lin_dw["norm"], norm64(w.grad), 1e-6, "dL/dw")
+    assert_rel(lin_dw["norm"], norm64(dl_dw), 1e-6, "dL/dw by hand")
+    assert lin_dx["min"] == pytest.approx(float(dl_dy.min()), rel=1e-6)
+    assert lin_dx["max"] == pytest.approx(float(dl_dy.max()), rel=1e-6)
+    dy = one_row(t, entry="Functional.linear.0.backward", role="grad_output")
+    assert dy["shape"] == (3, 5) and dy["min"] == 1.0 and dy["max"] == 1.0
+    assert_rel(dy["norm"], math.sqrt(15), 1e-6, "dy")
+    mul_dx = one_row(t, entry="Tensor.mul.0.backward", role="grad_input", arg_index=0)
+    assert_rel(mul_dx["norm"], norm64(x.grad), 1e-6, "Tensor.mul dx")
+    assert_rel(mul_dx["mean"], float(x.grad.double().mean()), 1e-6, "Tensor.mul dx mean")
+    mul_dy = one_row(t, entry="Tensor.mul.0.backward", role="grad_output")
+    assert_rel(mul_dy["norm"], norm64(dl_dy), 1e-6, "Tensor.mul dy")
+
+
+def test_dx_for_each_argument_when_an_input_is_passed_twice(tmp_path):
+    x = torch.randn(6, requires_grad=True)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api")
+    with dbg.capture():
+        y = torch.mul(x, x)               # both arguments are x: dx = 2x, reported per input
+        y.sum().backward()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    dx = rows_where(t, entry="Torch.mul.0.backward", role="grad_input")
+    assert sorted(r["arg_index"] for r in dx) == [0, 1]
+    for r in dx:                          # each position receives x (d(a*b)/da = b = x)
+        assert_rel(r["norm"], norm64(x), 1e-6, f"dx of argument {r['arg_index']}")
+    assert_rel(norm64(x.grad), 2 * norm64(x), 1e-6, "x.grad")
+
+
+# ----------------------------------------------------------------------------- dw
+def test_dw_for_every_trainable_parameter(gpt_dump):
+    t = gpt_dump["table"]
+    dw = rows_where(t, kind="param_grad")
+    by_name = {r["api"]: r for r in dw}
+    assert len(by_name) == len(dw), "one dw record per parameter per backward"
+    assert set(by_name) == set(gpt_dump["grads"])
+    for name, grad in gpt_dump["grads"].items():
+        r = by_name[name]
+        assert r["entry"] == f"Param.{name}.grad"
+        assert r["role"] == "param_grad" and r["direction"] == "backward"
+        assert r["phase"] == "backward"
+        assert r["shape"] == tuple(grad.shape)
+        assert_rel(r["norm"], norm64(grad), 1e-6, name)
+        assert r["min"] == pytest.approx(float(grad.min()), rel=1e-6, abs=1e-12)
+        assert r["max"] == pytest.approx(float(grad.max()), rel=1e-6, abs=1e-12)
+
+
+def test_dw_of_a_shared_module_is_summed_over_uses(tmp_path):
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(torch.tanh(self.lin(x)))
+
+    torch.manual_seed(0)
+    model = Twice()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    with dbg.capture(model):
+        model(torch.randn(3, 4)).pow(2).sum().backward()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    assert len(rows_where(t, kind="param_grad", api="lin.weight")) == 1
+    r = one_row(t, entry="Param.lin.weight.grad")
+    assert_rel(r["norm"], norm64(model.lin.weight.grad), 1e-6, "shared dw")
+    # the module was called twice: two forward and two backward entries
+    assert rows_where(t, entry="Module.lin.Linear.forward.1", role="output")
+    assert rows_where(t, entry="Module.lin.Linear.backward.1", role="grad_output")
+
+
+def test_dw_is_per_backward_pass(tmp_path):
+    """Two backward passes in one captured step (gradient accumulation): each dw record is the
+    gradient of its own pass, not the accumulated .grad."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 2)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="module")
+    with dbg.capture(lin):
+        lin(a).sum().backward()
+        first = lin.weight.grad.clone()
+        lin(b).pow(2).sum().backward()
+    assert dbg.close() and dbg.failures == 0
+    second = lin.weight.grad - first
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    dw = sorted(rows_where(t, kind="param_grad", api="weight"), key=lambda r: r["seq"])
+    assert [r["entry"] for r in dw] == ["Param.weight.grad", "Param.weight.grad.1"]
+    assert_rel(dw[0]["norm"], norm64(first), 1e-6, "first pass")
+    assert_rel(dw[1]["norm"], norm64(second), 1e-5, "second pass")
+
+
+# ----------------------------------------------------------------------------- inventory
+def test_inventory_lists_every_parameter_and_buffer(gpt_dump):
+    t = gpt_dump["table"]
+    inv = rows_where(t, kind="param")
+    params = {r["api"]: r for r in inv if r["role"] == "param"}
+    buffers = {r["api"]: r for r in inv if r["role"] == "buffer"}
+    assert set(params) == set(gpt_dump["params"])
+    assert set(buffers) == set(gpt_dump["buffers"])
+    assert len(inv) == len(params) + len(buffers)
+    for name, value in gpt_dump["params"].items():
+        r = params[name]
+        assert r["entry"] == f"Param.{name}"
+        assert r["direction"] == "none" and r["phase"] == "setup"
+        assert r["trainable"] is True
+        assert r["shape"] == tuple(value.shape) and r["dtype"] == "float32"
+        assert_rel(r["norm"], norm64(value), 1e-6, name)
+    for name, value in gpt_dump["buffers"].items():
+        r = buffers[name]
+        assert r["entry"] == f"Buffer.{name}"
+        assert r["trainable"] is False
+        assert r["dtype"] == "bool" and r["shape"] == tuple(value.shape)
+
+
+def test_frozen_parameter_is_not_trainable_and_has_no_dw(tmp_path):
+    model = make_model()
+    model.blocks[0].attn.qkv.weight.requires_grad_(False)
+    model.ln_f.bias.requires_grad_(False)
+    dump, dbg = dump_once(tmp_path, model=model)
+    assert dbg.failures == 0
+    t = dump.records(step=0)
+    frozen = {"blocks.0.attn.qkv.weight", "ln_f.bias"}
+    for name, p in model.named_parameters():
+        inv = one_row(t, entry=f"Param.{name}")
+        assert inv["trainable"] is (name not in frozen), name
+        grads = rows_where(t, entry=f"Param.{name}.grad")
+        assert len(grads) == (0 if name in frozen else 1), name
+    # no dx is reported for the frozen weight either
+    dw = rows_where(t, entry="Functional.linear.0.backward", role="grad_input")
+    assert sorted(r["arg_index"] for r in dw) == [0, 2]
+
+
+# ----------------------------------------------------------------------------- phases
+def test_optimizer_phase_absent_by_default(tmp_path):
+    dump, dbg = dump_once(tmp_path, steps=2)
+    assert dbg.failures == 0
+    for step in dump.steps:
+        t = dump.records(step=step)
+        assert not np.any(t["phase"] == "optimizer")
+        assert set(np.unique(t["phase"])) == {"setup", "forward", "backward"}
+
+
+def test_optimizer_phase_with_include_optimizer(tmp_path):
+    dump, dbg = dump_once(tmp_path, steps=2, include_optimizer=True)
+    assert dbg.failures == 0
+    for step in dump.steps:
+        t = dump.records(step=step)
+        opt = t.select(t["phase"] == "optimizer")
+        assert len(opt) > 0
+        assert set(np.unique(opt["kind"])) == {"api"}
+        # the model's own calls are still forward/backward
+        linear = t.select(t["op"] == "linear")
+        assert set(np.unique(linear["phase"])) <= {"forward", "backward"}
+        # the optimizer runs after the backward pass
+        assert opt["seq"].min() > t.select(t["direction"] == "backward")["seq"].max()
+
+
+# ----------------------------------------------------------------------------- levels
+def test_level_api_has_no_module_records(tmp_path):
+    dump, dbg = dump_once(tmp_path, level="api")
+    t = dump.records(step=0)
+    assert dbg.failures == 0
+    kinds = set(np.unique(t["kind"]))
+    assert kinds == {"api", "param", "param_grad"}
+    assert not np.any(np.char.startswith(t["entry"], "Module."))
+    # module paths are still attributed to API records
+    assert one_row(t, entry="Functional.linear.0.forward", role="output")["module"] == \
+        "blocks.0.attn.qkv"
+
+
+def test_level_module_has_no_api_records(tmp_path):
+    dump, dbg = dump_once(tmp_path, level="L0")
+    t = dump.records(step=0)
+    assert dbg.failures == 0
+    kinds = set(np.unique(t["kind"]))
+    assert kinds == {"module", "param", "param_grad"}
+    assert rows_where(t, entry="Module.blocks.1.mlp.fc.Linear.backward.0", role="grad_input")
+
+
+# ----------------------------------------------------------------------------- filters
+def test_step_filter_dumps_only_selected_steps(tmp_path):
+    dump, dbg = dump_once(tmp_path, steps=3, step=[1])
+    assert dump.steps == [1]
+    assert sorted(os.listdir(tmp_path / "dump")) == ["run.json", "step1"]
+    assert len(dump.records(step=1)) > 0
+    with pytest.raises(precdbg.DumpError):
+        dump.records(step=0)
+
+
+def test_step_range_filter(tmp_path):
+    dump, _ = dump_once(tmp_path, steps=4, step=["1-2"])
+    assert dump.steps == [1, 2]
+    a, b = dump.records(step=1), dump.records(step=2)
+    assert list(a["entry"]) == list(b["entry"])           # same calls, different values
+    assert not np.array_equal(a["norm"], b["norm"])
+
+
+def test_scope_filter(tmp_path):
+    dump, dbg = dump_once(tmp_path, scope=["blocks.0.*"])
+    assert dbg.failures == 0
+    t = dump.records(step=0)
+    calls = t.select(np.isin(t["kind"], ["api", "module"]))
+    assert len(calls) > 0
+    modules = set(np.unique(calls["module"]))
+    assert all(m.startswith("blocks.0.") for m in modules), modules
+    assert {"blocks.0.attn.qkv", "blocks.0.attn", "blocks.0.mlp.fc"} <= modules
+    assert {r for r in np.unique(calls["direction"])} == {"forward", "backward"}
+    params = t.select(np.isin(t["kind"], ["param", "param_grad"]))
+    assert len(params) > 0
+    assert all(a.startswith("blocks.0.") for a in params["api"])
+
+
+def test_scope_by_api_name(tmp_path):
+    dump, _ = dump_once(tmp_path, scope=["Functional.softmax.*"], level="api")
+    t = dump.records(step=0)
+    calls = t.select(t["kind"] == "api")
+    assert set(np.unique(calls["entry"])) == {"Functional.softmax.0.forward",
+                                             "Functional.softmax.1.forward",
+                                             "Functional.softmax.0.backward",
+                                             "Functional.softmax.1.backward"}
+
+
+def test_list_filter(tmp_path):
+    dump, dbg = dump_once(tmp_path, list=["linear"])
+    assert dbg.failures == 0
+    t = dump.records(step=0)
+    calls = t.select(np.isin(t["kind"], ["api", "module"]))
+    assert set(np.unique(calls["op"])) == {"linear"}
+    api = calls.select(calls["kind"] == "api")
+    forward = set(np.unique(api.select(api["direction"] == "forward")["entry"]))
+    assert forward == {f"Functional.linear.{k}.forward" for k in range(len(LINEAR_PATHS))}
+    assert len(api.select(api["direction"] == "backward")) > 0
+
+
+def test_scope_range_filter(gpt_dump, tmp_path):
+    first, last = "Module.blocks.0.attn.Attention.forward.0", "Functional.linear.1.forward"
+    dump, dbg = dump_once(tmp_path, scope_range=[first, last])
+    assert dbg.failures == 0
+    t = dump.records(step=0)
+    full = gpt_dump["table"]
+    lo = one_row(full, entry=first, role="input")["order"]
+    hi = one_row(full, entry=last, role="output")["order"]
+    fwd = full.select((full["direction"] == "forward") & (full["order"] >= lo)
+                      & (full["order"] <= hi))
+    expected = set(np.unique(fwd["entry"]))
+    got = t.select((t["direction"] == "forward") & np.isin(t["kind"], ["api", "module"]))
+    assert set(np.unique(got["entry"])) == expected
+    assert "Module.blocks.0.attn.qkv.Linear.forward.0" in expected
+    assert "Functional.linear.2.forward" not in expected
+
+
+def test_data_mode_forward(tmp_path):
+    dump, _ = dump_once(tmp_path, data_mode=["forward"])
+    t = dump.records(step=0)
+    assert len(t) > 0
+    assert not np.any(t["direction"] == "backward")
+    assert not np.any(t["kind"] == "param_grad")
+    assert set(np.unique(t["direction"])) == {"forward", "none"}
+
+
+def test_data_mode_backward(tmp_path):
+    dump, _ = dump_once(tmp_path, data_mode=["backward"])
+    t = dump.records(step=0)
+    calls = t.select(np.isin(t["kind"], ["api", "module", "param_grad"]))
+    assert set(np.unique(calls["direction"])) == {"backward"}
+    assert np.any(calls["kind"] == "param_grad")
+
+
+def test_data_mode_input(tmp_path):
+    dump, _ = dump_once(tmp_path, data_mode=["input"])
+    t = dump.records(step=0)
+    calls = t.select(t["direction"] != "none")
+    assert set(np.unique(calls["role"])) == {"input", "grad_output"}
+
+
+def test_data_mode_output(tmp_path):
+    dump, _ = dump_once(tmp_path, data_mode=["output"])
+    t = dump.records(step=0)
+    calls = t.select(t["direction"] != "none")
+    assert set(np.unique(calls["role"])) == {"output", "grad_input", "param_grad"}
+
+
+# ----------------------------------------------------------------------------- order
+def test_forward_order_follows_the_model(gpt_dump):
+    t = gpt_dump["table"]
+    fwd = t.select(t["direction"] == "forward")
+    order = {}
+    for r in fwd.rows():
+        order.setdefault(r["entry"], r["order"])
+    # every record of one forward entry has the same order; distinct entries distinct orders
+    per_entry = collections.defaultdict(set)
+    for r in fwd.rows():
+        per_entry[r["entry"]].add(r["order"])
+    assert all(len(v) == 1 for v in per_entry.values())
+    assert len(set(order.values())) == len(order)
+    chain = ["Module.GPT.forward.0", "Module.wte.Embedding.forward.0",
+             "Functional.embedding.0.forward", "Module.wpe.Embedding.forward.0",
+             "Tensor.add.0.forward", "Module.blocks.0.Block.forward.0",
+             "Module.blocks.0.ln_1.LayerNorm.forward.0", "Module.blocks.0.attn.Attention.forward.0",
+             "Module.blocks.0.attn.qkv.Linear.forward.0", "Functional.linear.0.forward",
+             "Functional.softmax.0.forward", "Functional.linear.1.forward",
+             "Module.blocks.0.mlp.MLP.forward.0", "Functional.gelu.0.forward",
+             "Module.blocks.1.Block.forward.0", "Functional.softmax.1.forward",
+             "Module.ln_f.LayerNorm.forward.0", "Module.lm_head.Linear.forward.0",
+             "Functional.linear.8.forward", "Functional.cross_entropy.0.forward"]
+    orders = [order[e] for e in chain]
+    assert orders == sorted(orders), list(zip(chain, orders))
+    # call indices of one API increase with execution order
+    linear = [order[f"Functional.linear.{k}.forward"] for k in range(len(LINEAR_PATHS))]
+    assert linear == sorted(linear)
+
+
+def test_backward_runs_in_reverse(gpt_dump):
+    t = gpt_dump["table"]
+    seq = {}
+    for r in t.select(t["direction"] == "backward").rows():
+        seq.setdefault(r["entry"], r["seq"])
+    linear = [seq[f"Functional.linear.{k}.backward"] for k in range(len(LINEAR_PATHS))]
+    assert linear == sorted(linear, reverse=True)
+    assert seq["Functional.cross_entropy.0.backward"] < seq["Module.lm_head.Linear.backward.0"]
+    assert seq["Module.blocks.1.Block.backward.0"] < seq["Module.blocks.0.Block.backward.0"]
+    # seq is the emission order: unique over the step
+    assert len(np.unique(t["seq"])) == len(t)
+
+
+# ----------------------------------------------------------------------------- statistics
+def _stats_of(tmp_path, x: torch.Tensor):
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api")
+    with dbg.capture():
+        torch.neg(x)
+    assert dbg.close()
+    assert dbg.failures == 0
+    return one_row(precdbg.open_dump(str(tmp_path)).records(step=0),
+                   entry="Torch.neg.0.forward", role="input")
+
+
+@pytest.mark.parametrize("dtype,numel", [(torch.float32, 1000), (torch.float32, (1 << 21) + 123),
+                                         (torch.float64, 777), (torch.bfloat16, 4096),
+                                         (torch.float16, 513), (torch.int64, 100)])
+def test_statistics_match_numpy(tmp_path, dtype, numel):
+    rng = np.random.RandomState(7)
+    values = rng.randn(numel) * 3.0 + 1.25
+    if dtype is torch.int64:
+        values = np.round(values * 10)
+    x = torch.tensor(values).to(dtype)
+    ref = x.double().numpy() if dtype is not torch.bfloat16 else x.float().double().numpy()
+    r = _stats_of(tmp_path, x)
+    assert r["dtype"] == str(dtype).replace("torch.", "")
+    assert r["shape"] == (numel,) and r["numel"] == numel
+    assert r["min"] == ref.min() and r["max"] == ref.max()
+    assert_rel(r["mean"], float(ref.mean()), 1e-6, "mean")
+    assert_rel(r["norm"], float(np.sqrt(np.sum(ref * ref))), 1e-6, "norm")
+    assert r["nan_count"] == 0 and r["inf_count"] == 0
+
+
+def test_statistics_of_a_known_tensor(tmp_path):
+    r = _stats_of(tmp_path, torch.tensor([[3.0, -4.0], [0.5, 0.5]]))
+    assert (r["min"], r["max"]) == (-4.0, 3.0)
+    assert r["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert_rel(r["norm"], math.sqrt(9 + 16 + 0.25 + 0.25), 1e-12, "norm")
+    assert r["shape"] == (2, 2)
+
+
+def test_nan_and_inf_counts(tmp_path):
+    values = [1.0, float("nan"), 2.0, float("inf"), float("nan"), -float("inf"), -3.0,
+              float("nan"), float("inf")]
+    r = _stats_of(tmp_path, torch.tensor(values))
+    assert r["nan_count"] == 3
+    assert r["inf_count"] == 3
+    finite = np.array([1.0, 2.0, -3.0])
+    assert r["mean"] == pytest.approx(finite.mean())          # over the finite values
+    assert r["norm"] == pytest.approx(np.linalg.norm(finite))
+
+
+def test_inf_only_min_max(tmp_path):
+    r = _stats_of(tmp_path, torch.tensor([1.0, float("inf"), -float("inf"), 2.0]))
+    assert r["nan_count"] == 0 and r["inf_count"] == 2
+    assert r["min"] == -math.inf and r["max"] == math.inf
+    assert r["mean"] == pytest.approx(1.5)
+    assert r["norm"] == pytest.approx(math.sqrt(5))
+
+
+@pytest.mark.parametrize("dtype,value", [(torch.float32, 3e30), (torch.float32, 2e19),
+                                         (torch.bfloat16, 1e20)])
+def test_large_finite_values_get_a_finite_norm(tmp_path, dtype, value):
+    """Finite values whose squares overflow float32 must still get a finite, accurate norm
+    (statistics are float64), and no NaN/Inf count."""
+    x = torch.full((1000,), value, dtype=dtype)
+    r = _stats_of(tmp_path, x)
+    assert r["nan_count"] == 0 and r["inf_count"] == 0
+    v = float(x[0].double())
+    assert r["min"] == v and r["max"] == v
+    assert_rel(r["mean"], v, 1e-6, "mean")
+    assert_rel(r["norm"], v * math.sqrt(1000), 1e-6, "norm")
+
+
+@pytest.mark.parametrize("view", ["transpose", "slice", "step", "expand", "permute3d", "offset"])
+def test_statistics_of_views_match_numpy(tmp_path, view):
+    torch.manual_seed(3)
+    base = torch.randn(40, 30)
+    x = {"transpose": lambda: base.t(),
+         "slice": lambda: base[5:17, 3:29],
+         "step": lambda: base[::3, ::2],
+         "expand": lambda: base[:1].expand(7, 30),
+         "permute3d": lambda: base.view(4, 10, 30).permute(2, 0, 1),
+         "offset": lambda: base.view(-1)[17:917]}[view]()
+    ref = x.double().contiguous().numpy()
+    r = _stats_of(tmp_path, x)
+    assert r["shape"] == tuple(x.shape)
+    assert r["min"] == ref.min() and r["max"] == ref.max()
+    # the mean of zero-centred data: error relative to the mean magnitude
+    assert abs(r["mean"] - ref.mean()) <= 1e-6 * np.abs(ref).mean()
+    assert_rel(r["norm"], float(np.sqrt(np.sum(ref * ref))), 1e-6, "norm")
+
+
+def test_debugger_does_not_change_numerics(batches):
+    """Same seed, same batches: losses and final parameters are bitwise identical with and
+    without the debugger (statistics and tensor tasks)."""
+    import tempfile
+    reference = make_model()
+    ref_losses = run_steps(None, reference, make_optimizer(reference), batches, 3)
+    for task in ("statistics", "tensor"):
+        with tempfile.TemporaryDirectory() as path:
+            model = make_model()
+            dbg = PrecisionDebugger(task=task, dump_path=path, include_optimizer=True)
+            losses = run_steps(dbg, model, make_optimizer(model), batches, 3)
+            assert dbg.failures == 0
+            assert [float(l) for l in losses] == [float(l) for l in ref_losses], task
+            for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
+                assert torch.equal(a, b), (task, name)
+
+
+def test_non_tensor_arguments_are_recorded(tmp_path):
+    x = torch.ones(3)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api")
+    with dbg.capture():
+        torch.add(x, 2.5)
+        x.masked_fill(torch.tensor([True, False, True]), float("-inf"))
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    scalar = one_row(t, entry="Torch.add.0.forward", role="input", arg_index=1)
+    assert scalar["dtype"] == "py.float" and scalar["text"] == "2.5"
+    assert scalar["min"] == scalar["max"] == scalar["mean"] == 2.5
+    assert scalar["data_offset"] == -1
+    fill = one_row(t, entry="Tensor.masked_fill.0.forward", role="input", arg_index=2)
+    assert fill["dtype"] == "py.float" and fill["min"] == -math.inf
+    # a non-finite scalar is counted like a non-finite tensor element
+    assert fill["inf_count"] == 1 and fill["nan_count"] == 0
+
+
+def test_in_place_op_records_values_before_and_after(tmp_path):
+    x = torch.arange(5, dtype=torch.float32)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api", task="tensor")
+    with dbg.capture():
+        x.add_(10)
+        x.mul_(2)
+    assert dbg.close() and dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    t = dump.records(step=0)
+    add_in = one_row(t, entry="Tensor.add_.0.forward", role="input", arg_index=0)
+    add_out = one_row(t, entry="Tensor.add_.0.forward", role="output")
+    mul_out = one_row(t, entry="Tensor.mul_.0.forward", role="output")
+    assert (add_in["min"], add_in["max"]) == (0.0, 4.0)
+    assert (add_out["min"], add_out["max"]) == (10.0, 14.0)
+    assert (mul_out["min"], mul_out["max"]) == (20.0, 28.0)
+    assert add_out["op"] == "add"
+    np.testing.assert_array_equal(dump.tensor("Tensor.add_.0.forward.input.0", step=0),
+                                  np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(dump.tensor("Tensor.mul_.0.forward.output.0", step=0),
+                                  (np.arange(5, dtype=np.float32) + 10) * 2)
+
+
+def test_empty_tensor(tmp_path):
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api", task="tensor")
+    with dbg.capture():
+        torch.neg(torch.empty(0, 3))
+    assert dbg.close() and dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    r = one_row(dump.records(step=0), entry="Torch.neg.0.forward", role="input")
+    assert r["numel"] == 0 and r["shape"] == (0, 3)
+    assert r["nan_count"] == 0 and r["inf_count"] == 0
+    assert dump.tensor("Torch.neg.0.forward.input.0", step=0).shape == (0, 3)
+
+
+def test_list_of_models(tmp_path):
+    torch.manual_seed(0)
+    enc, dec = nn.Linear(4, 3), nn.Sequential(nn.ReLU(), nn.Linear(3, 2))
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    with dbg.capture([enc, dec]):
+        dec(enc(torch.randn(2, 4))).sum().backward()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    assert one_row(t, entry="Functional.linear.0.forward", role="output")["module"] == "0"
+    assert one_row(t, entry="Functional.linear.1.forward", role="output")["module"] == "1.1"
+    assert rows_where(t, entry="Module.1.0.ReLU.forward.0", role="output")
+    assert {r["api"] for r in rows_where(t, kind="param_grad")} == \
+        {"0.weight", "0.bias", "1.1.weight", "1.1.bias"}
+
+
+@pytest.mark.parametrize("modes,roles,directions", [
+    (["forward", "input"], {"input"}, {"forward"}),
+    (["backward", "output"], {"grad_input", "param_grad"}, {"backward"}),
+    (["backward", "input"], {"grad_output"}, {"backward"}),
+])
+def test_data_mode_combinations(tmp_path, modes, roles, directions):
+    dump, _ = dump_once(tmp_path, data_mode=modes)
+    t = dump.records(step=0)
+    calls = t.select(t["direction"] != "none")
+    assert set(np.unique(calls["role"])) == roles
+    assert set(np.unique(calls["direction"])) == directions
+
+
+def test_two_capture_windows_in_one_step(tmp_path):
+    """start/stop twice before step(): both windows are kept (a second part file), call
+    indices continue, and everything reads back."""
+    model = make_model()
+    x, y = make_batch_list(1)[0]
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), task="tensor")
+    with dbg.capture(model):
+        loss_of(model, x, y).backward()
+    with dbg.capture(model):
+        loss_of(model, x, y).backward()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    assert dump.steps == [0]
+    t = dump.records(step=0)
+    n_linear = len(LINEAR_PATHS)
+    for k in range(2 * n_linear):
+        assert len(rows_where(t, entry=f"Functional.linear.{k}.forward", role="output")) == 1
+    assert len(rows_where(t, entry="Module.GPT.forward.1", role="output")) == 1
+    a = dump.tensor(f"Functional.linear.0.forward.output.0", step=0)
+    b = dump.tensor(f"Functional.linear.{n_linear}.forward.output.0", step=0)
+    np.testing.assert_array_equal(a, b)            # same model, same batch, no update between
+    i = int(np.nonzero(t["entry"] == f"Functional.linear.{n_linear}.forward")[0][-1])
+    assert dump.tensor_at(t, i).shape == t.row(i)["shape"]
+
+
+def test_records_of_all_steps(tmp_path):
+    dump, _ = dump_once(tmp_path, steps=3, step=[0, 2])
+    every = dump.records()
+    assert len(every) == len(dump.records(step=0)) + len(dump.records(step=2))
+    assert set(np.unique(every["step"])) == {0, 2}
+
+
+def test_rerun_into_the_same_dump_path(tmp_path):
+    """Running the same script twice into one dump path must not mix the two runs in one step:
+    either the second run replaces the first or it is refused up front."""
+    first, _ = dump_once(tmp_path)
+    n = len(first.records(step=0))
+    first.close()
+    try:
+        second, dbg = dump_once(tmp_path, seed=None)
+    except precdbg.PrecdbgError:
+        return
+    t = second.records(step=0)
+    keys = list(zip(t["entry"], t["role"], t["arg_index"]))
+    assert len(keys) == len(set(keys)), "records of two runs mixed in one step"
+    assert len(t) == n
+
+
+# ----------------------------------------------------------------------------- dy / dx exactness
+def _api_dump(tmp_path, fn, level="api"):
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level=level)
+    with dbg.capture():
+        fn()
+    assert dbg.close() and dbg.failures == 0
+    return precdbg.open_dump(str(tmp_path)).records(step=0)
+
+
+def test_dy_is_summed_over_every_use_of_an_output(tmp_path):
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 4), torch.randn(5, 4, requires_grad=True)
+    keep = {}
+
+    def run():
+        y = F.linear(x, w)
+        y.register_hook(lambda g: keep.__setitem__("dy", g.clone()))
+        (y * y + y).sum().backward()
+    t = _api_dump(tmp_path, run)
+    dy = one_row(t, entry="Functional.linear.0.backward", role="grad_output")
+    y = (x @ w.detach().T).double()
+    assert_rel(dy["norm"], norm64(2 * y + 1), 1e-6, "dy")
+    assert_rel(dy["norm"], norm64(keep["dy"]), 1e-6, "dy via a tensor hook")
+
+
+def test_dx_is_only_this_calls_share(tmp_path):
+    """x feeds the linear and another term: the linear's dx excludes the other term."""
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(5, 4)
+
+    def run():
+        (F.linear(x, w).sum() + (x * 3).sum()).backward()
+    t = _api_dump(tmp_path, run)
+    dx = one_row(t, entry="Functional.linear.0.backward", role="grad_input", arg_index=0)
+    assert_rel(dx["norm"], norm64(torch.ones(3, 5, dtype=torch.float64) @ w.double()), 1e-6,
+               "linear dx")
+    assert_rel(norm64(x.grad), norm64(torch.ones(3, 5) @ w + 3), 1e-6, "x.grad")
+    assert one_row(t, entry="Tensor.mul.0.backward", role="grad_input")["norm"] == \
+        pytest.approx(3 * math.sqrt(12), rel=1e-6)
+
+
+def test_dx_of_composite_ops(tmp_path):
+    """Ops made of several autograd nodes: dx per input is the true gradient of each input."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8, requires_grad=True) for _ in range(3))
+    logits = torch.randn(6, 7, requires_grad=True)
+    target = torch.randint(0, 7, (6,))
+
+    def run():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.pow(2).sum().backward()
+        F.cross_entropy(logits, target).backward()
+    t = _api_dump(tmp_path, run)
+    for i, leaf in enumerate((q, k, v)):
+        dx = one_row(t, entry="Functional.scaled_dot_product_attention.0.backward",
+                     role="grad_input", arg_index=i)
+        assert_rel(dx["norm"], norm64(leaf.grad), 1e-5, f"sdpa dx {i}")
+    dx = one_row(t, entry="Functional.cross_entropy.0.backward", role="grad_input", arg_index=0)
+    assert_rel(dx["norm"], norm64(logits.grad), 1e-6, "cross_entropy dx")
+
+
+def test_module_dx_sums_every_path_inside_the_module(tmp_path):
+    """A block uses its input twice (the residual and ln_1): its dx is the input's gradient."""
+    model = make_model()
+    x, y = make_batch_list(1)[0]
+    keep = {}
+
+    def grab(mod, args):
+        args[0].register_hook(lambda g: keep.__setitem__("dx", g.clone()))
+    model.blocks[1].register_forward_pre_hook(grab)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    with dbg.capture(model):
+        loss_of(model, x, y).backward()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    dx = one_row(t, entry="Module.blocks.1.Block.backward.0", role="grad_input")
+    assert_rel(dx["norm"], norm64(keep["dx"]), 1e-6, "block dx")
+    dy = one_row(t, entry="Module.blocks.0.Block.backward.0", role="grad_output")
+    assert_rel(dy["norm"], norm64(keep["dx"]), 1e-6, "previous block dy")
+
+
+def test_capture_under_no_grad(tmp_path):
+    model = make_model()
+    x, _ = make_batch_list(1)[0]
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    model.eval()
+    with dbg.capture(model), torch.no_grad():
+        logits = model(x)
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    assert not np.any(t["direction"] == "backward")
+    out = one_row(t, entry="Module.GPT.forward.0", role="output")
+    assert_rel(out["norm"], norm64(logits), 1e-6, "logits")
+
+
+def test_backward_with_retain_graph_twice(tmp_path):
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 4), torch.randn(5, 4, requires_grad=True)
+
+    def run():
+        loss = F.linear(x, w).pow(2).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    t = _api_dump(tmp_path, run)
+    dw = rows_where(t, entry="Functional.linear.0.backward", role="grad_input", arg_index=1)
+    assert len(dw) == 2                                   # one per backward pass
+    assert dw[0]["norm"] == pytest.approx(dw[1]["norm"], rel=1e-6)
+    assert_rel(dw[0]["norm"], norm64(w.grad) / 2, 1e-6, "each pass's dw")
+
+
+def test_scope_module_path_keeps_the_module_and_everything_in_it(tmp_path):
+    """As config_examples/scoped.yaml: "blocks.1" is block 1 and all inside; "blocks.*.attn"
+    every block's attention."""
+    dump, dbg = dump_once(tmp_path, scope=["blocks.1", "blocks.*.attn"])
+    assert dbg.failures == 0
+    t = dump.records(step=0)
+    calls = t.select(np.isin(t["kind"], ["api", "module"]))
+    modules = set(np.unique(calls["module"]))
+    inside = lambda m: m == "blocks.1" or m.startswith("blocks.1.") or \
+        m == "blocks.0.attn" or m.startswith("blocks.0.attn.")
+    assert all(inside(m) for m in modules), modules
+    assert {"blocks.1", "blocks.1.mlp.fc", "blocks.0.attn", "blocks.0.attn.qkv"} <= modules
+    for entry in ("Module.blocks.1.Block.forward.0", "Module.blocks.1.Block.backward.0",
+                  "Module.blocks.0.attn.Attention.backward.0", "Tensor.add.4.forward"):
+        assert np.any(t["entry"] == entry), entry
+    params = set(t.select(np.isin(t["kind"], ["param", "param_grad"]))["api"])
+    assert params and all(inside(p.rpartition(".")[0]) for p in params), params
+    assert "blocks.1.ln_1.weight" in params and "blocks.0.attn.qkv.bias" in params
+
+
+def test_scope_range_of_two_blocks(gpt_dump, tmp_path):
+    """As the config examples say: [block 0, block 1] keeps block 0 whole and block 1's own
+    entry, nothing inside block 1."""
+    dump, dbg = dump_once(tmp_path, scope_range=["Module.blocks.0.Block.forward.0",
+                                                 "Module.blocks.1.Block.forward.0"])
+    assert dbg.failures == 0
+    t = dump.records(step=0)
+    calls = t.select(np.isin(t["kind"], ["api", "module"]))
+    modules = set(np.unique(calls["module"]))
+    assert all(m == "blocks.1" or m == "blocks.0" or m.startswith("blocks.0.")
+               for m in modules), modules
+    assert set(np.unique(calls.select(calls["module"] == "blocks.1")["entry"])) == \
+        {"Module.blocks.1.Block.forward.0", "Module.blocks.1.Block.backward.0"}
+    full = gpt_dump["table"]
+    block0 = full.select((full["module"] == "blocks.0") | np.char.startswith(full["module"],
+                                                                               "blocks.0."))
+    assert set(np.unique(block0.select(np.isin(block0["kind"], ["api", "module"]))["entry"])) <= \
+        set(np.unique(calls["entry"]))

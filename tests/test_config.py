@@ -1,0 +1,320 @@
+"""Configuration: keywords, JSON and YAML files, msprobe config.json, and one-line errors that
+name the key (or the file)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+import precdbg
+from precdbg import ConfigError, PrecdbgError, load_config
+from precdbg.schema import DataMode, Level, SummaryMode, Task
+from precdbg_pt import PrecisionDebugger
+
+from conftest import REPO
+
+
+def _write(path, data) -> str:
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data, encoding="utf-8")
+    return str(path)
+
+
+def _error(fn, *args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, f"error message is not one line: {message!r}"
+    assert isinstance(info.value, PrecdbgError)
+    return message
+
+
+MSPROBE = {
+    "task": "statistics",
+    "dump_path": "/tmp/msprobe_dump",
+    "rank": [],
+    "step": [0, 2],
+    "level": "L1",
+    "enable_dataloader": False,
+    "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+    "tensor": {"scope": [], "list": [], "data_mode": ["all"], "file_format": "npy"},
+    "overflow_check": {"overflow_nums": 1, "check_mode": "all"},
+    "run_ut": {"white_list": [], "black_list": [], "error_data_path": "./"},
+}
+
+
+# ----------------------------------------------------------------------------- keywords
+def test_defaults():
+    cfg = load_config()
+    assert cfg.task is Task.STATISTICS
+    assert cfg.level is Level.MIX
+    assert cfg.step == [] and cfg.rank == []
+    assert cfg.data_mode == [DataMode.ALL]
+    assert cfg.summary_mode is SummaryMode.STATISTICS
+    assert cfg.include_optimizer is False
+
+
+def test_keyword_config_reaches_the_debugger(tmp_path):
+    dbg = PrecisionDebugger(task="tensor", level="api", dump_path=str(tmp_path), step=[3, 1],
+                            rank=0, scope=["blocks.0.*"], list=["linear"],
+                            data_mode=["forward"], summary_mode="md5")
+    cfg = dbg.config
+    assert cfg.task is Task.TENSOR
+    assert cfg.level is Level.API
+    assert cfg.dump_path == str(tmp_path)
+    assert cfg.step == [1, 3]
+    assert cfg.rank == [0]
+    assert cfg.scope == ["blocks.0.*"]
+    assert cfg.api_list == ["linear"]
+    assert cfg.data_mode == [DataMode.FORWARD]
+    assert cfg.summary_mode is SummaryMode.CHECKSUM
+    assert dbg.dump_path == str(tmp_path)
+    dbg.close()
+
+
+@pytest.mark.parametrize("alias,level", [("L0", Level.MODULE), ("l0", Level.MODULE),
+                                         ("L1", Level.API), ("l1", Level.API),
+                                         ("module", Level.MODULE), ("api", Level.API),
+                                         ("mix", Level.MIX), ("MIX", Level.MIX)])
+def test_level_aliases(alias, level):
+    assert load_config(level=alias).level is level
+
+
+def test_task_overflow_check_alias():
+    assert load_config(task="overflow_check").task is Task.OVERFLOW
+
+
+@pytest.mark.parametrize("value,expected", [
+    (["2-4"], [2, 3, 4]),
+    ([0, "2-4", 9], [0, 2, 3, 4, 9]),
+    ("5-6", [5, 6]),
+    (7, [7]),
+    (["3", 1], [1, 3]),
+    ([" 1 - 2 "], [1, 2]),
+    ([4, "3-5"], [3, 4, 5]),
+])
+def test_step_ranges(value, expected):
+    assert load_config(step=value).step == expected
+    assert load_config(rank=value).rank == expected
+
+
+@pytest.mark.parametrize("value", [["4-2"], [-1], ["a"], [True], [1.5], {"a": 1}])
+def test_bad_step_names_the_key(value):
+    message = _error(load_config, step=value)
+    assert "step" in message
+
+
+@pytest.mark.parametrize("settings,key", [
+    (dict(level="L3"), "level"),
+    (dict(task="free_benchmark"), "task"),
+    (dict(summary_mode="sha1"), "summary_mode"),
+    (dict(data_mode=["sideways"]), "data_mode"),
+    (dict(data_mode=["all", "forward"]), "data_mode"),
+    (dict(compression="zstd"), "compression"),
+    (dict(queue_mb=0), "queue_mb"),
+    (dict(overflow_nums=-2), "overflow_nums"),
+    (dict(scope_range=["Functional.linear.0.forward"]), "scope_range"),
+    (dict(stepp=[1]), "stepp"),
+    (dict(dump_pth="x"), "dump_pth"),
+])
+def test_bad_keywords_name_the_key(settings, key):
+    message = _error(load_config, **settings)
+    assert key in message
+    # the debugger raises the same error before touching torch
+    assert key in _error(PrecisionDebugger, **settings)
+
+
+def test_level_l2_is_refused_with_a_reason():
+    message = _error(load_config, level="L2")
+    assert "level" in message and "L2" in message
+
+
+# ----------------------------------------------------------------------------- files
+def test_json_file(tmp_path):
+    path = _write(tmp_path / "cfg.json", {"task": "tensor", "level": "L0", "step": ["1-3"],
+                                          "dump_path": str(tmp_path / "d"), "scope": "blocks.*"})
+    cfg = load_config(path)
+    assert cfg.task is Task.TENSOR
+    assert cfg.level is Level.MODULE
+    assert cfg.step == [1, 2, 3]
+    assert cfg.dump_path == str(tmp_path / "d")
+    assert cfg.scope == ["blocks.*"]
+    dbg = PrecisionDebugger(config_path=path)
+    assert dbg.config == cfg
+    dbg.close()
+
+
+def test_yaml_file(tmp_path):
+    for name in ("cfg.yaml", "cfg.yml"):
+        path = _write(tmp_path / name, "task: overflow\nlevel: L1\nstep: [0, '2-4']\n"
+                                       "list: [linear, matmul]\ninclude_optimizer: true\n")
+        cfg = load_config(path)
+        assert cfg.task is Task.OVERFLOW
+        assert cfg.level is Level.API
+        assert cfg.step == [0, 2, 3, 4]
+        assert cfg.api_list == ["linear", "matmul"]
+        assert cfg.include_optimizer is True
+
+
+def test_empty_yaml_file_gives_defaults(tmp_path):
+    assert load_config(_write(tmp_path / "empty.yaml", "")) == load_config()
+
+
+def test_keyword_overrides_file(tmp_path):
+    path = _write(tmp_path / "cfg.json", {"task": "tensor", "level": "api", "step": [1],
+                                          "dump_path": "from_file"})
+    cfg = load_config(path, level="module", dump_path=str(tmp_path / "kw"), step=["5-6"])
+    assert cfg.level is Level.MODULE
+    assert cfg.dump_path == str(tmp_path / "kw")
+    assert cfg.step == [5, 6]
+    assert cfg.task is Task.TENSOR          # not overridden: the file's value stays
+    dbg = PrecisionDebugger(config_path=path, level="L0")
+    assert dbg.config.level is Level.MODULE and dbg.config.task is Task.TENSOR
+    dbg.close()
+
+
+def test_keyword_overrides_msprobe_file(tmp_path):
+    path = _write(tmp_path / "config.json", MSPROBE)
+    cfg = load_config(path, level="mix", step=[7])
+    assert cfg.level is Level.MIX
+    assert cfg.step == [7]
+
+
+def test_invalid_json_names_the_file(tmp_path):
+    path = _write(tmp_path / "broken.json", '{"task": "tensor",, }')
+    message = _error(load_config, path)
+    assert path in message
+    assert "JSON" in message
+    assert path in _error(PrecisionDebugger, config_path=path)
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    path = _write(tmp_path / "broken.yaml", "task: [tensor\nlevel: : :\n")
+    message = _error(load_config, path)
+    assert path in message
+
+
+def test_missing_file_names_the_file(tmp_path):
+    path = str(tmp_path / "nope.json")
+    assert path in _error(load_config, path)
+
+
+def test_file_that_is_not_a_mapping(tmp_path):
+    path = _write(tmp_path / "list.json", [1, 2])
+    assert path in _error(load_config, path)
+
+
+def test_unknown_key_in_file_names_file_and_key(tmp_path):
+    path = _write(tmp_path / "cfg.json", {"task": "tensor", "levle": "api"})
+    message = _error(load_config, path)
+    assert path in message and "levle" in message
+
+
+def test_bad_value_in_file_names_file_and_key(tmp_path):
+    path = _write(tmp_path / "cfg.yaml", "level: L7\n")
+    message = _error(load_config, path)
+    assert path in message and "level" in message
+
+
+# ----------------------------------------------------------------------------- msprobe
+def test_msprobe_config_is_accepted(tmp_path):
+    path = _write(tmp_path / "config.json", MSPROBE)
+    cfg = load_config(path)
+    assert cfg.task is Task.STATISTICS
+    assert cfg.dump_path == "/tmp/msprobe_dump"
+    assert cfg.rank == []
+    assert cfg.step == [0, 2]
+    assert cfg.level is Level.API
+    assert cfg.summary_mode is SummaryMode.STATISTICS
+    assert cfg.scope == [] and cfg.scope_range == []
+
+
+def test_msprobe_tensor_section_is_read(tmp_path):
+    data = dict(MSPROBE, task="tensor", level="L0")
+    data["tensor"] = {"scope": [], "list": ["linear"], "data_mode": ["forward"],
+                      "file_format": "npy"}
+    cfg = load_config(_write(tmp_path / "config.json", data))
+    assert cfg.task is Task.TENSOR
+    assert cfg.level is Level.MODULE
+    assert cfg.api_list == ["linear"]
+    assert cfg.data_mode == [DataMode.FORWARD]
+
+
+def test_msprobe_overflow_check_section_is_read(tmp_path):
+    data = dict(MSPROBE, task="overflow_check", level="L1")
+    data["overflow_check"] = {"overflow_nums": 3, "check_mode": "all"}
+    cfg = load_config(_write(tmp_path / "config.json", data))
+    assert cfg.task is Task.OVERFLOW
+    assert cfg.overflow_nums == 3
+
+
+def test_msprobe_md5_summary_mode_means_checksum(tmp_path):
+    data = dict(MSPROBE)
+    data["statistics"] = {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "md5"}
+    assert load_config(_write(tmp_path / "config.json", data)).summary_mode is \
+        SummaryMode.CHECKSUM
+
+
+def test_msprobe_scope_of_two_entry_names_is_a_range(tmp_path):
+    first, last = "Module.blocks.0.Block.forward.0", "Functional.linear.3.forward"
+    data = dict(MSPROBE)
+    data["statistics"] = {"scope": [first, last], "list": [], "data_mode": ["all"]}
+    cfg = load_config(_write(tmp_path / "config.json", data))
+    assert cfg.scope_range == [first, last]
+    assert cfg.scope == []
+
+
+def test_msprobe_scope_of_patterns_is_a_scope(tmp_path):
+    data = dict(MSPROBE)
+    data["statistics"] = {"scope": ["blocks.0.*"], "list": [], "data_mode": ["all"]}
+    cfg = load_config(_write(tmp_path / "config.json", data))
+    assert cfg.scope == ["blocks.0.*"]
+    assert cfg.scope_range == []
+
+
+@pytest.mark.parametrize("change,key", [
+    ({"task": "free_benchmark"}, "task"),
+    ({"task": "run_ut"}, "task"),
+    ({"level": "L2"}, "level"),
+    ({"task": "tensor", "tensor": {"file_format": "bin"}}, "file_format"),
+    ({"unknown_option": 1}, "unknown_option"),
+    ({"dump_pth": "/x"}, "dump_pth"),
+    ({"statistics": {"scope": [], "lits": ["linear"]}}, "lits"),
+    ({"statistics": {"data_mode": ["sideways"]}}, "data_mode"),
+    ({"enable_dataloader": True}, "enable_dataloader"),
+    ({"overflow_check": {"check_mode": "aicore"}, "task": "overflow_check"}, "check_mode"),
+])
+def test_msprobe_refusals_name_the_key(tmp_path, change, key):
+    data = dict(MSPROBE)
+    data.update(change)
+    path = _write(tmp_path / "config.json", data)
+    message = _error(load_config, path)
+    assert key in message
+    assert path in message
+
+
+def test_config_is_recorded_in_run_json(tmp_path):
+    import torch
+    dbg = PrecisionDebugger(task="statistics", level="L1", dump_path=str(tmp_path), step=[0],
+                            list=["linear"])
+    lin = torch.nn.Linear(3, 2)
+    with dbg.capture(lin):
+        lin(torch.ones(1, 3))
+    dbg.close()
+    run = precdbg.open_dump(str(tmp_path)).run
+    assert run["config"]["level"] == "api"
+    assert run["config"]["list"] == ["linear"]
+    assert run["config"]["step"] == [0]
+    assert run["framework"] == "pytorch"
+    assert run["schema_version"] == precdbg.schema.SCHEMA_VERSION
+
+
+EXAMPLES = sorted(glob.glob(os.path.join(REPO, "config_examples", "*.*")))
+
+
+@pytest.mark.skipif(not EXAMPLES, reason="no config_examples folder")
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.rsplit("/", 1)[-1])
+def test_shipped_config_examples_load(path):
+    cfg = load_config(path)
+    assert cfg.dump_path

@@ -1,0 +1,352 @@
+"""start/stop/step/close: nothing left in torch after stop(), safe repetition, the context
+manager, failures that never reach training, both call patterns, and a torch-free core."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import precdbg
+from precdbg_pt import PrecisionDebugger
+
+from conftest import (dump_once, loss_of, make_batch_list, make_model, make_optimizer, one_row,
+                      rows_where, run_python, run_steps, torch_hooks_left)
+
+
+def test_nothing_left_in_torch_after_stop(tmp_path, gpt, optimizer, batch):
+    assert torch_hooks_left(gpt) == []
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), include_optimizer=True)
+    dbg.start(gpt)
+    assert dbg.capturing
+    # while capturing, the hooks and the mode are in place
+    assert torch._C._len_torch_function_stack() == 1
+    assert gpt.blocks[0].attn.qkv._forward_hooks or gpt.blocks[0].attn.qkv._forward_pre_hooks
+    x, y = batch
+    loss = loss_of(gpt, x, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    dbg.stop()
+    assert not dbg.capturing
+    assert torch_hooks_left(gpt) == []
+    assert torch.overrides._get_current_function_mode_stack() == []
+    for p in gpt.parameters():
+        assert not p._backward_hooks
+    from torch.optim import optimizer as opt
+    assert not opt._global_optimizer_pre_hooks and not opt._global_optimizer_post_hooks
+    dbg.step()
+    dbg.close()
+    assert dbg.failures == 0
+    assert torch_hooks_left(gpt) == []
+
+
+def test_stop_without_backward_leaves_no_graph_hooks(tmp_path, gpt, batch):
+    """A graph built while capturing, backpropagated after stop(): nothing is recorded, nothing
+    fails, the gradients are the ordinary ones."""
+    x, y = batch
+    reference = make_model()
+    loss_of(reference, x, y).backward()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    dbg.start(gpt)
+    loss = loss_of(gpt, x, y)
+    dbg.stop()
+    loss.backward()
+    dbg.step()
+    assert dbg.close()
+    assert dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    assert not np.any(t["direction"] == "backward")
+    for (name, a), (_, b) in zip(gpt.named_parameters(), reference.named_parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
+def test_start_twice_and_stop_twice(tmp_path, gpt, optimizer, batches):
+    from precdbg_examples.gpt_torch import train_step
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    dbg.stop()                      # before any start: no-op
+    dbg.step()                      # step 0 passes without capture
+    for i in (1, 2):
+        x, y = batches[i]
+        assert dbg.start(gpt) is True
+        assert dbg.start(gpt) is True       # repeat: no-op, no second set of hooks
+        train_step(gpt, optimizer, x, y)
+        dbg.stop()
+        dbg.stop()
+        assert torch_hooks_left(gpt) == []
+        dbg.step()
+        dbg.step() if i == 2 else None      # an extra step() only moves the counter
+    assert dbg.current_step == 4
+    assert dbg.close() and dbg.close()      # close twice
+    assert dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    assert dump.steps == [1, 2]
+    a, b = dump.records(step=1), dump.records(step=2)
+    # one record per tensor: nothing doubled by the repeated start
+    assert len(rows_where(a, entry="Functional.linear.0.forward", role="output")) == 1
+    assert len(rows_where(a, entry="Param.lm_head.weight.grad")) == 1
+    assert list(a["entry"]) == list(b["entry"])
+    assert list(a["role"]) == list(b["role"])
+    assert torch_hooks_left(gpt) == []
+
+
+def test_two_debuggers_in_sequence_same_model(tmp_path, gpt, optimizer, batches):
+    for name in ("first", "second"):
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / name))
+        run_steps(dbg, gpt, optimizer, batches, 1)
+        assert dbg.failures == 0
+        assert torch_hooks_left(gpt) == []
+    a = precdbg.open_dump(str(tmp_path / "first")).records(step=0)
+    b = precdbg.open_dump(str(tmp_path / "second")).records(step=0)
+    assert list(a["entry"]) == list(b["entry"])
+
+
+def test_capture_context_manager(tmp_path, gpt, optimizer, batch):
+    from precdbg_examples.gpt_torch import train_step
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    with dbg.capture(gpt) as d:
+        assert d is dbg and dbg.capturing
+        assert torch._C._len_torch_function_stack() == 1
+        train_step(gpt, optimizer, *batch)
+    assert not dbg.capturing
+    assert torch_hooks_left(gpt) == []
+    dbg.step()
+    with pytest.raises(ZeroDivisionError):
+        with dbg.capture(gpt):
+            loss_of(gpt, *batch)
+            raise ZeroDivisionError("training code failed")
+    assert not dbg.capturing
+    assert torch_hooks_left(gpt) == []
+    dbg.step()
+    with dbg:                                   # the debugger itself closes on exit
+        pass
+    assert dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    assert dump.steps == [0, 1]
+    assert len(rows_where(dump.records(step=0), kind="param_grad")) == \
+        len(list(gpt.parameters()))
+    assert len(rows_where(dump.records(step=1), entry="Module.GPT.forward.0", role="output")) == 1
+
+
+class Exploding(nn.Module):
+    """Raises in the middle of its forward, inside a nested module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.fail = True
+
+    def forward(self, x):
+        h = self.inner(x)
+        if self.fail:
+            raise RuntimeError("boom")
+        return F.relu(h)
+
+
+class Wrapper(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.body = Exploding()
+        self.post = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.post(self.body(self.pre(x)))
+
+
+def test_exception_inside_the_model_still_cleans_up(tmp_path):
+    torch.manual_seed(0)
+    model = Wrapper()
+    x = torch.randn(3, 4)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    dbg.start(model)
+    with pytest.raises(RuntimeError, match="boom"):
+        model(x)
+    dbg.stop()
+    assert torch_hooks_left(model) == []
+    dbg.step()
+    # the next step is captured normally: module attribution not confused by the failed call
+    model.body.fail = False
+    dbg.start(model)
+    model(x).sum().backward()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close()
+    assert dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    assert dump.steps == [0, 1]
+    t0 = dump.records(step=0)
+    assert len(rows_where(t0, entry="Module.pre.Linear.forward.0", role="output")) == 1
+    assert one_row(t0, entry="Functional.linear.1.forward", role="output")["module"] == \
+        "body.inner"
+    t = dump.records(step=1)
+    assert one_row(t, entry="Functional.linear.0.forward", role="output")["module"] == "pre"
+    assert one_row(t, entry="Functional.relu.0.forward", role="output")["module"] == "body"
+    assert one_row(t, entry="Functional.linear.2.forward", role="output")["module"] == "post"
+    assert one_row(t, entry="Module.Wrapper.forward.0", role="output")["module"] == ""
+    assert rows_where(t, entry="Param.body.inner.weight.grad")
+
+
+class SparseOut(nn.Module):
+    """Returns a sparse tensor, which statistics cannot be computed on the usual way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 3, sparse=True)
+
+    def forward(self, idx):
+        dense = self.emb(idx)
+        return dense.sum(), dense.to_sparse()
+
+
+def test_hook_failures_never_reach_training(tmp_path, caplog):
+    torch.manual_seed(0)
+    model = SparseOut()
+    ref = SparseOut()
+    ref.load_state_dict(model.state_dict())
+    idx = torch.tensor([1, 2, 2, 7])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="precdbg"):
+        for _ in range(2):
+            dbg.start(model)
+            total, sparse = model(idx)          # a sparse output, then a sparse gradient
+            total.backward()
+            opt.step()
+            opt.zero_grad()
+            dbg.stop()
+            dbg.step()
+    assert dbg.close()
+    for _ in range(2):
+        total_ref, sparse_ref = ref(idx)
+        total_ref.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    assert torch.equal(model.emb.weight, ref.emb.weight)
+    assert torch.equal(sparse.to_dense(), sparse_ref.to_dense())
+    assert dbg.failures > 0
+    assert any("training continues" in r.getMessage() for r in caplog.records)
+    assert torch_hooks_left(model) == []
+    # what could be captured was captured
+    dump = precdbg.open_dump(str(tmp_path))
+    assert dump.steps == [0, 1]
+    t = dump.records(step=0)
+    assert one_row(t, entry="Functional.embedding.0.forward", role="output")["shape"] == (4, 3)
+
+
+def test_unwritable_dump_path_never_reaches_training(tmp_path, gpt, optimizer, batches):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    dbg = PrecisionDebugger(dump_path=str(blocker / "dump"))
+    losses = run_steps(dbg, gpt, optimizer, batches, 2, close=False)
+    dbg.close()
+    assert len(losses) == 2 and all(torch.isfinite(l) for l in losses)
+    assert dbg.failures > 0
+    assert torch_hooks_left(gpt) == []
+
+
+def test_start_rejects_what_is_not_a_model(tmp_path):
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    with pytest.raises(precdbg.PrecdbgError, match="nn.Module"):
+        dbg.start("not a model")
+    assert not dbg.capturing
+    assert torch._C._len_torch_function_stack() == 0
+    dbg.close()
+    # the refused start left nothing behind: the corrected script can use the same folder
+    model = nn.Linear(2, 2)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    with dbg.capture(model):
+        model(torch.ones(1, 2))
+    assert dbg.close() and dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    assert dump.steps == [0]
+    assert len(dump.files(step=0)) == 1
+    assert one_row(dump.records(step=0), entry="Functional.linear.0.forward", role="output")
+
+
+def test_reusing_a_dump_folder_is_refused_with_the_key(tmp_path, gpt, optimizer, batches):
+    dump_once(tmp_path)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"))
+    with pytest.raises(precdbg.ConfigError, match="dump_path"):
+        dbg.start(gpt)
+    assert torch_hooks_left(gpt) == []
+    dbg.close()
+
+
+def test_both_call_patterns_give_the_same_dump(tmp_path, batches):
+    """start/stop every iteration with step=[1] == start/stop only on iteration 1."""
+    model_a = make_model()
+    dbg_a = PrecisionDebugger(dump_path=str(tmp_path / "a"), step=[1])
+    losses_a = run_steps(dbg_a, model_a, make_optimizer(model_a), batches, 3)
+    model_b = make_model()
+    dbg_b = PrecisionDebugger(dump_path=str(tmp_path / "b"))
+    losses_b = run_steps(dbg_b, model_b, make_optimizer(model_b), batches, 3, start_on=[1])
+    assert [float(l) for l in losses_a] == [float(l) for l in losses_b]
+    assert dbg_a.failures == dbg_b.failures == 0
+    dump_a, dump_b = precdbg.open_dump(str(tmp_path / "a")), precdbg.open_dump(str(tmp_path / "b"))
+    assert dump_a.steps == dump_b.steps == [1]
+    a, b = dump_a.records(step=1), dump_b.records(step=1)
+    assert len(a) == len(b) > 0
+    for column in ("entry", "kind", "role", "arg_index", "module", "op", "phase", "direction",
+                   "order", "seq", "dtype", "shape", "tensor_id", "trainable", "nan_count",
+                   "inf_count", "text"):
+        assert np.array_equal(a[column], b[column]), column
+    for column in ("min", "max", "mean", "norm"):
+        assert np.array_equal(a[column], b[column], equal_nan=True), column
+    assert dump_a.modules(step=1) == dump_b.modules(step=1)
+
+
+def test_core_does_not_import_torch():
+    result = run_python("import precdbg, sys; import precdbg.cli, precdbg.reader, "
+                        "precdbg.session, precdbg.writer, precdbg.filters, precdbg.naming, "
+                        "precdbg.debugger; assert 'torch' not in sys.modules, 'torch imported'; "
+                        "assert not any(m.startswith('mindspore') for m in sys.modules); "
+                        "print('ok')")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_reading_a_dump_does_not_import_torch(tmp_path):
+    dump_once(tmp_path)
+    path = str(tmp_path / "dump")
+    result = run_python(
+        "import sys, precdbg; d = precdbg.open_dump(sys.argv[1]); t = d.records(step=0); "
+        "assert len(t) > 0; t.row(0); assert 'torch' not in sys.modules; print(len(t))"
+        .replace("sys.argv[1]", repr(path)))
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == len(precdbg.open_dump(path).records(step=0))
+
+
+def test_unselected_step_installs_nothing(tmp_path, gpt, optimizer, batch):
+    from precdbg_examples.gpt_torch import train_step
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), step=[1])
+    assert dbg.start(gpt) is False
+    assert not dbg.capturing
+    assert torch_hooks_left(gpt) == []
+    train_step(gpt, optimizer, *batch)
+    dbg.stop()
+    dbg.step()
+    assert dbg.start(gpt) is True
+    dbg.stop()
+    dbg.close()
+
+
+def test_step_or_close_without_stop(tmp_path, gpt, optimizer, batches):
+    """Forgetting stop(): step() and close() stop the capture and write the step."""
+    from precdbg_examples.gpt_torch import train_step
+    dbg = PrecisionDebugger(dump_path=str(tmp_path))
+    dbg.start(gpt)
+    train_step(gpt, optimizer, *batches[0])
+    dbg.step()
+    assert not dbg.capturing and torch_hooks_left(gpt) == []
+    dbg.start(gpt)
+    train_step(gpt, optimizer, *batches[1])
+    assert dbg.close()
+    assert not dbg.capturing and torch_hooks_left(gpt) == []
+    dump = precdbg.open_dump(str(tmp_path))
+    assert dump.steps == [0, 1]
+    assert len(dump.records(step=0)) == len(dump.records(step=1)) > 0
