@@ -9,6 +9,7 @@ from .schema import DataMode, Direction, Phase, Role
 
 __all__ = ["CaptureFilter"]
 
+_OPTIMIZER, _NONE = Phase.OPTIMIZER.value, Direction.NONE.value
 _INPUT_ROLES = frozenset({Role.INPUT.value, Role.GRAD_OUTPUT.value})
 _OUTPUT_ROLES = frozenset({Role.OUTPUT.value, Role.GRAD_INPUT.value, Role.PARAM_GRAD.value})
 
@@ -39,6 +40,9 @@ class CaptureFilter:
         self.range_first, self.range_last = (config.scope_range + [None, None])[:2]
         self.range_state = 0 if self.range_first else 1   # 0 before, 1 inside, 2 after
         self.keeps_backward = "backward" in self.directions
+        self.keeps_modules = config.keeps_modules
+        self.keeps_apis = config.keeps_apis
+        self.include_optimizer = config.include_optimizer
 
     def reset_step(self) -> None:
         self.range_state = 0 if self.range_first else 1
@@ -53,12 +57,11 @@ class CaptureFilter:
 
     def keep_entry(self, entry: str, api: str, module: str, phase: str, inside_kept_module: bool,
                    is_module: bool) -> bool:
-        cfg = self.config
-        if phase == Phase.OPTIMIZER.value and not cfg.include_optimizer:
+        if phase == _OPTIMIZER and not self.include_optimizer:
             return False
-        if is_module and not cfg.keeps_modules:
+        if is_module and not self.keeps_modules:
             return False
-        if not is_module and not cfg.keeps_apis:
+        if not is_module and not self.keeps_apis:
             return False
         if self.range_first is not None:
             if self.range_state == 0 and entry == self.range_first:
@@ -91,8 +94,8 @@ class CaptureFilter:
 
     # -- record level -------------------------------------------------------------------------
     def keep_record(self, direction: str, role: str) -> bool:
-        if direction != Direction.NONE.value and direction not in self.directions:
+        if direction != _NONE and direction not in self.directions:
             return False
-        if self.roles is not None and role not in self.roles and direction != "none":
+        if self.roles is not None and role not in self.roles and direction != _NONE:
             return False
         return True

@@ -5,6 +5,7 @@ step file. Incomplete files (`*.partial`, left by a crash) are skipped and liste
 """
 from __future__ import annotations
 
+import bisect
 import glob
 import json
 import os
@@ -92,6 +93,7 @@ class _StepFile:
         self.rank = int(attrs["rank"])
         self.part = int(attrs.get("part", 0))
         self.attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
+        self._blobs: Optional[List[Tuple[int, Any]]] = None
 
     def columns(self) -> Dict[str, np.ndarray]:
         group = self.file["records"]
@@ -110,7 +112,17 @@ class _StepFile:
         return out
 
     def read_bytes(self, offset: int, nbytes: int) -> np.ndarray:
-        return self.file["data"][offset:offset + nbytes]
+        """Bytes [offset, offset + nbytes) of the step's tensor byte space."""
+        if self._blobs is None:
+            blobs = [(int(ds.attrs["start"]), ds) for ds in self.file["data"].values()] \
+                if "data" in self.file else []
+            self._blobs = sorted(blobs, key=lambda b: b[0])
+        starts = [start for start, _ in self._blobs]
+        k = bisect.bisect_right(starts, offset) - 1
+        if k < 0:
+            raise DumpError(f"{self.path}: no tensor bytes at offset {offset}")
+        start, ds = self._blobs[k]
+        return ds[offset - start:offset - start + nbytes]
 
     def strings(self, group: str, column: str) -> List[str]:
         if group not in self.file:

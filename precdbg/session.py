@@ -31,6 +31,8 @@ __all__ = ["Adapter", "Call", "Session"]
 
 log = logging.getLogger("precdbg")
 
+_API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
+_BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NONE.value
 _BATCH_TENSORS = 256            # statistics cross to the host once per this many distinct tensors
 _BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
 _MAX_LOGGED_FAILURES = 5
@@ -250,7 +252,7 @@ class Session:
                                       is_module=False):
             return None
         self._order += 1
-        return Call(RecordKind.API.value, prefix, api, canonical_op(api), module, index,
+        return Call(_API, prefix, api, canonical_op(api), module, index,
                     self._order, self.phase, self._stack_id(), self._stores(forward, api),
                     forward, api_entry(prefix, api, index, "backward"))
 
@@ -264,7 +266,7 @@ class Session:
         if not keep:
             return None, subtree
         self._order += 1
-        return Call(RecordKind.MODULE.value, prefix, cls, canonical_op(cls), path, index,
+        return Call(_MODULE, prefix, cls, canonical_op(cls), path, index,
                     self._order, self.phase, self._stack_id(), self._stores(forward, cls),
                     forward, module_entry(prefix, path, cls, "backward", index)), subtree
 
@@ -298,11 +300,11 @@ class Session:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
         self._seq += 1
         rec = Record(entry, call.kind, call.prefix, call.api, call.op, call.module, direction, role,
-                     call.phase if direction != "backward" else Phase.BACKWARD.value, arg_index,
+                     call.phase if direction != _BACKWARD else _BACKWARD, arg_index,
                      arg_key, call.call_index, call.order, self._seq, dtype, shape, numel,
                      trainable=trainable, stack_id=call.stack_id, tensor_id=seen.tensor_id)
-        if direction == Direction.NONE.value:
-            rec.phase = Phase.SETUP.value
+        if direction == _NONE:
+            rec.phase = _SETUP
         self._pending.append((rec, seen))
         if (call.store or self._checksum) and not seen.copied:
             seen.copied = True

@@ -8,7 +8,9 @@ counted, never raised into training.
 Inside a step file:
   attrs           schema_version, step, rank, part, framework, task, level, ...
   records/<col>   one dataset per column of `schema.RECORD_COLUMNS`, plus `shape` (N x MAX_NDIM)
-  data            one byte blob holding every stored tensor (records point at offset/nbytes)
+  data/<k>        contiguous byte blobs holding the stored tensors, packed; blob k has attribute
+                  `start`, its offset in the step's byte space (records hold offset/nbytes there,
+                  and a tensor never spans two blobs)
   modules/path, modules/cls, modules/parent   the module tree
   stacks/text     de-duplicated call stacks (records hold stack_id)
 """
@@ -30,7 +32,7 @@ __all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic"]
 
 log = logging.getLogger("precdbg")
 
-_STAGE_BYTES = 16 << 20      # small tensors are packed into writes of about this size
+_STAGE_BYTES = 32 << 20      # stored tensors are packed into contiguous blobs of about this size
 _CHUNK_BYTES = 1 << 20
 
 
@@ -93,33 +95,30 @@ class _OpenStep:
         self.failed = False
 
     # -- tensor bytes ------------------------------------------------------------------------
-    def _dataset(self):
-        if self.data is None:
-            kwargs: Dict[str, Any] = {}
-            if self.compression:
-                kwargs["compression"] = self.compression
-            self.data = self.file.create_dataset("data", shape=(0,), maxshape=(None,),
-                                                 dtype=np.uint8, chunks=(_CHUNK_BYTES,), **kwargs)
-        return self.data
-
     def add_bytes(self, tensor_id: int, flat: np.ndarray) -> None:
+        """Pack a tensor's bytes; a full stage becomes one contiguous blob dataset."""
         nbytes = flat.nbytes
+        if self.stage and self.stage_bytes + nbytes > _STAGE_BYTES:
+            self.flush_stage()
         if not self.stage:
             self.stage_start = self.data_size
         self.offsets[tensor_id] = (self.data_size, nbytes)
         self.data_size += nbytes
         self.stage.append(flat)
         self.stage_bytes += nbytes
-        if self.stage_bytes >= _STAGE_BYTES:
-            self.flush_stage()
 
     def flush_stage(self) -> None:
         if not self.stage:
             return
         blob = self.stage[0] if len(self.stage) == 1 else np.concatenate(self.stage)
-        ds = self._dataset()
-        ds.resize((self.data_size,))
-        ds[self.stage_start:self.stage_start + blob.nbytes] = blob
+        group = self.data if self.data is not None else self.file.create_group("data")
+        self.data = group
+        kwargs: Dict[str, Any] = {}
+        if self.compression and blob.nbytes:
+            kwargs = {"compression": self.compression,
+                      "chunks": (min(_CHUNK_BYTES, blob.nbytes),)}
+        ds = group.create_dataset(str(len(group)), data=blob, **kwargs)
+        ds.attrs["start"] = self.stage_start
         self.stage, self.stage_bytes = [], 0
 
     # -- close ---------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def summarize(t: torch.Tensor) -> _Pending:
         return _Pending(None, numel, None)
     if _fastats is not None and numel <= _FAST_LIMIT and t.device.type == "cpu":
         code = _FAST_CODES.get(t.dtype)
-        if code is not None and t.layout is torch.strided and not t.is_conj():
+        if code is not None and t.layout is torch.strided:
             return _host_stats(t, code)
     t = t.detach()
     w = _work_view(t)
