@@ -13,7 +13,7 @@ import re
 from typing import Any, Dict, Iterable
 
 __all__ = ["api_entry", "module_entry", "param_entry", "canonical_op", "framework_table",
-           "normalize_api_name"]
+           "normalize_api_name", "param_alias", "torch_param_leaf"]
 
 _NAMES_DIR = os.path.join(os.path.dirname(__file__), "names")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -99,3 +99,22 @@ def matches_any(text: str, patterns: Iterable[str]) -> bool:
     """Glob match (fnmatch, case-sensitive) of `text` against any pattern."""
     import fnmatch
     return any(fnmatch.fnmatchcase(text, p) for p in patterns)
+
+
+def torch_param_leaf(framework: str, leaf: str) -> str:
+    """A parameter's leaf name as PyTorch calls it (`gamma` -> `weight` in MindSpore)."""
+    if framework == "mindspore":
+        return framework_table("mindspore").get("param_aliases", {}).get(leaf, leaf)
+    return leaf
+
+
+def param_alias(framework: str, path: str, owner_cls: str) -> str:
+    """The parameter's full name in the other framework's convention: MindSpore
+    `ln_1.gamma` <-> PyTorch `ln_1.weight` (PyTorch names need the owning module's class)."""
+    owner, _, leaf = path.rpartition(".")
+    if framework == "mindspore":
+        other = torch_param_leaf(framework, leaf)
+    else:
+        by_op = framework_table("torch").get("param_aliases_by_op", {})
+        other = by_op.get(canonical_op(owner_cls), {}).get(leaf, leaf) if owner_cls else leaf
+    return f"{owner}.{other}" if owner else other

@@ -115,6 +115,7 @@ class Record:
     inf_count: int = 0
     checksum: str = ""
     text: str = ""                 # value of a non-tensor argument
+    alias: str = ""                # a parameter's name in the other framework (gamma <-> weight)
     trainable: bool = False
     stack_id: int = -1
     data_offset: int = -1          # byte offset in the step file's data blob (tensor task)
@@ -135,7 +136,7 @@ RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (
     ("numel", np.dtype(np.int64)), ("min", np.dtype(np.float64)), ("max", np.dtype(np.float64)),
     ("mean", np.dtype(np.float64)), ("norm", np.dtype(np.float64)),
     ("nan_count", np.dtype(np.int64)), ("inf_count", np.dtype(np.int64)), ("checksum", None),
-    ("text", None), ("trainable", np.dtype(np.bool_)), ("stack_id", np.dtype(np.int32)),
+    ("text", None), ("alias", None), ("trainable", np.dtype(np.bool_)), ("stack_id", np.dtype(np.int32)),
     ("data_offset", np.dtype(np.int64)), ("data_nbytes", np.dtype(np.int64)),
     ("tensor_id", np.dtype(np.int64)),
 )

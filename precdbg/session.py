@@ -23,7 +23,8 @@ from . import __version__
 from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
-from .naming import api_entry, canonical_op, module_entry, param_entry
+from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
+                     torch_param_leaf)
 from .schema import SCHEMA_VERSION, Direction, Phase, Record, RecordKind, Role, Task
 from .writer import DumpWriter, Payload, write_json_atomic
 
@@ -72,6 +73,7 @@ class Call:
     store: bool
     forward_entry: str
     backward_entry: str
+    alias: str = ""
 
 
 class _Stats:
@@ -133,6 +135,7 @@ class Session:
         self._stacks: Dict[Tuple, int] = {}
         self._stack_text: List[str] = []
         self._modules: List[Tuple[str, str, str]] = []
+        self._module_cls: Dict[str, str] = {}
         self._module_stack: List[Tuple[str, bool]] = []
 
     def selected(self) -> bool:
@@ -219,7 +222,9 @@ class Session:
 
     # ------------------------------------------------------------------ modules
     def set_module_tree(self, modules: Sequence[Tuple[str, str, str]]) -> None:
+        """(path, class, parent path) of every module/cell of the model."""
         self._modules = list(modules)
+        self._module_cls = {path: cls for path, cls, _ in self._modules}
 
     def enter_module(self, path: str, keep_subtree: bool) -> None:
         inside = bool(self._module_stack) and self._module_stack[-1][1]
@@ -270,15 +275,22 @@ class Session:
                     self._order, self.phase, self._stack_id(), self._stores(forward, cls),
                     forward, module_entry(prefix, path, cls, "backward", index)), subtree
 
-    def param_call(self, path: str, kind: str = RecordKind.PARAM_GRAD.value) -> Optional[Call]:
+    def param_call(self, path: str, kind: str = RecordKind.PARAM_GRAD.value, owner_cls: str = "",
+                   role: str = Role.PARAM.value) -> Optional[Call]:
+        """A parameter's gradient (each backward pass counts) or inventory entry. Its op is the
+        parameter's PyTorch-style leaf name (`weight`, `bias`, ...) in every framework, and
+        its alias is its full name in the other framework's convention."""
         if not self.filter.keep_param(path):
             return None
-        index = self._count(("Param", path)) if kind == RecordKind.PARAM_GRAD.value else 0
+        grad = kind == RecordKind.PARAM_GRAD.value
+        index = self._count(("Param", path)) if grad else 0
         owner, _, leaf = path.rpartition(".")
-        entry = param_entry(path, Role.PARAM_GRAD.value if kind == RecordKind.PARAM_GRAD.value
-                            else Role.PARAM.value, index)
-        return Call(kind, "Param", path, leaf, owner, index, 0, self.phase, -1,
-                    self._store_all, entry, entry)
+        framework = self.adapter.framework
+        entry = param_entry(path, Role.PARAM_GRAD.value if grad else role, index)
+        call = Call(kind, "Param", path, torch_param_leaf(framework, leaf), owner, index, 0,
+                    self.phase, -1, self._store_all, entry, entry)
+        call.alias = param_alias(framework, path, owner_cls or self._module_cls.get(owner, ""))
+        return call
 
     def _stores(self, entry: str, api: str) -> bool:
         return self._store_all or self.filter.stores_tensor(entry, api)
@@ -302,7 +314,8 @@ class Session:
         rec = Record(entry, call.kind, call.prefix, call.api, call.op, call.module, direction, role,
                      call.phase if direction != _BACKWARD else _BACKWARD, arg_index,
                      arg_key, call.call_index, call.order, self._seq, dtype, shape, numel,
-                     trainable=trainable, stack_id=call.stack_id, tensor_id=seen.tensor_id)
+                     trainable=trainable, stack_id=call.stack_id, tensor_id=seen.tensor_id,
+                     alias=call.alias)
         if direction == _NONE:
             rec.phase = _SETUP
         self._pending.append((rec, seen))

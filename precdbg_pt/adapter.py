@@ -12,7 +12,6 @@ import torch
 
 import precdbg
 from precdbg.errors import PrecdbgError
-from precdbg.naming import param_entry
 from precdbg.schema import Phase, RecordKind
 
 from . import tensors
@@ -294,12 +293,11 @@ class TorchAdapter:
         session = self.session
         for kind in ("param", "buffer"):
             for full, value in self._named_tensors(modules, kind):
-                call = session.param_call(full, RecordKind.PARAM.value)
+                call = session.param_call(full, RecordKind.PARAM.value, role=kind)
                 if call is None:
                     continue
                 session.capture(call, "none", kind, 0, full.rpartition(".")[2], value,
-                                trainable=bool(kind == "param" and value.requires_grad),
-                                entry=param_entry(full, kind))
+                                trainable=bool(kind == "param" and value.requires_grad))
                 session.end_call()
 
     def _param_grad_hook(self, path: str) -> Callable:

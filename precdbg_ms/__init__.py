@@ -1,0 +1,40 @@
+"""precdbg for MindSpore (PyNative mode; CPU, GPU and Ascend through the same code)."""
+from __future__ import annotations
+
+import random
+from typing import Any, Optional
+
+from precdbg.debugger import BaseDebugger
+
+__all__ = ["PrecisionDebugger", "seed_all"]
+
+
+def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
+    """Seed Python, numpy and MindSpore and optionally ask for deterministic kernels."""
+    import os
+
+    import mindspore as ms
+    import numpy as np
+    random.seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    np.random.seed(seed)
+    ms.set_seed(seed)
+    if deterministic:
+        os.environ.setdefault("HCCL_DETERMINISTIC", "true")
+        ms.set_context(deterministic="ON")
+
+
+class PrecisionDebugger(BaseDebugger):
+    """Dump MindSpore training steps to HDF5, with the same config and records as PyTorch.
+
+    >>> debugger = PrecisionDebugger(task="statistics", level="mix", dump_path="./dump", step=[1])
+    >>> for x, y in dataset:
+    ...     debugger.start(model); loss = train_step(x, y); debugger.stop(); debugger.step()
+    """
+
+    def __init__(self, config_path: Optional[str] = None, **settings: Any) -> None:
+        from .adapter import MindSporeAdapter
+        super().__init__(config_path, MindSporeAdapter, **settings)
+        if self.config.seed is not None or self.config.deterministic:
+            seed_all(self.config.seed if self.config.seed is not None else 1234,
+                     self.config.deterministic)

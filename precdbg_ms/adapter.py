@@ -1,0 +1,466 @@
+"""The MindSpore adapter (PyNative mode): applies the patch registry and the cell, parameter and
+optimizer hooks on `start`, removes all of them on `stop`, and turns MindSpore objects into calls
+to the core session. Naming, filtering and layout are the core's.
+
+Backward: a captured API call hands each floating-point input to the op through a fresh view
+(`x.view(x.shape)`), whose gradient hook receives exactly the gradient this call sends to that
+input (dx); a hook on each output receives the gradient arriving at it (dy). Cells use MindSpore's
+own cell backward hooks (grad_input, grad_output). dw comes from `Parameter.register_hook`: the
+gradient of this backward pass, before the optimizer.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import mindspore as ms
+from mindspore import nn
+
+import precdbg
+from precdbg.errors import FrameworkError, PrecdbgError
+from precdbg.naming import framework_table
+from precdbg.schema import Phase, RecordKind
+
+from . import tensors
+from .patches import PatchRegistry
+
+__all__ = ["MindSporeAdapter"]
+
+_INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (ms, precdbg)) + (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+_FLOAT_NAMES = {"float16", "float32", "float64", "bfloat16"}
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, ms.Tensor)
+
+
+def _flatten(value: Any, key: str, out: List[Tuple[str, Any]], depth: int = 0) -> None:
+    if _is_tensor(value):
+        out.append((key, value))
+    elif isinstance(value, (list, tuple)) and depth < 2:
+        for i, item in enumerate(value):
+            _flatten(item, f"{key}.{i}" if key else str(i), out, depth + 1)
+    elif isinstance(value, dict) and depth < 2:
+        for k, item in value.items():
+            _flatten(item, f"{key}.{k}" if key else str(k), out, depth + 1)
+
+
+def _tensors(args: tuple, kwargs: dict) -> List[Tuple[int, str, Any]]:
+    found: List[Tuple[str, Any]] = []
+    for i, arg in enumerate(args):
+        _flatten(arg, str(i), found)
+    for name, arg in kwargs.items():
+        _flatten(arg, name, found)
+    return [(i, key, t) for i, (key, t) in enumerate(found)]
+
+
+def _outputs(result: Any) -> List[Tuple[int, str, Any]]:
+    found: List[Tuple[str, Any]] = []
+    _flatten(result, "", found)
+    return [(i, key or "0", t) for i, (key, t) in enumerate(found)]
+
+
+def _scalars(args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
+    out = []
+    for key, value in [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items()):
+        if isinstance(value, (bool, int, float, str)):
+            out.append((key, value))
+        elif isinstance(value, ms.dtype.Type):
+            out.append((key, tensors.dtype_name(value)))
+        elif isinstance(value, (tuple, list)) and value and len(value) <= 8 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            out.append((key, tuple(value)))
+    return out
+
+
+def _memory(t: Any) -> Tuple[int, Tuple[int, ...]]:
+    """Where a tensor's elements are: equal for a tensor and MindSpore's hook-wrapped copy."""
+    try:
+        return t.data_ptr(), tuple(t.shape)
+    except Exception:  # noqa: BLE001 - no device memory yet
+        return id(t), ()
+
+
+def _is_floating(t: Any) -> bool:
+    return tensors.dtype_name(t.dtype) in _FLOAT_NAMES
+
+
+def _in_place(api: str) -> bool:
+    return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or \
+        api in ("__setitem__", "assign", "assign_add", "assign_sub", "scatter_update")
+
+
+class MindSporeAdapter:
+    """Owner of every patch and hook precdbg puts into MindSpore."""
+    framework = "mindspore"
+
+    def __init__(self) -> None:
+        self.session: Any = None
+        self.busy = 0
+        self.paused = False
+        self.installed = False
+        self._registry = PatchRegistry()
+        self._handles: List[Any] = []
+        self._cell_calls: Dict[int, List[Any]] = {}
+        self._param_users: Dict[int, Tuple[Any, int, str]] = {}
+        self._leaf_cells: Dict[str, str] = {}
+        self._view = ms.Tensor.view       # the original, unpatched
+
+    # ------------------------------------------------------------------ environment
+    def environment(self) -> Dict[str, Any]:
+        return {"framework_version": ms.__version__,
+                "device": ms.get_context("device_target"),
+                "mode": "PYNATIVE" if ms.get_context("mode") == ms.PYNATIVE_MODE else "GRAPH",
+                "machine": platform.machine()}
+
+    def rank_and_world(self) -> Tuple[int, int]:
+        try:
+            from mindspore.communication import GlobalComm, get_group_size, get_rank
+            if GlobalComm.INITED:
+                return get_rank(), get_group_size()
+        except (ImportError, RuntimeError):
+            pass
+        return 0, 1
+
+    describe = staticmethod(tensors.describe)
+    identity = staticmethod(tensors.identity)
+    summarize = staticmethod(tensors.summarize)
+    resolve = staticmethod(tensors.resolve)
+    to_host = staticmethod(tensors.to_host)
+    finish_host = staticmethod(tensors.finish_host)
+    nbytes = staticmethod(tensors.nbytes)
+
+    @staticmethod
+    def internal_dirs() -> Tuple[str, ...]:
+        return _INTERNAL_DIRS
+
+    # ------------------------------------------------------------------ install / uninstall
+    def install(self, session: Any, model: Any) -> None:
+        if ms.get_context("mode") != ms.PYNATIVE_MODE:
+            raise FrameworkError(
+                "MindSpore is in GRAPH_MODE: precdbg's hooks only run in PyNative mode (and not "
+                "inside @jit functions); call ms.set_context(mode=ms.PYNATIVE_MODE) before the "
+                "steps you dump")
+        cells = self._named_cells(model)
+        self.session = session
+        self.busy = 0
+        self.paused = False
+        self.installed = True
+        self._leaf_cells = dict(framework_table("mindspore").get("leaf_cells", {}))
+        self.busy += 1
+        try:
+            if cells:
+                session.set_module_tree([(path, type(c).__name__, path.rpartition(".")[0])
+                                         for path, c in cells])
+                self._inventory(cells)
+        finally:
+            self.busy -= 1
+        for path, cell in cells:
+            self._hook_cell(path, cell)
+        for full, param in self._named_params(cells):
+            if param.requires_grad:
+                self._handles.append(param.register_hook(self._param_grad_hook(full, param)))
+        cfg = session.config
+        if cfg.keeps_apis or cfg.keeps_modules:
+            self._registry.apply(self._make_wrapper)
+        self._patch_optimizer()
+
+    def uninstall(self) -> None:
+        failed = self._registry.restore()
+        self._restore_optimizer()
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            try:
+                handle.remove()
+            except Exception as exc:  # noqa: BLE001
+                if self.session is not None:
+                    self.session.hook_failed(exc, "removing a hook")
+        self._cell_calls.clear()
+        self._param_users.clear()
+        self.installed = False
+        if failed and self.session is not None:
+            self.session.hook_failed(RuntimeError("; ".join(failed[:3])), "restoring patches")
+
+    @staticmethod
+    def _named_cells(model: Any) -> List[Tuple[str, nn.Cell]]:
+        if model is None:
+            return []
+        if isinstance(model, nn.Cell):
+            return list(model.cells_and_names())
+        if isinstance(model, (list, tuple)):
+            out: List[Tuple[str, nn.Cell]] = []
+            for i, cell in enumerate(model):
+                if not isinstance(cell, nn.Cell):
+                    raise PrecdbgError(f"start(model): item {i} is {type(cell).__name__}, "
+                                       "not a mindspore.nn.Cell")
+                out.extend((f"{i}.{p}" if p else str(i), c) for p, c in cell.cells_and_names())
+            return out
+        raise PrecdbgError(f"start(model): expected a mindspore.nn.Cell or a list of them, got "
+                           f"{type(model).__name__}")
+
+    @staticmethod
+    def _named_params(cells: List[Tuple[str, nn.Cell]]) -> List[Tuple[str, Any]]:
+        seen, out = set(), []
+        for path, cell in cells:
+            for name, param in cell.parameters_and_names(expand=False):
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+                out.append((f"{path}.{name}" if path else name, param))
+        return out
+
+    # ------------------------------------------------------------------ guard
+    def _run(self, fn: Callable, where: str, *args: Any) -> Any:
+        """Run our own code: nothing it calls is captured, nothing it raises reaches training."""
+        self.busy += 1
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            self.session.hook_failed(exc, where)
+            return None
+        finally:
+            self.busy -= 1
+
+    # ------------------------------------------------------------------ API calls
+    def _make_wrapper(self, original: Any, prefix: str, api: str) -> Callable:
+        adapter = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if adapter.busy or adapter.paused or not adapter.installed:
+                return original(*args, **kwargs)
+            name = api or type(args[0]).__name__        # primitives: the class name
+            return adapter._on_api_call(original, prefix, name, args, kwargs)
+        return wrapper
+
+    def _on_api_call(self, func: Any, prefix: str, api: str, args: tuple, kwargs: dict) -> Any:
+        session = self.session
+        watched: List[Tuple[int, str, Any]] = []
+        call = self._run(session.begin_api, f"capturing {prefix}.{api}", prefix, api)
+        if call is not None:
+            result = self._run(self._api_inputs, f"capturing inputs of {call.forward_entry}",
+                               call, api, args, kwargs)
+            if result is not None:
+                args, kwargs, watched = result
+        self.busy += 1          # the op's own insides are not separate API calls
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.busy -= 1
+        if call is not None:
+            self._run(self._api_outputs, f"capturing outputs of {call.forward_entry}", call,
+                      watched, out)
+        return out
+
+    def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict):
+        session = self.session
+        inputs = _tensors(args, kwargs)
+        for index, key, t in inputs:
+            session.capture(call, "forward", "input", index, key, t)
+        for index, (key, value) in enumerate(_scalars(args, kwargs), len(inputs)):
+            session.capture_value(call, index, key, value)
+        if not session.filter.keeps_backward or _in_place(api):
+            return args, kwargs, []
+        # give each floating input to the op through its own view: its hook sees this call's dx
+        watched, args, kwargs = [], list(args), dict(kwargs)
+        for index, key, t in inputs:
+            top = key.split(".")[0]
+            if "." in key or not _is_floating(t):
+                continue
+            view = self._view(t, t.shape)
+            view.register_hook(self._grad_hook(call, "grad_input", index, key))
+            if top.isdigit():
+                args[int(top)] = view
+            else:
+                kwargs[top] = view
+            watched.append((index, key, view))
+        return tuple(args), kwargs, watched
+
+    def _api_outputs(self, call: Any, watched: list, out: Any) -> None:
+        session = self.session
+        outputs = _outputs(out)
+        for index, key, t in outputs:
+            session.capture(call, "forward", "output", index, key, t)
+        if session.filter.keeps_backward and watched:
+            for index, key, t in outputs:
+                if _is_floating(t):
+                    t.register_hook(self._grad_hook(call, "grad_output", index, key))
+        session.end_call()
+
+    def _grad_hook(self, call: Any, role: str, index: int, key: str) -> Callable:
+        def record(grad: Any) -> None:
+            self.session.capture(call, "backward", role, index, key, grad)
+            self.session.end_call()
+
+        def hook(grad: Any) -> None:
+            if self.installed and grad is not None:
+                self._run(record, f"backward hook of {call.backward_entry}", grad)
+            return None
+        return hook
+
+    # ------------------------------------------------------------------ cells
+    def _hook_cell(self, path: str, cell: nn.Cell) -> None:
+        cls = type(cell).__name__
+        leaf_api = self._leaf_cells.get(cls) if type(cell).__module__.startswith("mindspore.") \
+            else None
+        key = id(cell)
+
+        def pre(c: Any, args: tuple, kwargs: dict) -> None:
+            if not self.installed or self.paused:
+                return None
+            self._run(self._cell_pre, f"forward pre-hook of {path or cls}", cell, path, cls,
+                      leaf_api, args, kwargs)
+            if leaf_api:
+                self.busy += 1          # the primitives inside a leaf cell are that one API
+            return None
+
+        def post(c: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            if not self.installed or self.paused:
+                return None
+            if leaf_api:
+                self.busy = max(0, self.busy - 1)
+            self._run(self._cell_post, f"forward hook of {path or cls}", key, output)
+            return None
+
+        def backward(c: Any, grad_input: Any, grad_output: Any) -> None:
+            if self.installed:
+                self._run(self._cell_backward, f"backward hook of {path or cls}", key,
+                          grad_input, grad_output)
+            return None
+
+        self._handles.append(cell.register_forward_pre_hook(pre, with_kwargs=True))
+        self._handles.append(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
+        if self.session.filter.keeps_backward:
+            self._handles.append(cell.register_backward_hook(backward))
+
+    def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
+                  args: tuple, kwargs: dict) -> None:
+        session = self.session
+        call, subtree = session.begin_module("Cell", path, cls)
+        session.enter_module(path, subtree)
+        api_call = session.begin_api("Functional", leaf_api) if leaf_api else None
+        inputs = _tensors(args, kwargs)
+        if call is not None:
+            for index, k, t in inputs:
+                session.capture(call, "forward", "input", index, k, t)
+        if api_call is not None:
+            # the functional form takes the cell's parameters as arguments after its inputs
+            # (F.linear(x, weight, bias)); their dw is this call's grad_input too
+            for index, k, t in inputs:
+                session.capture(api_call, "forward", "input", index, k, t)
+            for index, (name, param) in enumerate(cell.parameters_and_names(expand=False),
+                                                  len(inputs)):
+                key = name.rpartition(".")[2]
+                session.capture(api_call, "forward", "input", index, key, param)
+                self._param_users[id(param)] = (api_call, index, key)
+        self._cell_calls.setdefault(id(cell), []).append((call, api_call, {_memory(t) for _, _, t
+                                                                           in inputs}))
+
+    def _cell_post(self, key: int, output: Any) -> None:
+        session = self.session
+        stack = self._cell_calls.get(key)
+        if not stack:
+            return
+        call, api_call, input_ids = stack[-1]
+        identity = False
+        try:
+            outputs = _outputs(output)
+            # a cell returning its input (Dropout in eval or p=0) has no backward of its own
+            identity = any(_memory(t) in input_ids for _, _, t in outputs)
+            for target in (api_call, call):
+                if target is not None:
+                    for index, k, t in outputs:
+                        session.capture(target, "forward", "output", index, k, t)
+            session.end_call()
+        finally:
+            session.exit_module()
+            stack.pop()
+            # the backward hook runs in reverse order of the forward calls
+            self._pending_backward(key).append(None if identity else (call, api_call))
+
+    def _pending_backward(self, key: int) -> List[Tuple[Any, Any]]:
+        return self._cell_calls.setdefault(-key - 1, [])
+
+    def _cell_backward(self, key: int, grad_input: Any, grad_output: Any) -> None:
+        pending = self._pending_backward(key)
+        if not pending:
+            return
+        calls = pending.pop()
+        if calls is None:
+            return
+        call, api_call = calls
+        session = self.session
+        for target in (call, api_call):
+            if target is None:
+                continue
+            for index, k, g in _outputs(grad_output):
+                session.capture(target, "backward", "grad_output", index, k, g)
+            for index, k, g in _outputs(grad_input):
+                session.capture(target, "backward", "grad_input", index, k, g)
+        session.end_call()
+
+    # ------------------------------------------------------------------ parameters
+    def _inventory(self, cells: List[Tuple[str, nn.Cell]]) -> None:
+        session = self.session
+        owners = {}
+        for path, cell in cells:
+            for name, param in cell.parameters_and_names(expand=False):
+                owners.setdefault(id(param), type(cell).__name__)
+        for full, param in self._named_params(cells):
+            call = session.param_call(full, RecordKind.PARAM.value, owners.get(id(param), ""))
+            if call is None:
+                continue
+            session.capture(call, "none", "param", 0, full.rpartition(".")[2], param,
+                            trainable=bool(param.requires_grad))
+            session.end_call()
+
+    def _param_grad_hook(self, path: str, param: Any) -> Callable:
+        def record(grad: Any) -> None:
+            call = self.session.param_call(path)
+            if call is not None:
+                self.session.capture(call, "backward", "param_grad", 0, "", grad)
+            user = self._param_users.get(id(param))
+            if user is not None:                 # dw of the leaf cell's functional call
+                api_call, index, key = user
+                self.session.capture(api_call, "backward", "grad_input", index, key, grad)
+            self.session.end_call()
+
+        def hook(grad: Any) -> None:
+            if self.installed and grad is not None:
+                self._run(record, f"gradient hook of {path}", grad)
+            return None
+        return hook
+
+    # ------------------------------------------------------------------ optimizer phase
+    def _patch_optimizer(self) -> None:
+        """Every nn.Optimizer call runs as phase `optimizer` (paused unless include_optimizer)."""
+        original = nn.Optimizer.__call__
+        own = "__call__" in vars(nn.Optimizer)
+        adapter = self
+
+        def call(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            session = adapter.session
+            if not adapter.installed or session is None:
+                return original(opt, *args, **kwargs)
+            previous = session.phase
+            session.phase = Phase.OPTIMIZER.value
+            adapter.paused = not session.config.include_optimizer
+            try:
+                return original(opt, *args, **kwargs)
+            finally:
+                session.phase = previous
+                adapter.paused = False
+        self._optimizer_patch = (original, own)
+        nn.Optimizer.__call__ = call
+
+    def _restore_optimizer(self) -> None:
+        patch = getattr(self, "_optimizer_patch", None)
+        if patch is None:
+            return
+        original, own = patch
+        if own:
+            nn.Optimizer.__call__ = original
+        elif "__call__" in vars(nn.Optimizer):
+            del nn.Optimizer.__call__
+        self._optimizer_patch = None

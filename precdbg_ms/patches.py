@@ -1,0 +1,147 @@
+"""The explicit registry of what precdbg wraps in MindSpore, applied by `start()` and restored
+exactly by `stop()`: functions of `mindspore.ops`, `mindspore.mint`, `mindspore.mint.nn.functional`,
+the methods and operators of `Tensor`, and the `__call__` of primitive classes.
+
+Each entry remembers the original object and whether the owner held it in its own `__dict__`
+(otherwise the wrapper is deleted again, so an inherited C method shows through as before).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import types
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import mindspore as ms
+
+from precdbg.naming import framework_table
+
+__all__ = ["Patch", "PatchRegistry"]
+
+_FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType)
+_METHOD_TYPES = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+                 types.BuiltinFunctionType)
+# operators worth capturing; other dunders are object plumbing
+_OPERATORS = {
+    "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__",
+    "__imul__", "__truediv__", "__rtruediv__", "__itruediv__", "__floordiv__", "__rfloordiv__",
+    "__mod__", "__rmod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
+    "__abs__", "__invert__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
+    "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__getitem__", "__setitem__",
+}
+
+
+class Patch:
+    __slots__ = ("owner", "attr", "original", "own", "prefix", "api")
+
+    def __init__(self, owner: Any, attr: str, original: Any, own: bool, prefix: str,
+                 api: str) -> None:
+        self.owner, self.attr, self.original, self.own = owner, attr, original, own
+        self.prefix, self.api = prefix, api
+
+
+def _public_functions(module: Any, ignore: set) -> List[str]:
+    names = []
+    for name, obj in vars(module).items():
+        if name.startswith("_") or name in ignore or inspect.isclass(obj):
+            continue
+        if isinstance(obj, _FUNCTION_TYPES):
+            names.append(name)
+    return sorted(names)
+
+
+def _tensor_methods(ignore: set) -> List[Tuple[Any, str]]:
+    """(owner class, name) of the Tensor methods to wrap; the owner is always `Tensor` (where
+    the wrapper goes), the original may come from the C base class."""
+    out = []
+    for name in sorted(set(dir(ms.Tensor))):
+        if name in ignore or (name.startswith("_") and name not in _OPERATORS):
+            continue
+        raw = inspect.getattr_static(ms.Tensor, name, None)
+        if isinstance(raw, (property, staticmethod, classmethod)) or raw is None:
+            continue
+        if isinstance(raw, _METHOD_TYPES):
+            out.append((ms.Tensor, name))
+    return out
+
+
+def _primitive_classes(ignore: set) -> List[type]:
+    """Primitive classes that define their own `__call__` (the generated ops and the base),
+    except MindSpore's own hook and autograd plumbing."""
+    seen: Dict[int, type] = {}
+    stack = [ms.ops.Primitive]
+    while stack:
+        cls = stack.pop()
+        if id(cls) in seen:
+            continue
+        seen[id(cls)] = cls
+        stack.extend(cls.__subclasses__())
+    return [cls for cls in seen.values()
+            if "__call__" in cls.__dict__ and cls.__name__ not in ignore]
+
+
+class PatchRegistry:
+    """Builds the list of patches once; `apply(make_wrapper)` installs, `restore()` undoes."""
+
+    def __init__(self) -> None:
+        self._entries: Optional[List[Tuple[Any, str, str, str]]] = None
+        self.applied: List[Patch] = []
+
+    def entries(self) -> List[Tuple[Any, str, str, str]]:
+        """(owner, attribute, prefix, API name) of everything wrapped."""
+        if self._entries is None:
+            table = framework_table("mindspore")
+            prefixes, ignore = table["prefixes"], set(table.get("ignore", ()))
+            entries: List[Tuple[Any, str, str, str]] = []
+            for module_name in ("mindspore.ops", "mindspore.mint",
+                                "mindspore.mint.nn.functional"):
+                try:
+                    module = importlib.import_module(module_name)
+                except ImportError:
+                    continue
+                prefix = prefixes[module_name]
+                entries += [(module, n, prefix, n) for n in _public_functions(module, ignore)]
+            entries += [(owner, n, prefixes["mindspore.Tensor"], n)
+                        for owner, n in _tensor_methods(ignore)]
+            entries += [(cls, "__call__", prefixes["mindspore.ops.Primitive"], "")
+                        for cls in _primitive_classes(set(table.get("ignore_primitives", ())))]
+            self._entries = entries
+        return self._entries
+
+    def apply(self, make_wrapper: Callable[[Any, str, str], Callable]) -> None:
+        """Wrap every entry; `make_wrapper(original, prefix, api)` returns the replacement."""
+        if self.applied:
+            return
+        for owner, attr, prefix, api in self.entries():
+            own = attr in vars(owner)
+            try:
+                original = vars(owner)[attr] if own else getattr(owner, attr)
+            except AttributeError:
+                continue
+            wrapper = make_wrapper(original, prefix, api)
+            try:
+                functools.update_wrapper(wrapper, original, updated=())
+            except (AttributeError, TypeError):
+                pass
+            wrapper.__precdbg_original__ = original
+            try:
+                setattr(owner, attr, wrapper)
+            except (AttributeError, TypeError):
+                continue
+            self.applied.append(Patch(owner, attr, original, own, prefix, api))
+
+    def restore(self) -> List[str]:
+        """Put every original back; returns the attributes that could not be restored."""
+        failed = []
+        patches, self.applied = self.applied, []
+        for patch in reversed(patches):
+            try:
+                if patch.own:
+                    setattr(patch.owner, patch.attr, patch.original)
+                else:
+                    delattr(patch.owner, patch.attr)
+            except (AttributeError, TypeError) as exc:
+                failed.append(f"{getattr(patch.owner, '__name__', patch.owner)}.{patch.attr}: "
+                              f"{exc}")
+        return failed

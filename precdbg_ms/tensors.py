@@ -1,0 +1,156 @@
+"""Tensor questions the core asks, for MindSpore tensors.
+
+CPU tensors: `precdbg._fastats` reads their host memory in one pass (min, max, finite sum and sum
+of squares in float64, NaN and Inf counts). Other devices (Ascend): min, max, sum and sum of
+squares stay on the device as 0-d tensors and cross to the host in one `ops.stack(...)` per batch.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import mindspore as ms
+import numpy as np
+from mindspore import ops
+
+try:
+    from precdbg import _fastats
+except ImportError:  # pragma: no cover - machines without a C compiler
+    _fastats = None
+
+__all__ = ["describe", "identity", "summarize", "resolve", "to_host", "finish_host", "nbytes"]
+
+_NAMES: Dict[Any, str] = {}
+_FAST_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
+_FAST_LIMIT = 1 << 19          # the single-threaded C pass; bigger host tensors use ops
+_FLOATS = {"float16", "float32", "float64", "bfloat16"}
+
+
+def dtype_name(dtype: Any) -> str:
+    name = _NAMES.get(dtype)
+    if name is None:
+        text = str(dtype).lower()
+        name = {"bool": "bool", "bool_": "bool"}.get(text, text)
+        _NAMES[dtype] = name
+    return name
+
+
+def describe(t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int]:
+    shape = tuple(t.shape)
+    return dtype_name(t.dtype), shape, int(np.prod(shape)) if shape else 1
+
+
+def nbytes(t: ms.Tensor) -> int:
+    return int(t.nbytes)
+
+
+def _on_host(t: ms.Tensor) -> bool:
+    try:
+        return "CPU" in str(t.device).upper()
+    except Exception:  # noqa: BLE001 - older tensors without .device: ask the context
+        return ms.get_context("device_target") == "CPU"
+
+
+def identity(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
+    """(statistics key, data key): the same storage, shape, strides and version."""
+    try:
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype), t._version)
+    except Exception:  # noqa: BLE001 - tensors without device memory yet
+        return None
+    return key, key
+
+
+class _Pending:
+    __slots__ = ("tensor", "numel", "values", "host")
+
+    def __init__(self, tensor: Optional[ms.Tensor], numel: int, values: Any) -> None:
+        self.tensor, self.numel, self.values = tensor, numel, values
+        self.host: Optional[Tuple[float, float, float, float, int, int]] = None
+
+
+def _host_row(arr: np.ndarray) -> Tuple[float, float, float, float, int, int]:
+    code = _FAST_CODES.get(str(arr.dtype))
+    arr = np.ascontiguousarray(arr)
+    if _fastats is not None and code is not None:
+        mn, mx, total, sq, nan, inf = _fastats.stats(arr.ctypes.data, arr.size, code)
+    else:
+        w = arr.astype(np.float64)
+        finite = np.isfinite(w)
+        nan, inf = int(np.isnan(w).sum()), int(np.isinf(w).sum())
+        fw = np.where(finite, w, 0.0)
+        total, sq = float(fw.sum()), float((fw * fw).sum())
+        valid = w[~np.isnan(w)]
+        mn, mx = (float(valid.min()), float(valid.max())) if valid.size else (math.nan, math.nan)
+    finite_n = arr.size - nan - inf
+    return (mn, mx, total / finite_n if finite_n else math.nan, math.sqrt(sq), nan, inf)
+
+
+def summarize(t: ms.Tensor) -> _Pending:
+    shape = tuple(t.shape)
+    numel = int(np.prod(shape)) if shape else 1
+    if numel == 0:
+        return _Pending(None, 0, None)
+    name = dtype_name(t.dtype)
+    if _on_host(t) and (numel <= _FAST_LIMIT or name not in _FLOATS):
+        p = _Pending(None, numel, None)
+        arr = t.asnumpy()                     # host memory: a view, no copy
+        if name == "bool" or arr.dtype.kind in "iub":
+            arr = arr.astype(np.float64)
+        p.host = _host_row(arr)
+        return p
+    x = t.astype(ms.float32) if name in ("float16", "bfloat16") or name not in _FLOATS else t
+    x = ops.stop_gradient(x)
+    return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum()))
+
+
+def resolve(handles: Sequence[_Pending]) -> np.ndarray:
+    """Rows of (min, max, mean, norm, nan_count, inf_count); one host transfer per batch."""
+    out = np.full((len(handles), 6), np.nan, dtype=np.float64)
+    out[:, 4:] = 0
+    device = [i for i, p in enumerate(handles) if p.host is None and p.values is not None]
+    for i, p in enumerate(handles):
+        if p.host is not None:
+            out[i] = p.host
+    if device:
+        flat = [v.astype(ms.float64) for i in device for v in handles[i].values]
+        host = ops.stack(flat).asnumpy().reshape(len(device), 4)
+        for row, i in zip(host, device):
+            lo, hi, total, sq = (float(v) for v in row)
+            p = handles[i]
+            if all(math.isfinite(v) for v in (lo, hi, total, sq)):
+                out[i] = (lo, hi, total / p.numel, math.sqrt(sq), 0, 0)
+            else:                              # non-finite values: exact pass on the host
+                out[i] = _host_row(p.tensor.asnumpy())
+    for p in handles:
+        p.tensor = None
+    return out
+
+
+class _HostCopy:
+    __slots__ = ("data", "moved")
+
+    def __init__(self, data: Any, moved: bool) -> None:
+        self.data, self.moved = data, moved     # a numpy copy, or a tensor being moved
+
+
+def to_host(t: ms.Tensor) -> _HostCopy:
+    """Start copying a tensor to host memory (asynchronously where the device allows)."""
+    if _on_host(t):
+        return _HostCopy(np.array(t.asnumpy(), copy=True), False)
+    try:
+        return _HostCopy(t.move_to("CPU", blocking=False), True)
+    except Exception:  # noqa: BLE001 - no asynchronous copy here: copy now
+        return _HostCopy(np.array(t.asnumpy(), copy=True), False)
+
+
+def finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:
+    """Wait once for the moves still under way; bfloat16 leaves as its raw 16-bit words."""
+    if any(h.moved for h in handles):
+        ms.runtime.synchronize()
+    out = []
+    for h in handles:
+        arr = h.data.asnumpy() if h.moved else h.data
+        if str(arr.dtype) == "bfloat16":
+            arr = arr.view(np.uint16)
+        out.append(arr)
+    return out
