@@ -14,7 +14,7 @@ import numpy as np
 
 __all__ = [
     "SCHEMA_VERSION", "Task", "Level", "RecordKind", "Direction", "Role", "Phase", "DataMode",
-    "SummaryMode", "Record", "Stats", "RECORD_COLUMNS", "MAX_NDIM",
+    "SummaryMode", "Record", "RECORD_COLUMNS", "MAX_NDIM",
 ]
 
 SCHEMA_VERSION = 1
@@ -74,17 +74,6 @@ class DataMode(str, Enum):
 class SummaryMode(str, Enum):
     STATISTICS = "statistics"
     CHECKSUM = "checksum"
-
-
-@dataclasses.dataclass
-class Stats:
-    """Summary of one tensor. Counts are -1 when unknown (see `Record.stats_exact`)."""
-    min: float = float("nan")
-    max: float = float("nan")
-    mean: float = float("nan")
-    norm: float = float("nan")
-    nan_count: int = 0
-    inf_count: int = 0
 
 
 @dataclasses.dataclass(slots=True)

@@ -28,7 +28,7 @@ from .naming import (api_entry, canonical_op, module_entry, param_alias, param_e
 from .schema import SCHEMA_VERSION, Direction, Phase, Record, RecordKind, Role, Task
 from .writer import DumpWriter, Payload, write_json_atomic
 
-__all__ = ["Adapter", "Call", "Session"]
+__all__ = ["Adapter", "TensorOps", "Call", "Session"]
 
 log = logging.getLogger("precdbg")
 
@@ -40,22 +40,28 @@ _MAX_LOGGED_FAILURES = 5
 _STACK_DEPTH = 6
 
 
-class Adapter(Protocol):
-    """What a framework adapter provides to the core."""
-    framework: str
+class TensorOps(Protocol):
+    """The tensor questions only the framework can answer (a module of functions)."""
 
-    def environment(self) -> Dict[str, Any]: ...
-    def rank_and_world(self) -> Tuple[int, int]: ...
-    def install(self, session: "Session", model: Any) -> None: ...
-    def uninstall(self) -> None: ...
     def describe(self, tensor: Any) -> Tuple[str, Tuple[int, ...], int]: ...
-    def identity(self, tensor: Any) -> Optional[Hashable]: ...
+    def identity(self, tensor: Any) -> Optional[Tuple[Hashable, Hashable]]: ...
     def summarize(self, tensor: Any) -> Any: ...
     def resolve(self, handles: Sequence[Any]) -> np.ndarray: ...
     def to_host(self, tensor: Any) -> Any: ...
     def finish_host(self, handles: Sequence[Any]) -> List[np.ndarray]: ...
     def nbytes(self, tensor: Any) -> int: ...
-    def internal_dirs(self) -> Tuple[str, ...]: ...
+
+
+class Adapter(Protocol):
+    """What a framework adapter provides to the core."""
+    framework: str
+    tensors: TensorOps
+    internal_dirs: Tuple[str, ...]     # frames skipped when recording call stacks
+
+    def environment(self) -> Dict[str, Any]: ...
+    def rank_and_world(self) -> Tuple[int, int]: ...
+    def install(self, session: "Session", model: Any) -> None: ...
+    def uninstall(self) -> None: ...
 
 
 @dataclasses.dataclass
@@ -100,6 +106,7 @@ class Session:
     def __init__(self, config: DumpConfig, adapter: Adapter) -> None:
         self.config = config
         self.adapter = adapter
+        self.tensors = adapter.tensors
         self.filter = CaptureFilter(config)
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = 0
@@ -306,7 +313,7 @@ class Session:
         """Record one framework tensor of a call."""
         if not self.filter.keep_record(direction, role):
             return
-        dtype, shape, numel = self.adapter.describe(tensor)
+        dtype, shape, numel = self.tensors.describe(tensor)
         seen = self._seen_tensor(tensor)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
@@ -321,7 +328,7 @@ class Session:
         self._pending.append((rec, seen))
         if (call.store or self._checksum) and not seen.copied:
             seen.copied = True
-            self._copies.append((seen, self.adapter.to_host(tensor), call.store))
+            self._copies.append((seen, self.tensors.to_host(tensor), call.store))
 
     def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any) -> None:
         """Record a non-tensor argument (a number, bool, string, dtype) of a forward call;
@@ -345,7 +352,7 @@ class Session:
     def _seen_tensor(self, tensor: Any) -> _Seen:
         """The distinct tensor this one is (same storage bytes, order and version), reusing the
         statistics of any live view of exactly the same elements."""
-        keys = self.adapter.identity(tensor)
+        keys = self.tensors.identity(tensor)
         stats_key, data_key = keys if keys is not None else (None, None)
         if data_key is not None:
             seen = self._seen.get(data_key)
@@ -358,8 +365,8 @@ class Session:
         stats = self._stats_seen.get(stats_key) if stats_key is not None else None
         if stats is None or stats.ref() is None:
             stats = _Stats(ref, len(self._handles))
-            self._handles.append(self.adapter.summarize(tensor))
-            self._held_bytes += self.adapter.nbytes(tensor)
+            self._handles.append(self.tensors.summarize(tensor))
+            self._held_bytes += self.tensors.nbytes(tensor)
             self._batch_stats.append(stats)
             if stats_key is not None:
                 self._stats_seen[stats_key] = stats
@@ -374,12 +381,12 @@ class Session:
         if not self._pending and not self._handles:
             return
         if self._handles:
-            values = self.adapter.resolve(self._handles)
+            values = self.tensors.resolve(self._handles)
             for stats in self._batch_stats:
                 stats.values = values[stats.slot]
         payloads: List[Payload] = []
         if self._copies:
-            arrays = self.adapter.finish_host([handle for _, handle, _ in self._copies])
+            arrays = self.tensors.finish_host([handle for _, handle, _ in self._copies])
             for (seen, _, store), array in zip(self._copies, arrays):
                 payloads.append(Payload(seen.tensor_id, array, store, self._checksum))
         records: List[Record] = []
@@ -422,7 +429,7 @@ class Session:
     def _stack_id(self) -> int:
         if not self.config.stack:
             return -1
-        skip = self.adapter.internal_dirs()
+        skip = self.adapter.internal_dirs
         frame = sys._getframe(2)
         key = []
         while frame is not None and len(key) < _STACK_DEPTH:

@@ -18,6 +18,7 @@ import mindspore as ms
 from mindspore import nn
 
 import precdbg
+from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 from precdbg.errors import FrameworkError, PrecdbgError
 from precdbg.naming import framework_table
 from precdbg.schema import Phase, RecordKind
@@ -36,43 +37,20 @@ def _is_tensor(value: Any) -> bool:
     return isinstance(value, ms.Tensor)
 
 
-def _flatten(value: Any, key: str, out: List[Tuple[str, Any]], depth: int = 0) -> None:
-    if _is_tensor(value):
-        out.append((key, value))
-    elif isinstance(value, (list, tuple)) and depth < 2:
-        for i, item in enumerate(value):
-            _flatten(item, f"{key}.{i}" if key else str(i), out, depth + 1)
-    elif isinstance(value, dict) and depth < 2:
-        for k, item in value.items():
-            _flatten(item, f"{key}.{k}" if key else str(k), out, depth + 1)
+def _dtype_name(value: Any) -> Optional[str]:
+    return tensors.dtype_name(value) if isinstance(value, ms.dtype.Type) else None
 
 
 def _tensors(args: tuple, kwargs: dict) -> List[Tuple[int, str, Any]]:
-    found: List[Tuple[str, Any]] = []
-    for i, arg in enumerate(args):
-        _flatten(arg, str(i), found)
-    for name, arg in kwargs.items():
-        _flatten(arg, name, found)
-    return [(i, key, t) for i, (key, t) in enumerate(found)]
+    return tensor_arguments(args, kwargs, _is_tensor)
 
 
 def _outputs(result: Any) -> List[Tuple[int, str, Any]]:
-    found: List[Tuple[str, Any]] = []
-    _flatten(result, "", found)
-    return [(i, key or "0", t) for i, (key, t) in enumerate(found)]
+    return tensor_results(result, _is_tensor)
 
 
 def _scalars(args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
-    out = []
-    for key, value in [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items()):
-        if isinstance(value, (bool, int, float, str)):
-            out.append((key, value))
-        elif isinstance(value, ms.dtype.Type):
-            out.append((key, tensors.dtype_name(value)))
-        elif isinstance(value, (tuple, list)) and value and len(value) <= 8 and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            out.append((key, tuple(value)))
-    return out
+    return value_arguments(args, kwargs, _dtype_name)
 
 
 def _memory(t: Any) -> Tuple[int, Tuple[int, ...]]:
@@ -124,17 +102,8 @@ class MindSporeAdapter:
             pass
         return 0, 1
 
-    describe = staticmethod(tensors.describe)
-    identity = staticmethod(tensors.identity)
-    summarize = staticmethod(tensors.summarize)
-    resolve = staticmethod(tensors.resolve)
-    to_host = staticmethod(tensors.to_host)
-    finish_host = staticmethod(tensors.finish_host)
-    nbytes = staticmethod(tensors.nbytes)
-
-    @staticmethod
-    def internal_dirs() -> Tuple[str, ...]:
-        return _INTERNAL_DIRS
+    tensors = tensors
+    internal_dirs = _INTERNAL_DIRS
 
     # ------------------------------------------------------------------ install / uninstall
     def install(self, session: Any, model: Any) -> None:

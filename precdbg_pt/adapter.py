@@ -88,17 +88,8 @@ class TorchAdapter:
         return 0, 1
 
     # ------------------------------------------------------------------ tensor questions
-    describe = staticmethod(tensors.describe)
-    identity = staticmethod(tensors.identity)
-    summarize = staticmethod(tensors.summarize)
-    resolve = staticmethod(tensors.resolve)
-    to_host = staticmethod(tensors.to_host)
-    finish_host = staticmethod(tensors.finish_host)
-    nbytes = staticmethod(tensors.nbytes)
-
-    @staticmethod
-    def internal_dirs() -> Tuple[str, ...]:
-        return _INTERNAL_DIRS
+    tensors = tensors
+    internal_dirs = _INTERNAL_DIRS
 
     # ------------------------------------------------------------------ install / uninstall
     def install(self, session: Any, model: Any) -> None:

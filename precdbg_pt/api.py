@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 
+from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 from precdbg.naming import framework_table
 
 __all__ = ["identify", "CaptureMode", "tensor_args", "tensor_outputs", "scalar_args"]
@@ -77,49 +78,26 @@ def identify(func: Any) -> _Ident:
     return ident
 
 
-def _flatten(value: Any, key: str, out: List[Tuple[str, Any]], depth: int = 0) -> None:
-    if isinstance(value, torch.Tensor):
-        out.append((key, value))
-    elif isinstance(value, (list, tuple)) and depth < 2:
-        for i, item in enumerate(value):
-            _flatten(item, f"{key}.{i}" if key else str(i), out, depth + 1)
-    elif isinstance(value, dict) and depth < 2:
-        for k, item in value.items():
-            _flatten(item, f"{key}.{k}" if key else str(k), out, depth + 1)
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _dtype_name(value: Any) -> Optional[str]:
+    if isinstance(value, torch.dtype):
+        return str(value).replace("torch.", "")
+    return None
 
 
 def tensor_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[int, str, Any]]:
-    """[(ordinal, key, tensor)] of the tensors among args and kwargs, nested one level deep."""
-    found: List[Tuple[str, Any]] = []
-    for i, arg in enumerate(args):
-        _flatten(arg, str(i), found)
-    for name, arg in kwargs.items():
-        _flatten(arg, name, found)
-    return [(i, key, t) for i, (key, t) in enumerate(found)]
+    return tensor_arguments(args, kwargs, _is_tensor)
 
 
 def tensor_outputs(result: Any) -> List[Tuple[int, str, Any]]:
-    found: List[Tuple[str, Any]] = []
-    _flatten(result, "", found)
-    return [(i, key or "0", t) for i, (key, t) in enumerate(found)]
-
-
-_SCALARS = (bool, int, float, str)
+    return tensor_results(result, _is_tensor)
 
 
 def scalar_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[str, Any]]:
-    """Non-tensor arguments worth recording (numbers, strings, dtypes, int tuples like shapes)."""
-    out: List[Tuple[str, Any]] = []
-    items = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
-    for key, value in items:
-        if isinstance(value, _SCALARS):
-            out.append((key, value))
-        elif isinstance(value, torch.dtype):
-            out.append((key, str(value).replace("torch.", "")))
-        elif isinstance(value, (tuple, list, torch.Size)) and value and len(value) <= 8 and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            out.append((key, tuple(value)))
-    return out
+    return value_arguments(args, kwargs, _dtype_name)
 
 
 class CaptureMode(TorchFunctionMode):
