@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo on a fresh machine: create .venv if missing, install precdbg (".[torch,dev]"), then
+# The demo on a fresh machine: create .venv if missing, install precdbg (".[torch,mindspore,dev]"), then
 # train the bundled GPT for 3 steps with precdbg, dump step 1 and inspect the dump.
 #
 #   bash scripts/demo.sh [--out DIR]       # default DIR: ./precdbg_demo

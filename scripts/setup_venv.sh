@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (if missing) the project's virtualenv and install precdbg into it with the torch and dev
-# extras: `pip install -e ".[torch,dev]"` (torch==2.13.0 is pinned in pyproject.toml).
+# extras: `pip install -e ".[torch,mindspore,dev]"` (torch==2.13.0 is pinned in pyproject.toml).
 # Needs only python3 (3.10+: torch 2.13 has no wheels for older Pythons) with pip and venv.
 #
 #   bash scripts/setup_venv.sh            # create/update .venv
@@ -69,11 +69,11 @@ print(digest.hexdigest())
 PYEOF
 )"
     have="$(cat "$stamp" 2>/dev/null || true)"
-    if [ "$want" != "$have" ] || ! "$PY" -c 'import precdbg, precdbg_pt, torch, pytest' \
+    if [ "$want" != "$have" ] || ! "$PY" -c 'import precdbg, precdbg_pt, precdbg_ms, torch, mindspore, pytest' \
             >/dev/null 2>&1; then
-        echo "setup: pip install -e \".[torch,dev]\" into $venv (first time: a few minutes)"
+        echo "setup: pip install -e \".[torch,mindspore,dev]\" into $venv (first time: a few minutes)"
         local began=$SECONDS
-        (cd "$root" && "$PY" -m pip install --progress-bar off -e ".[torch,dev]") || return 1
+        (cd "$root" && "$PY" -m pip install --progress-bar off -e ".[torch,mindspore,dev]") || return 1
         echo "$want" > "$stamp"
         echo "setup: installed in $((SECONDS - began)) s"
     fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite on a fresh machine: create .venv if missing, install precdbg (".[torch,dev]"),
+# The test suite on a fresh machine: create .venv if missing, install precdbg (".[torch,mindspore,dev]"),
 # then run pytest. Extra arguments go to pytest:
 #
 #   bash scripts/test.sh                    # python -m pytest -q
