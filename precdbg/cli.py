@@ -65,6 +65,39 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import compare_dumps
+    from .compare.report import summary_text, write_csv, write_html, write_json
+    progress = None
+    if sys.stderr.isatty():
+        def progress(done: int, total: int) -> None:
+            sys.stderr.write(f"\rcomparing {done}/{total} pairs")
+            sys.stderr.flush()
+    result = compare_dumps(args.baseline, args.candidate, step=args.step, rank=args.rank,
+                           mapping_file=args.map, progress=progress)
+    if progress is not None:
+        sys.stderr.write("\r" + " " * 40 + "\r")
+    sys.stdout.write(summary_text(result))
+    if args.json:
+        write_json(result, args.json)
+    if args.csv:
+        write_csv(result, args.csv)
+    if args.html:
+        write_html(result, args.html)
+        sys.stdout.write(f"html report: {args.html}\n")
+    return 1 if result["first_divergence"] else 0
+
+
+def _scan(args: argparse.Namespace) -> int:
+    from .compare.scan import scan_main
+    return scan_main(args)
+
+
+def _weights(args: argparse.Namespace) -> int:
+    from .compare.weights import weights_main
+    return weights_main(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="precdbg", description="precision debugger for training")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +107,31 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--rank", type=int, default=None)
     inspect.add_argument("--top", type=int, default=5, help="how many largest values to list")
     inspect.set_defaults(func=_inspect)
+    compare = sub.add_parser("compare", help="name the first divergence between two dumps")
+    compare.add_argument("baseline", help="baseline dump root, step folder or step file")
+    compare.add_argument("candidate", help="candidate dump root, step folder or step file")
+    compare.add_argument("--json", metavar="F", help="write the full result as JSON")
+    compare.add_argument("--csv", metavar="F", help="write every compared pair as CSV")
+    compare.add_argument("--html", metavar="F", help="write a self-contained HTML report")
+    compare.add_argument("--step", type=int, default=None)
+    compare.add_argument("--rank", type=int, default=None)
+    compare.add_argument("--map", metavar="YAML", default=None,
+                         help="mapping file: modules/ops of the candidate -> the baseline's")
+    compare.set_defaults(func=_compare)
+    scan = sub.add_parser("scan", help="anomalies in one dump (first NaN/Inf, gradients)")
+    scan.add_argument("dump")
+    scan.add_argument("--json", metavar="F")
+    scan.add_argument("--step", type=int, default=None)
+    scan.add_argument("--rank", type=int, default=None)
+    scan.set_defaults(func=_scan)
+    weights = sub.add_parser("compare-weights", help="compare two checkpoints (.ckpt, .pt, "
+                             ".pth, .safetensors, .npz) with MindSpore/PyTorch names mapped")
+    weights.add_argument("a")
+    weights.add_argument("b")
+    weights.add_argument("--json", metavar="F")
+    weights.add_argument("--rtol", type=float, default=1e-5)
+    weights.add_argument("--atol", type=float, default=0.0)
+    weights.set_defaults(func=_weights)
     return parser
 
 
@@ -83,6 +141,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.func(args)
     except PrecdbgError as exc:
         sys.stderr.write(f"precdbg: {exc}\n")
+        return 2
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:
+        sys.stderr.write(f"precdbg: {exc.filename or ''}: {exc.strerror or exc}\n")
         return 2
     except BrokenPipeError:
         return 0

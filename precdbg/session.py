@@ -143,6 +143,7 @@ class Session:
         self._stack_text: List[str] = []
         self._modules: List[Tuple[str, str, str]] = []
         self._module_cls: Dict[str, str] = {}
+        self._calls_seen = 0
         self._module_stack: List[Tuple[str, bool]] = []
 
     def selected(self) -> bool:
@@ -185,6 +186,10 @@ class Session:
         if not self.active:
             return
         self.active = False
+        if self._calls_seen == 0 and (self.config.keeps_apis or self.config.keeps_modules):
+            log.warning("precdbg: step %d: no API or module call ran between start() and stop(); "
+                        "%s", self.current_step, getattr(self.adapter, "empty_capture_hint",
+                                                         "nothing was captured"))
         try:
             self.adapter.uninstall()
         finally:
@@ -251,6 +256,7 @@ class Session:
 
     # ------------------------------------------------------------------ calls
     def _count(self, key: Tuple[str, str]) -> int:
+        self._calls_seen += 1
         n = self._counts.get(key, 0)
         self._counts[key] = n + 1
         return n

@@ -1,0 +1,112 @@
+"""Pair the records of two dumps (one step, one rank each).
+
+Records pair by (kind, direction, module path, API, role, argument position) and the k-th
+occurrence of that key in execution order, where API is the framework API (`Tensor.add`) within
+one framework and the canonical op (`add`) across frameworks. Counting occurrences per module and
+API, not per run, means an extra cast, copy or view on one side shifts nothing but its own key
+(entry names, whose call index counts the whole run, would shift every later pair). A user
+mapping renames module paths or ops of the candidate before pairing.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..reader import RecordTable
+
+__all__ = ["Alignment", "align", "load_mapping"]
+
+
+@dataclasses.dataclass
+class Alignment:
+    pairs_a: np.ndarray            # row indices into table a
+    pairs_b: np.ndarray            # row indices into table b, same length
+    only_a: np.ndarray             # rows of a without counterpart
+    only_b: np.ndarray
+    by_name: bool                  # aligned by framework API names (same framework)
+
+
+def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapping[str, str]]]
+          ) -> List[Tuple]:
+    n = len(table)
+    module = table["module"].tolist()
+    if by_name:
+        op = np.char.add(np.char.add(table["prefix"], "."), table["api"]).tolist()
+    else:
+        op = table["op"].tolist()
+    if mapping:
+        modules, ops = mapping.get("modules", {}), mapping.get("ops", {})
+        module = [_rename(m, modules) for m in module]
+        op = [ops.get(o, o) for o in op]
+    kind, direction = table["kind"].tolist(), table["direction"].tolist()
+    role, arg = table["role"].tolist(), table["arg_index"].tolist()
+    return [(kind[i], direction[i], module[i], op[i], role[i], arg[i]) for i in range(n)]
+
+
+def _rename(path: str, modules: Mapping[str, str]) -> str:
+    """Longest matching prefix of a module path renamed by the user's mapping."""
+    best = ""
+    for src in modules:
+        if (path == src or path.startswith(src + ".")) and len(src) > len(best):
+            best = src
+    return modules[best] + path[len(best):] if best else path
+
+
+def _occurrences(keys: List[Tuple], order: np.ndarray) -> Dict[Tuple, List[int]]:
+    groups: Dict[Tuple, List[int]] = {}
+    for i in np.argsort(order, kind="stable").tolist():
+        groups.setdefault(keys[i], []).append(i)
+    return groups
+
+
+def align(a: RecordTable, b: RecordTable, same_framework: bool,
+          mapping: Optional[Mapping[str, Mapping[str, str]]] = None) -> Alignment:
+    """Pair records of a and b; scalar (non-tensor) records are paired only by name."""
+    by_name = same_framework and not mapping
+    tensor_a = ~np.char.startswith(a["dtype"], "py.")
+    tensor_b = ~np.char.startswith(b["dtype"], "py.")
+    ga = _occurrences(_keys(a, by_name, None), a["seq"])
+    gb = _occurrences(_keys(b, by_name, mapping), b["seq"])
+    pa, pb, oa, ob = [], [], [], []
+    for key, rows_a in ga.items():
+        rows_b = gb.get(key, [])
+        if not by_name:
+            rows_a = [r for r in rows_a if tensor_a[r]]
+            rows_b = [r for r in rows_b if tensor_b[r]]
+        k = min(len(rows_a), len(rows_b))
+        pa.extend(rows_a[:k])
+        pb.extend(rows_b[:k])
+        oa.extend(rows_a[k:])
+        ob.extend(rows_b[k:])
+    for key, rows_b in gb.items():
+        if key not in ga:
+            ob.extend(r for r in rows_b if by_name or tensor_b[r])
+    as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return Alignment(as_array(pa), as_array(pb), as_array(sorted(oa)), as_array(sorted(ob)),
+                     by_name)
+
+
+def load_mapping(path: str) -> Dict[str, Dict[str, str]]:
+    """A YAML mapping file: `modules: {candidate path: baseline path}`, `ops: {cand: base}`."""
+    import yaml
+
+    from ..errors import ConfigError
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read mapping file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or set(data) - {"modules", "ops"}:
+        raise ConfigError(f"{path}: a mapping file holds only 'modules' and 'ops' mappings")
+    out: Dict[str, Dict[str, str]] = {}
+    for section in ("modules", "ops"):
+        value = data.get(section) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: {section}: expected a mapping of names")
+        # the file maps candidate -> baseline; alignment renames the candidate side
+        out[section] = {str(k): str(v) for k, v in value.items()}
+    return out
