@@ -1,8 +1,13 @@
-"""precdbg in one minute: train the bundled GPT for 3 steps, dump step 1, summarise the dump.
+"""precdbg in one minute: the main job on the bundled GPT.
 
     python -m precdbg_examples.demo [--out DIR]
 
-Writes DIR/dump (default DIR: ./precdbg_demo), then runs `precdbg inspect DIR/dump`.
+1. PyTorch: train the GPT 3 steps with the four precdbg lines, dump steps 0 and 1 to DIR/dump,
+   and `precdbg inspect` it.
+2. MindSpore (when installed): the same GPT, same initial weights and data, written with the
+   classic migration slip — `mindspore.nn.GELU()` defaults to the tanh approximation where
+   `torch.nn.GELU()` is exact — dumped to DIR/dump_ms.
+3. `precdbg compare DIR/dump DIR/dump_ms --html DIR/report.html` names the culprit.
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ import time
 from typing import List, Optional
 
 STEPS = 3          # iterations trained
-DUMP_STEP = 1      # the iteration dumped (steps count from 0)
+DUMP_STEPS = [0, 1]  # the iterations dumped (steps count from 0)
+DUMP_STEP = DUMP_STEPS[-1]
 
 
 def run(out: str) -> int:
@@ -28,20 +34,24 @@ def run(out: str) -> int:
     torch.manual_seed(0)
     cfg = GPTConfig()
     model = GPT(cfg)
+    initial = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     dump_path = os.path.join(out, "dump")
+    batches = [(x.numpy(), y.numpy()) for x, y in make_batches(cfg, batch_size=8, steps=STEPS)]
 
     # line 1: the debugger (keywords here; a config file works too: config_path="...")
-    debugger = PrecisionDebugger(task="statistics", level="mix", step=[DUMP_STEP],
+    debugger = PrecisionDebugger(task="statistics", level="mix", step=DUMP_STEPS,
                                  dump_path=dump_path)
     began = time.perf_counter()
-    for step, (x, y) in enumerate(make_batches(cfg, batch_size=8, steps=STEPS)):
+    print("== PyTorch", flush=True)
+    for step, (x, y) in enumerate((torch.from_numpy(x), torch.from_numpy(y))
+                                  for x, y in batches):
         t0 = time.perf_counter()
         debugger.start(model)                       # line 2: capture (only on selected steps)
         loss = train_step(model, optimizer, x, y)   # the user's own forward/backward/optimizer
         debugger.stop()                             # line 3: remove every hook
         debugger.step()                             # line 4: next iteration
-        dumped = " (dumped)" if step == DUMP_STEP else ""
+        dumped = " (dumped)" if step in DUMP_STEPS else ""
         print(f"step {step}: loss {loss.item():.4f}  {1000 * (time.perf_counter() - t0):.0f} ms"
               f"{dumped}", flush=True)
     ok = debugger.close()                           # wait until every step file is on disk
@@ -51,8 +61,8 @@ def run(out: str) -> int:
     if not ok:
         return 1
 
-    print(f"\n$ precdbg inspect {dump_path}", flush=True)
-    code = precdbg.cli.main(["inspect", dump_path])
+    print(f"\n$ precdbg inspect {dump_path} --step {DUMP_STEP}", flush=True)
+    code = precdbg.cli.main(["inspect", dump_path, "--step", str(DUMP_STEP)])
     sys.stdout.flush()
     if code != 0:
         return code
@@ -67,7 +77,50 @@ def run(out: str) -> int:
     print("read it in Python:\n"
           f"  import precdbg; d = precdbg.open_dump({dump_path!r}); t = d.records({DUMP_STEP})\n"
           "  t['entry'], t['role'], t['max'], t['norm']   # numpy columns, one row per tensor")
-    return 0
+    return run_mindspore(out, initial, batches, dump_path)
+
+
+def run_mindspore(out: str, initial: dict, batches: list, torch_dump: str) -> int:
+    """The same GPT in MindSpore, with MindSpore's default GELU; then compare the two dumps."""
+    try:
+        import mindspore as ms
+    except ImportError:
+        print("\n(MindSpore is not installed: pip install -e '.[mindspore]' for the "
+              "PyTorch-vs-MindSpore part of the demo)")
+        return 0
+    import precdbg.cli
+    from mindspore import nn
+
+    from precdbg_examples import gpt_ms
+    from precdbg_ms import PrecisionDebugger
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    model = gpt_ms.GPT(gpt_ms.GPTConfig())
+    gpt_ms.load_torch_state(model, initial)
+    for block in model.blocks:
+        block.mlp.act = nn.GELU()      # the slip: MindSpore's default is approximate=True
+    optimizer = nn.AdamWeightDecay(model.trainable_params(), learning_rate=1e-3, eps=1e-8,
+                                   weight_decay=0.0)
+    train_step = gpt_ms.train_step_fn(model, optimizer)
+    dump_ms = os.path.join(out, "dump_ms")
+    print("\n== MindSpore (same weights and data; blocks.*.mlp.act = mindspore.nn.GELU())")
+    debugger = PrecisionDebugger(task="statistics", level="mix", step=DUMP_STEPS,
+                                 dump_path=dump_ms)
+    for step, (x, y) in enumerate(batches):
+        t0 = time.perf_counter()
+        debugger.start(model)
+        loss = train_step(x, y)
+        debugger.stop()
+        debugger.step()
+        print(f"step {step}: loss {float(loss.asnumpy()):.4f}  "
+              f"{1000 * (time.perf_counter() - t0):.0f} ms", flush=True)
+    debugger.close()
+    report = os.path.join(out, "report.html")
+    print(f"\n$ precdbg compare {torch_dump} {dump_ms} --html {report}", flush=True)
+    code = precdbg.cli.main(["compare", torch_dump, dump_ms, "--html", report])
+    print(f"\n(exit code {code}: 0 match, 1 divergence found, 2 unusable input)")
+    return 0 if code in (0, 1) else code
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -83,15 +136,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not os.path.exists(ignore):   # keep demo output out of git when run inside a checkout
         with open(ignore, "w", encoding="utf-8") as handle:
             handle.write("# written by python -m precdbg_examples.demo\n*\n")
-    if os.path.isdir(dump_path) and os.listdir(dump_path):
-        # precdbg refuses to write into an earlier dump: remove the previous demo's dump, and
-        # only a dump (run.json, step<S>/ folders)
-        names = os.listdir(dump_path)
-        if not all(n == "run.json" or re.fullmatch(r"step\d+", n) for n in names):
-            print(f"{dump_path} holds files that are not a precdbg dump; choose another --out",
-                  file=sys.stderr)
-            return 2
-        shutil.rmtree(dump_path)
+    for path in (dump_path, os.path.join(args.out, "dump_ms")):
+        if os.path.isdir(path) and os.listdir(path):
+            # precdbg refuses to write into an earlier dump: remove the previous demo's dump,
+            # and only a dump (run.json, step<S>/ folders)
+            names = os.listdir(path)
+            if not all(n == "run.json" or re.fullmatch(r"step\d+", n) for n in names):
+                print(f"{path} holds files that are not a precdbg dump; choose another --out",
+                      file=sys.stderr)
+                return 2
+            shutil.rmtree(path)
     return run(args.out)
 
 

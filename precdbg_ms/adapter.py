@@ -73,6 +73,8 @@ def _in_place(api: str) -> bool:
 class MindSporeAdapter:
     """Owner of every patch and hook precdbg puts into MindSpore."""
     framework = "mindspore"
+    empty_capture_hint = ("code compiled with @jit (or run in GRAPH_MODE) does not run hooks: "
+                          "dump the step in PyNative mode without @jit")
 
     def __init__(self) -> None:
         self.session: Any = None

@@ -50,6 +50,8 @@ class _Guard:
 class TorchAdapter:
     """Owner of every hook, mode and handle precdbg puts into torch."""
     framework = "pytorch"
+    empty_capture_hint = ("was the training step run between start() and stop()? (code compiled "
+                          "with torch.compile or torch.jit runs no Python hooks)")
 
     def __init__(self) -> None:
         self.session: Any = None

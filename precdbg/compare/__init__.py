@@ -216,6 +216,14 @@ def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]]) ->
                                 "inside it")
 
 
+def _contains(e: Entry, first: Dict[str, Any]) -> bool:
+    """A module that encloses the culprit diverges because of it, not after it."""
+    if e.kind != "module" or e.step != first["step"] or e.direction != first["direction"]:
+        return False
+    return e.module == "" or first["module"] == e.module or \
+        first["module"].startswith(e.module + ".")
+
+
 def _consequences(per_step: Dict[int, Dict[str, List[Entry]]],
                   first: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
     if first is None:
@@ -225,7 +233,8 @@ def _consequences(per_step: Dict[int, Dict[str, List[Entry]]],
         for phase in ("setup", "forward", "backward", "param_grad"):
             key = (lambda e: e.order) if phase == "forward" else (lambda e: e.seq)
             for e in sorted(per_step[s].get(phase, []), key=key):
-                if e.diverged and not (e.name_a == first["name_a"] and s == first["step"]):
+                if e.diverged and not (e.name_a == first["name_a"] and s == first["step"]) \
+                        and not _contains(e, first):
                     ev = (e.outputs_bad or e.inputs_bad)[0]
                     out.append({"step": s, "direction": e.direction, "kind": e.kind,
                                 "name_a": e.name_a, "module": e.module, "op": e.op,
