@@ -118,6 +118,12 @@ def _explained_by(inputs: Optional[_Flags], nan_count: int, inf_count: int) -> b
 
 
 # --------------------------------------------------------------------------- non-finite
+def _seen_before(seen: _Flags, nan_count: int, inf_count: int) -> bool:
+    """Whether the same kind of non-finite value appeared earlier in the step."""
+    return seen.any and (nan_count == 0 or seen.nan or seen.unknown) \
+        and (inf_count == 0 or seen.inf or seen.nan or seen.unknown)
+
+
 def _nonfinite_events(table: Any) -> Dict[str, Any]:
     """One step/rank: the producers and arrivals of non-finite values, in emission order, and
     how many non-finite records are not intended masks."""
@@ -173,7 +179,13 @@ def _nonfinite_events(table: Any) -> Dict[str, Any]:
                             merged.inf |= flags.inf
                             merged.unknown |= flags.unknown
                     inputs = merged
-            if _explained_by(inputs, nan, inf):
+            if intended:                           # the very tensor of an intended mask
+                explained = True
+            elif row["entry"] in intended_entries and only_inf and not (inputs and inputs.bad):
+                explained = intended = True        # an op told to write +-inf: a mask
+                if tid >= 0:
+                    intended_ids.add(tid)
+            elif _explained_by(inputs, nan, inf):
                 explained = True
                 # Inf that only flows on from intended masks is intended too
                 if (only_inf and tid >= 0 and row["entry"] in entry_in_ids
@@ -182,20 +194,18 @@ def _nonfinite_events(table: Any) -> Dict[str, Any]:
                         and entry_in_ids[row["entry"]] <= intended_ids):
                     intended = True
                     intended_ids.add(tid)
+            elif row["kind"] == "module" and _seen_before(seen, nan, inf):
+                # a module's parameters are not among its recorded inputs: non-finite values
+                # seen earlier in the step (inside it, e.g. a parameter) explain its outputs
+                explained = True
             elif inputs is not None or row["entry"] in has_inputs:
-                # finite inputs: only an intended mask may write Inf
-                explained = row["entry"] in intended_entries and only_inf
-                if explained and tid >= 0:
-                    intended_ids.add(tid)
-                intended = intended or explained
+                explained = False
                 reason = ("produces NaN from inputs holding only Inf" if inputs is not None
                           and inputs.bad else "produces non-finite values from finite inputs")
             else:
                 # no inputs recorded (a parameter's gradient, or inputs filtered out): judged
                 # by whether the same kind of non-finite value appeared earlier in the step
-                explained = ((nan == 0 or seen.nan or seen.unknown)
-                             and (inf == 0 or seen.inf or seen.nan or seen.unknown)
-                             and seen.any)
+                explained = _seen_before(seen, nan, inf)
                 reason = "first non-finite value of the step (no inputs recorded)"
             if not explained and row["entry"] not in done_entries:
                 done_entries.add(row["entry"])
@@ -206,10 +216,7 @@ def _nonfinite_events(table: Any) -> Dict[str, Any]:
                 if tid >= 0:
                     intended_ids.add(tid)
             elif not intended and not (tid >= 0 and tid in seen_ids):
-                explained = ((nan == 0 or seen.nan or seen.unknown)
-                             and (inf == 0 or seen.inf or seen.nan or seen.unknown)
-                             and seen.any)
-                if not explained:
+                if not _seen_before(seen, nan, inf):
                     reason = ("non-finite values are already in the parameter at the start of "
                               "the step" if role == "param" else
                               "non-finite values arrive in the input data")

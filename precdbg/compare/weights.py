@@ -210,9 +210,10 @@ def _diff(a: np.ndarray, b: np.ndarray, atol: float, rtol: float
     same_inf = np.isinf(x) & (x == y)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(x - y)
-        scale = np.maximum(np.abs(x), np.abs(y))
-        err = np.where(both_nan | same_inf, 0.0, err)
-        bad = ~(err <= atol + rtol * np.where(same_inf, 0.0, scale))   # NaN err -> bad
+        same = both_nan | same_inf
+        scale = np.where(same, 0.0, np.maximum(np.abs(x), np.abs(y)))
+        err = np.where(same, 0.0, err)
+        bad = ~(err <= atol + rtol * scale)                  # a NaN error counts as bad
         max_abs = float(np.max(err)) if not np.isnan(err).any() else math.nan
         rel = np.where(scale > 0, err / np.where(scale > 0, scale, 1.0), 0.0)
         max_rel = float(np.max(rel)) if not np.isnan(rel).any() else math.nan
