@@ -51,7 +51,17 @@ def _rename(path: str, modules: Mapping[str, str]) -> str:
     for src in modules:
         if (path == src or path.startswith(src + ".")) and len(src) > len(best):
             best = src
-    return modules[best] + path[len(best):] if best else path
+    if not best and "" not in modules:
+        return path
+    if not best and path and "" in modules:      # the root itself mapped somewhere
+        best = ""
+        rest = "." + path
+    else:
+        rest = path[len(best):]
+    target = modules[best]
+    if not target:                               # mapped to the root: drop the separator
+        return rest.lstrip(".")
+    return target + rest if rest else target
 
 
 def _occurrences(keys: List[Tuple], order: np.ndarray) -> Dict[Tuple, List[int]]:

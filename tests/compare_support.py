@@ -1,0 +1,297 @@
+"""Helpers of tests/test_compare.py: dump pairs of the bundled GPT (precdbg_examples.gpt_torch)
+that differ by exactly one defect, run `python -m precdbg compare` in a real subprocess, and read
+the result.
+
+Every dump trains a tiny seeded GPT (GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=16,
+vocab_size=128), batch 4, AdamW lr 1e-2) under `precdbg_pt.PrecisionDebugger` at level "mix".
+A defect is one named change to the candidate run (see DEFECTS); the baseline has none.
+
+Run as a script it makes one dump in a fresh process (a thread count must be set before torch
+does any work, so another thread count needs another process):
+
+    python tests/compare_support.py DUMP_PATH [--threads N] [--steps N] [--task T] [--defect D]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
+from precdbg_pt import PrecisionDebugger
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+THIS = os.path.abspath(__file__)
+
+TINY = dict(n_layer=2, d_model=64, n_head=4, seq_len=16, vocab_size=128)
+BATCH = 4
+SEED = 0
+LR = 1e-2
+
+# the keys of the compare JSON contract, and of its first_divergence
+RESULT_KEYS = {"verdict", "first_divergence", "consequences", "unmatched", "notes", "rows"}
+FIRST_KEYS = {"step", "rank", "direction", "kind", "name_a", "name_b", "module", "op", "role",
+              "metrics", "reason", "evidence"}
+
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+def tiny_config(**overrides: Any) -> GPTConfig:
+    return GPTConfig(**{**TINY, **overrides})
+
+
+# --------------------------------------------------------------------------- defects
+# Each defect changes the candidate before training: (model, optimizer, batches) -> optimizer.
+# Hooks are registered before the debugger starts, as a user's code would have them.
+
+def _gelu_tanh(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    model.blocks[1].mlp.act = nn.GELU(approximate="tanh")
+    return opt
+
+
+def _layer_norm_eps(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    model.blocks[0].ln_2.eps = 1e-3
+    return opt
+
+
+def _weight(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    with torch.no_grad():
+        model.blocks[1].mlp.fc.weight[3, 5] += 1e-2
+    return opt
+
+
+def _data(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    x, y = batches[0]
+    x = x.clone()
+    x[0, 3] = (x[0, 3] + 1) % model.cfg.vocab_size
+    batches[0] = (x, y)
+    return opt
+
+
+def _dx_only(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    model.blocks[1].mlp.act.register_full_backward_hook(
+        lambda mod, grad_in, grad_out: (grad_in[0] * 1.001,))
+    return opt
+
+
+def _dw_only(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    model.blocks[0].attn.qkv.weight.register_hook(lambda g: g * 1.001)
+    return opt
+
+
+def _optimizer(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    return torch.optim.AdamW(model.parameters(), lr=1.1e-2)
+
+
+def _nan(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    model.blocks[1].mlp.act.register_forward_hook(
+        lambda mod, inp, out: out.masked_fill(out > 1.5, float("nan")))
+    return opt
+
+
+def _proj_1e4(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    model.blocks[0].attn.proj.register_forward_hook(lambda mod, inp, out: out * (1 + 1e-4))
+    return opt
+
+
+def _proj_permuted(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    # a permutation: min, max, mean and norm of the output stay what they were
+    model.blocks[0].attn.proj.register_forward_hook(lambda mod, inp, out: out.flip(-1))
+    return opt
+
+
+DEFECTS: Dict[str, Callable[[GPT, torch.optim.Optimizer, List[Batch]], torch.optim.Optimizer]] = {
+    "gelu_tanh": _gelu_tanh, "layer_norm_eps": _layer_norm_eps, "weight": _weight,
+    "data": _data, "dx_only": _dx_only, "dw_only": _dw_only, "optimizer": _optimizer,
+    "nan": _nan, "proj_1e-4": _proj_1e4, "proj_permuted": _proj_permuted,
+}
+
+
+# --------------------------------------------------------------------------- models
+class LayersGPT(GPT):
+    """The same GPT with its `blocks` attribute renamed `layers` (module paths layers.<i>...)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__(cfg)
+        self.layers = self.blocks
+        del self.blocks
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.layers:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class WrappedGPT(nn.Module):
+    """The same GPT held by a wrapper: every module path gains the prefix `model.`."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.model = GPT(cfg)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+
+MODELS: Dict[str, Callable[[GPTConfig], nn.Module]] = {
+    "gpt": GPT, "layers": LayersGPT, "wrapped": WrappedGPT}
+
+
+# --------------------------------------------------------------------------- dumping
+def dump_gpt(path: str, defect: Optional[str] = None, steps: int = 1, task: str = "statistics",
+             cfg: Optional[GPTConfig] = None, batch: int = BATCH, model: str = "gpt",
+             threads: Optional[int] = None) -> str:
+    """Train `steps` steps of a seeded GPT with one defect (or none) and dump every step."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    cfg = cfg or tiny_config()
+    torch.manual_seed(SEED)
+    net = MODELS[model](cfg)
+    opt: torch.optim.Optimizer = torch.optim.AdamW(net.parameters(), lr=LR)
+    batches = list(make_batches(cfg, batch_size=batch, steps=steps))
+    if defect is not None:
+        opt = DEFECTS[defect](net, opt, batches)
+    dbg = PrecisionDebugger(dump_path=str(path), level="mix", task=task)
+    for x, y in batches:
+        dbg.start(net)
+        train_step(net, opt, x, y)
+        dbg.stop()
+        dbg.step()
+    assert dbg.close(), "the dump writer did not finish"
+    assert not dbg.failures, f"capture failures: {dbg.failures}"
+    return str(path)
+
+
+def dump_gpt_subprocess(path: str, threads: Optional[int] = None, steps: int = 1,
+                        task: str = "statistics", defect: Optional[str] = None,
+                        timeout: float = 120) -> str:
+    """dump_gpt in a fresh Python process (this file run as a script)."""
+    args = [PYTHON, THIS, str(path), "--steps", str(steps), "--task", task]
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    if defect is not None:
+        args += ["--defect", defect]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, f"dump subprocess failed:\n{proc.stdout}\n{proc.stderr}"
+    return str(path)
+
+
+# --------------------------------------------------------------------------- PyTorch vs MindSpore
+def numpy_batch(batch: int = BATCH) -> Tuple[Any, Any]:
+    """One numpy int32 batch (inputs, targets), fed to both frameworks."""
+    from precdbg_examples import gpt_ms
+    return next(gpt_ms.make_batches_numpy(gpt_ms.GPTConfig(**TINY), batch, 1))
+
+
+def dump_torch_numpy(path: str, x: Any, y: Any) -> Dict[str, Any]:
+    """One SGD step of the seeded tiny torch GPT on numpy data, dumped; returns the weights it
+    started from (numpy, state_dict names) for gpt_ms.load_torch_state."""
+    torch.manual_seed(SEED)
+    net = GPT(tiny_config())
+    state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+    xt, yt = torch.from_numpy(x.astype("int64")), torch.from_numpy(y.astype("int64"))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    dbg = PrecisionDebugger(dump_path=str(path), level="mix")
+    dbg.start(net)
+    train_step(net, opt, xt, yt)
+    dbg.stop()
+    assert dbg.close(), "the dump writer did not finish"
+    return state
+
+
+def dump_mindspore(path: str, state: Dict[str, Any], x: Any, y: Any,
+                   default_gelu: bool = False) -> str:
+    """The MindSpore twin with the same weights and data, one SGD step dumped. With
+    `default_gelu`, blocks[1].mlp.act is mindspore.nn.GELU() (approximate=True by default: tanh)
+    where torch.nn.GELU() is exact (erf). The caller has set MindSpore up (CPU, PyNative)."""
+    import mindspore as ms
+    from mindspore import nn as msnn
+
+    import precdbg_ms
+    from precdbg_examples import gpt_ms
+    net = gpt_ms.GPT(gpt_ms.GPTConfig(**TINY))
+    if default_gelu:
+        net.blocks[1].mlp.act = msnn.GELU()
+    gpt_ms.load_torch_state(net, state)
+    step = gpt_ms.train_step_fn(net, msnn.SGD(net.trainable_params(), learning_rate=0.1))
+    xm, ym = ms.Tensor(x), ms.Tensor(y)
+    dbg = precdbg_ms.PrecisionDebugger(dump_path=str(path), level="mix")
+    dbg.start(net)
+    step(xm, ym)
+    dbg.stop()
+    assert dbg.close(), "the dump writer did not finish"
+    return str(path)
+
+
+# --------------------------------------------------------------------------- compare
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m precdbg ARGS...` in a real subprocess."""
+    return subprocess.run([PYTHON, "-m", "precdbg", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+def describe(result: Dict[str, Any]) -> str:
+    """The verdict and first divergence in one readable string (assertion messages)."""
+    first = result.get("first_divergence")
+    if not first:
+        return f"verdict {result.get('verdict')!r}, no first divergence"
+    shown = {k: first.get(k) for k in ("step", "direction", "kind", "module", "op", "role",
+                                       "name_a", "name_b", "reason")}
+    return f"verdict {result.get('verdict')!r}, first divergence {json.dumps(shown, default=str)}"
+
+
+def assert_first(result: Dict[str, Any], *, step: int, direction: str, kind: Any,
+                 module: Optional[str], op: Optional[str] = None,
+                 reason: Sequence[str] = ()) -> Dict[str, Any]:
+    """The result names a divergence with these fields; `kind` may be a set of accepted kinds;
+    each string of `reason` occurs (case-insensitive) in the reason. `module` or `op` None: not
+    checked here."""
+    assert result["verdict"] == "diverged", describe(result)
+    first = result["first_divergence"]
+    assert first is not None, describe(result)
+    assert FIRST_KEYS <= set(first), f"missing keys {FIRST_KEYS - set(first)}"
+    kinds = {kind} if isinstance(kind, str) else set(kind)
+    got = (first["step"], first["direction"], first["module"] if module is not None else None)
+    assert got == (step, direction, module) and first["kind"] in kinds, \
+        f"expected step {step} {direction} {sorted(kinds)} in module {module!r}; " \
+        + describe(result)
+    if op is not None:
+        assert first["op"] == op, f"expected op {op!r}; " + describe(result)
+    for words in reason:
+        assert words.lower() in first["reason"].lower(), \
+            f"expected the reason to mention {words!r}; " + describe(result)
+    return first
+
+
+def assert_match(result: Dict[str, Any]) -> None:
+    assert result["verdict"] == "match" and result["first_divergence"] is None, \
+        describe(result)
+    assert result["rows"], "nothing was compared"
+    bad = [r for r in result["rows"] if r["status"] != "match"]
+    assert not bad, f"{len(bad)} rows beyond tolerance, e.g. {bad[:2]}"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--task", default="statistics")
+    parser.add_argument("--defect", default=None, choices=sorted(DEFECTS))
+    args = parser.parse_args(argv)
+    dump_gpt(args.path, defect=args.defect, steps=args.steps, task=args.task,
+             threads=args.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""Defect suite of `precdbg compare`: pairs of real dumps of the bundled GPT that differ by one
+defect each, and the first divergence compare must name for it (step, direction, kind, module,
+op, and a reason that names the cause); clean pairs that must match (rerun, another CPU thread
+count, PyTorch vs MindSpore); the command's contract (exit codes 0/1/2, JSON, CSV, HTML), mapping
+files, and the statistics-only limitation.
+
+Every dump is made once per module (see `dumps`): a tiny GPT (2 layers, d_model 64, seq 16,
+vocab 128), batch 4, AdamW lr 1e-2, level mix. The baseline trains two steps; a defect's candidate
+trains one (two for the optimizer), so they share step 0.
+
+`pytest -s` also prints two measurements: the tensor-compare throughput on the default 4-layer
+GPT (batch 8, task tensor) and the start-up time of `python -m precdbg --help`.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+import subprocess
+import time
+from typing import Any, Callable, Dict
+
+import numpy as np
+import pytest
+import torch
+
+import compare_support as cs
+from precdbg.compare import compare_dumps
+
+# name -> keyword arguments of compare_support.dump_gpt
+SPECS: Dict[str, Dict[str, Any]] = {
+    "base": dict(steps=2),
+    "rerun": dict(steps=2),
+    "gelu_tanh": dict(defect="gelu_tanh"),
+    "layer_norm_eps": dict(defect="layer_norm_eps"),
+    "weight": dict(defect="weight"),
+    "data": dict(defect="data"),
+    "dx_only": dict(defect="dx_only"),
+    "dw_only": dict(defect="dw_only"),
+    "optimizer": dict(defect="optimizer", steps=2),
+    "nan": dict(defect="nan"),
+    "stats_permuted": dict(defect="proj_permuted"),
+    "layers": dict(model="layers"),
+    "wrapped": dict(model="wrapped"),
+    "tensor_base": dict(task="tensor"),
+    "tensor_1e-4": dict(task="tensor", defect="proj_1e-4"),
+    "tensor_permuted": dict(task="tensor", defect="proj_permuted"),
+}
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Callable[[str], str]:
+    """dumps(name) -> path of the dump SPECS[name], made on first use, once per module."""
+    root = tmp_path_factory.mktemp("compare")
+    made: Dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in made:
+            made[name] = cs.dump_gpt(str(root / name), **SPECS[name])
+        return made[name]
+    return get
+
+
+def compare(dumps: Callable[[str], str], baseline: str, candidate: str, **kw: Any
+            ) -> Dict[str, Any]:
+    return compare_dumps(dumps(baseline), dumps(candidate), **kw)
+
+
+# =========================================================================== defects
+def test_forward_op_change_gelu_tanh(dumps):
+    result = compare(dumps, "base", "gelu_tanh")
+    first = cs.assert_first(result, step=0, direction="forward", kind="api",
+                            module="blocks.1.mlp.act", op="gelu", reason=["'approximate'"])
+    assert "tanh" in first["reason"], cs.describe(result)
+    # what follows the culprit is listed as its consequences, never before it
+    assert result["consequences"], "the changed GELU output changes everything after it"
+    assert all(c["module"] not in ("blocks.0.ln_1", "blocks.0.attn.qkv")
+               for c in result["consequences"] if c["direction"] == "forward")
+
+
+def test_default_argument_layer_norm_eps(dumps):
+    result = compare(dumps, "base", "layer_norm_eps")
+    first = cs.assert_first(result, step=0, direction="forward", kind="api",
+                            module="blocks.0.ln_2", op="layer_norm", reason=["'eps'"])
+    assert "0.001" in first["reason"] or "1e-03" in first["reason"], cs.describe(result)
+
+
+def test_perturbed_weight(dumps):
+    result = compare(dumps, "base", "weight")
+    first = cs.assert_first(result, step=0, direction="forward", kind="param",
+                            module="blocks.1.mlp.fc", op="weight",
+                            reason=["parameter values differ at start"])
+    assert first["name_a"] == "Param.blocks.1.mlp.fc.weight", cs.describe(result)
+    assert "optimizer" not in first["reason"], "step 0 has no earlier step to blame"
+    assert "more parameter" not in first["reason"], "only one parameter was changed"
+
+
+def test_different_input_data(dumps):
+    result = compare(dumps, "base", "data")
+    first = cs.assert_first(result, step=0, direction="forward", kind=("module", "api"),
+                            module=None, reason=["input data"])
+    # the model's own input (root module), or the embedding that reads the tokens first
+    assert (first["kind"], first["module"], first["op"]) in {
+        ("module", "", "gpt"), ("api", "wte", "embedding")}, cs.describe(result)
+    assert first["role"] == "input", cs.describe(result)
+
+
+def test_backward_only_defect_in_dx(dumps):
+    result = compare(dumps, "base", "dx_only")
+    first = cs.assert_first(result, step=0, direction="backward", kind="module",
+                            module="blocks.1.mlp.act", op="gelu", reason=["backward-only"])
+    assert first["role"] == "grad_input", cs.describe(result)
+
+
+def test_dw_only_defect(dumps):
+    result = compare(dumps, "base", "dw_only")
+    first = cs.assert_first(result, step=0, direction="backward", kind="param_grad",
+                            module="blocks.0.attn.qkv", op="weight", reason=["dw-only"])
+    assert first["name_a"] == "Param.blocks.0.attn.qkv.weight.grad", cs.describe(result)
+
+
+def test_optimizer_difference_at_second_step(dumps):
+    result = compare(dumps, "base", "optimizer")
+    # the first step matches entirely: nothing of step 0 is beyond tolerance
+    bad0 = [r["name_a"] for r in result["rows"] if r["step"] == 0 and r["status"] != "match"]
+    assert not bad0, f"step 0 should match, diverged: {bad0[:5]}"
+    # every parameter is updated differently; the first in inventory order is wte.weight
+    cs.assert_first(result, step=1, direction="forward", kind="param", module="wte",
+                    op="weight", reason=["optimizer"])
+
+
+def test_nan_from_a_bad_op(dumps):
+    result = compare(dumps, "base", "nan")
+    cs.assert_first(result, step=0, direction="forward", kind=("module", "api"),
+                    module="blocks.1.mlp.act", op="gelu", reason=["NaN"])
+
+
+# =========================================================================== clean pairs
+def test_clean_rerun_same_seed(dumps):
+    result = compare(dumps, "base", "rerun")
+    cs.assert_match(result)
+    assert {r["step"] for r in result["rows"]} == {0, 1}
+    assert not result["unmatched"], result["unmatched"][:5]
+
+
+def test_clean_other_thread_count(dumps, tmp_path):
+    threads = 2 if torch.get_num_threads() == 1 else 1
+    assert torch.get_num_threads() != threads
+    candidate = cs.dump_gpt_subprocess(str(tmp_path / "threads"), threads=threads, steps=2)
+    result = compare_dumps(dumps("base"), candidate)
+    cs.assert_match(result)
+    assert not result["unmatched"], result["unmatched"][:5]
+
+
+@pytest.fixture(scope="module")
+def cross_framework(tmp_path_factory) -> Dict[str, str]:
+    """PyTorch GPT and its MindSpore twin, same weights and data, one SGD step each; and the twin
+    with blocks[1].mlp.act = mindspore.nn.GELU() (default approximate=True)."""
+    ms = pytest.importorskip("mindspore")
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.runtime.launch_blocking()
+    root = tmp_path_factory.mktemp("cross")
+    x, y = cs.numpy_batch()
+    state = cs.dump_torch_numpy(str(root / "pt"), x, y)
+    return {"pt": str(root / "pt"),
+            "ms": cs.dump_mindspore(str(root / "ms"), state, x, y),
+            "ms_gelu": cs.dump_mindspore(str(root / "ms_gelu"), state, x, y,
+                                         default_gelu=True)}
+
+
+def test_clean_pytorch_vs_mindspore(cross_framework):
+    result = compare_dumps(cross_framework["pt"], cross_framework["ms"])
+    cs.assert_match(result)
+    assert any("frameworks differ" in n for n in result["notes"]), result["notes"]
+    kinds = {(r["kind"], r["direction"]) for r in result["rows"]}
+    assert {("api", "forward"), ("module", "forward"), ("api", "backward"),
+            ("module", "backward"), ("param_grad", "backward")} <= kinds, kinds
+    # every parameter of the inventory found its counterpart (names differ: gamma vs weight)
+    params = [r for r in result["rows"] if r["kind"] == "param"]
+    assert len(params) == sum(1 for _ in cs.GPT(cs.tiny_config()).parameters()), len(params)
+
+
+def test_mindspore_default_gelu_is_approximate(cross_framework):
+    result = compare_dumps(cross_framework["pt"], cross_framework["ms_gelu"])
+    cs.assert_first(result, step=0, direction="forward", kind="api",
+                    module="blocks.1.mlp.act", op="gelu")
+
+
+# =========================================================================== command contract
+def test_cli_exit_0_on_match(dumps):
+    proc = cs.run_cli("compare", dumps("base"), dumps("rerun"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MATCH" in proc.stdout
+
+
+def test_cli_exit_1_and_reports(dumps, tmp_path):
+    out = {ext: str(tmp_path / f"report.{ext}") for ext in ("json", "csv", "html")}
+    proc = cs.run_cli("compare", dumps("base"), dumps("gelu_tanh"), "--json", out["json"],
+                      "--csv", out["csv"], "--html", out["html"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "DIVERGED" in proc.stdout and "blocks.1.mlp.act" in proc.stdout
+
+    with open(out["json"], encoding="utf-8") as handle:
+        result = json.load(handle)
+    assert cs.RESULT_KEYS <= set(result), cs.RESULT_KEYS - set(result)
+    cs.assert_first(result, step=0, direction="forward", kind="api", module="blocks.1.mlp.act",
+                    op="gelu", reason=["'approximate'"])
+    assert isinstance(result["rows"], list) and result["rows"]
+    assert all(isinstance(result[k], list) for k in ("consequences", "unmatched", "notes"))
+    same = compare_dumps(dumps("base"), dumps("gelu_tanh"))
+    assert json.loads(json.dumps(same["first_divergence"], default=str)) == \
+        result["first_divergence"], "the JSON file holds what compare_dumps returns"
+
+    with open(out["csv"], encoding="utf-8", newline="") as handle:
+        text = handle.read()
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(result["rows"]), (len(lines), len(result["rows"]))
+    header = next(csv.reader(io.StringIO(lines[0])))
+    assert {"step", "direction", "kind", "name_a", "name_b", "module", "op", "role",
+            "status"} <= set(header), header
+    parsed = list(csv.DictReader(io.StringIO(text)))
+    assert len(parsed) == len(result["rows"])
+    assert sum(r["status"] == "diverged" for r in parsed) == \
+        sum(r["status"] == "diverged" for r in result["rows"]) > 0
+
+    with open(out["html"], encoding="utf-8") as handle:
+        page = handle.read()
+    assert "<svg" in page and "</html>" in page
+    # self-contained: nothing to fetch. The SVG namespace name is an identifier, not a link.
+    fetched = page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "http://" not in fetched and "https://" not in fetched, \
+        [page[max(0, i - 40):i + 60] for i in (fetched.find("http://"), fetched.find("https://"))]
+    assert "blocks.1.mlp.act" in page
+
+
+def test_cli_exit_2_on_missing_dump(dumps, tmp_path):
+    proc = cs.run_cli("compare", str(tmp_path / "no_such_dump"), dumps("base"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("precdbg:"), proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_cli_exit_2_on_absent_step(dumps):
+    proc = cs.run_cli("compare", dumps("base"), dumps("rerun"), "--step", "7")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("precdbg:"), proc.stderr
+
+
+# =========================================================================== mapping files
+def test_mapping_renamed_attribute(dumps, tmp_path):
+    # blocks -> layers: without a mapping the parameter inventories disagree
+    unmapped = compare(dumps, "base", "layers")
+    assert unmapped["verdict"] == "diverged", cs.describe(unmapped)
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("modules:\n  layers: blocks\n", encoding="utf-8")
+    proc = cs.run_cli("compare", dumps("base"), dumps("layers"), "--map", str(mapping),
+                      "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    cs.assert_match(result)
+    mapped = {r["name_b"] for r in result["rows"]}
+    assert "Param.layers.1.mlp.fc.weight" in mapped and \
+        "Module.layers.1.mlp.fc.Linear.forward.0" in mapped
+
+
+def test_mapping_wrapped_model_prefix(dumps, tmp_path):
+    # the candidate's GPT is held by a wrapper as `model`: its paths are model.<baseline path>,
+    # and the candidate's `model` is the baseline's root module ("")
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text('modules:\n  model: ""\n', encoding="utf-8")
+    result = compare_dumps(dumps("base"), dumps("wrapped"), mapping_file=str(mapping))
+    cs.assert_match(result)
+    # only the wrapper itself has no counterpart
+    assert {u["module"] for u in result["unmatched"]} <= {""}, result["unmatched"][:5]
+
+
+def test_mapping_then_defect_is_still_named(dumps, tmp_path):
+    # a mapping does not hide a real defect: a renamed model with a perturbed weight
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("modules:\n  blocks: blocks\n", encoding="utf-8")
+    result = compare(dumps, "base", "weight", mapping_file=str(mapping))
+    cs.assert_first(result, step=0, direction="forward", kind="param",
+                    module="blocks.1.mlp.fc", op="weight",
+                    reason=["parameter values differ at start"])
+
+
+# =========================================================================== statistics vs tensors
+def test_statistics_only_note(dumps):
+    result = compare(dumps, "base", "rerun")
+    notes = " ".join(result["notes"]).lower()
+    assert "statistics only" in notes and "permutation" in notes, result["notes"]
+    assert "tensor" in notes or "checksum" in notes, result["notes"]
+    assert not any("rel_rmse" in r or "cosine" in r for r in result["rows"])
+
+
+def test_tensor_task_rows_carry_tensor_metrics(dumps):
+    result = compare(dumps, "tensor_base", "tensor_1e-4")
+    assert not any("statistics only" in n for n in result["notes"]), result["notes"]
+    tensors = [r for r in result["rows"] if not r["dtype_a"].startswith("py.")]
+    assert tensors
+    lacking = [r["name_a"] for r in tensors if r.get("cosine") is None or
+               r.get("rel_rmse") is None]
+    assert not lacking, f"{len(lacking)} tensor rows without cosine/rel_rmse: {lacking[:5]}"
+
+
+def test_tensor_task_names_1e4_relative_change(dumps):
+    result = compare(dumps, "tensor_base", "tensor_1e-4")
+    first = cs.assert_first(result, step=0, direction="forward", kind=("module", "api"),
+                            module="blocks.0.attn.proj", op="linear")
+    assert first["role"] == "output", cs.describe(result)
+    assert first["metrics"].get("rel_rmse") == pytest.approx(1e-4, rel=0.05), first["metrics"]
+    assert first["metrics"].get("cosine") == pytest.approx(1.0, abs=1e-6), first["metrics"]
+
+
+def test_tensor_task_sees_a_permutation(dumps):
+    # statistics cannot: the permuted output keeps min, max, mean and norm (the note's warning)
+    stats = compare(dumps, "base", "stats_permuted")
+    assert any("permutation" in n for n in stats["notes"]), stats["notes"]
+    proj = [r for r in stats["rows"] if r["name_a"] == "Module.blocks.0.attn.proj.Linear.forward.0"
+            and r["role"] == "output"]
+    assert proj and all(r["status"] == "match" for r in proj), proj
+    result = compare(dumps, "tensor_base", "tensor_permuted")
+    first = cs.assert_first(result, step=0, direction="forward", kind=("module", "api"),
+                            module="blocks.0.attn.proj", op="linear")
+    assert first["metrics"].get("cosine", 1.0) < 0.999, first["metrics"]
+
+
+# =========================================================================== measurements
+def _tensor_bytes(row: Dict[str, Any], side: str) -> int:
+    return int(np.prod(row[f"shape_{side}"], dtype=np.int64)) * \
+        np.dtype(row[f"dtype_{side}"]).itemsize
+
+
+def test_measure_tensor_compare_throughput(tmp_path):
+    cfg = cs.GPTConfig()
+    a = cs.dump_gpt(str(tmp_path / "a"), task="tensor", cfg=cfg, batch=8)
+    b = cs.dump_gpt(str(tmp_path / "b"), task="tensor", cfg=cfg, batch=8)
+    start = time.perf_counter()
+    result = compare_dumps(a, b)
+    seconds = time.perf_counter() - start
+    cs.assert_match(result)
+    compared = [r for r in result["rows"] if r.get("rel_rmse") is not None]
+    assert compared
+    nbytes = sum(_tensor_bytes(r, "a") + _tensor_bytes(r, "b") for r in compared)
+    print(f"\n[measure] tensor compare, default GPT (4 layers, d_model 256, seq 64), batch 8: "
+          f"{len(compared)} tensor pairs, {nbytes / 1e6:.1f} MB (both sides) in "
+          f"{seconds:.2f} s = {nbytes / 1e6 / seconds:.1f} MB/s")
+
+
+def test_measure_cli_startup():
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        proc = subprocess.run([cs.PYTHON, "-m", "precdbg", "--help"], capture_output=True,
+                              text=True, cwd=cs.REPO, timeout=60)
+        times.append(time.perf_counter() - start)
+        assert proc.returncode == 0 and "compare" in proc.stdout, proc.stderr
+    print(f"\n[measure] `python -m precdbg --help` start-up: median "
+          f"{statistics.median(times) * 1e3:.0f} ms (min {min(times) * 1e3:.0f} ms, 5 runs)")
