@@ -61,6 +61,11 @@ def _memory(t: Any) -> Tuple[int, Tuple[int, ...]]:
         return id(t), ()
 
 
+def _takes_grad(t: Any) -> bool:
+    """Part of a gradient computation (MindSpore refuses hooks on other tensors)."""
+    return bool(getattr(t, "_requires_grad", getattr(t, "requires_grad", False)))
+
+
 def _is_floating(t: Any) -> bool:
     return tensors.dtype_name(t.dtype) in _FLOAT_NAMES
 
@@ -198,27 +203,39 @@ class MindSporeAdapter:
     def _make_wrapper(self, original: Any, prefix: str, api: str) -> Callable:
         adapter = self
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if adapter.busy or adapter.paused or not adapter.installed:
-                return original(*args, **kwargs)
-            name = api or type(args[0]).__name__        # primitives: the class name
-            return adapter._on_api_call(original, prefix, name, args, kwargs)
-        return wrapper
+        if api:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if adapter.busy or adapter.paused or not adapter.installed:
+                    return original(*args, **kwargs)
+                return adapter._on_api_call(original, prefix, api, args, kwargs)
+            return wrapper
 
-    def _on_api_call(self, func: Any, prefix: str, api: str, args: tuple, kwargs: dict) -> Any:
+        def call_primitive(prim: Any, *args: Any, **kwargs: Any) -> Any:
+            """A primitive's arguments are those of its call, not the primitive itself."""
+            if adapter.busy or adapter.paused or not adapter.installed:
+                return original(prim, *args, **kwargs)
+            bound = lambda *a, **k: original(prim, *a, **k)  # noqa: E731
+            return adapter._on_api_call(bound, prefix, type(prim).__name__, args, kwargs)
+        return call_primitive
+
+    def _on_api_call(self, func: Any, prefix: str, api: str, args: tuple, kwargs: dict,
+                     inner: bool = False) -> Any:
+        """Record one call; the calls it makes are not separate entries unless `inner`."""
         session = self.session
         watched: List[Tuple[int, str, Any]] = []
         call = self._run(session.begin_api, f"capturing {prefix}.{api}", prefix, api)
         if call is not None:
             result = self._run(self._api_inputs, f"capturing inputs of {call.forward_entry}",
                                call, api, args, kwargs)
-            if result is not None:
+            if result is not None and not inner:
                 args, kwargs, watched = result
-        self.busy += 1          # the op's own insides are not separate API calls
+        if not inner:
+            self.busy += 1
         try:
             out = func(*args, **kwargs)
         finally:
-            self.busy -= 1
+            if not inner:
+                self.busy -= 1
         if call is not None:
             self._run(self._api_outputs, f"capturing outputs of {call.forward_entry}", call,
                       watched, out)
@@ -237,10 +254,13 @@ class MindSporeAdapter:
         watched, args, kwargs = [], list(args), dict(kwargs)
         for index, key, t in inputs:
             top = key.split(".")[0]
-            if "." in key or not _is_floating(t):
+            if "." in key or not _is_floating(t) or not _takes_grad(t):
                 continue
             view = self._view(t, t.shape)
-            view.register_hook(self._grad_hook(call, "grad_input", index, key))
+            try:
+                view.register_hook(self._grad_hook(call, "grad_input", index, key))
+            except RuntimeError:      # not inside a gradient computation after all
+                continue
             if top.isdigit():
                 args[int(top)] = view
             else:
@@ -255,8 +275,11 @@ class MindSporeAdapter:
             session.capture(call, "forward", "output", index, key, t)
         if session.filter.keeps_backward and watched:
             for index, key, t in outputs:
-                if _is_floating(t):
-                    t.register_hook(self._grad_hook(call, "grad_output", index, key))
+                if _is_floating(t) and _takes_grad(t):
+                    try:
+                        t.register_hook(self._grad_hook(call, "grad_output", index, key))
+                    except RuntimeError:
+                        pass
         session.end_call()
 
     def _grad_hook(self, call: Any, role: str, index: int, key: str) -> Callable:
@@ -308,10 +331,17 @@ class MindSporeAdapter:
     def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
                   args: tuple, kwargs: dict) -> None:
         session = self.session
+        # the module is entered and its slot pushed first, so the forward hook always finds
+        # both (and leaves the module) even when capturing below fails
+        slot: List[Any] = [None, None, set(), False]     # call, API call, input memory, entered
+        self._cell_calls.setdefault(id(cell), []).append(slot)
         call, subtree = session.begin_module("Cell", path, cls)
         session.enter_module(path, subtree)
+        slot[0], slot[3] = call, True
         api_call = session.begin_api("Functional", leaf_api) if leaf_api else None
+        slot[1] = api_call
         inputs = _tensors(args, kwargs)
+        slot[2] = {_memory(t) for _, _, t in inputs}
         if call is not None:
             for index, k, t in inputs:
                 session.capture(call, "forward", "input", index, k, t)
@@ -325,15 +355,13 @@ class MindSporeAdapter:
                 key = name.rpartition(".")[2]
                 session.capture(api_call, "forward", "input", index, key, param)
                 self._param_users[id(param)] = (api_call, index, key)
-        self._cell_calls.setdefault(id(cell), []).append((call, api_call, {_memory(t) for _, _, t
-                                                                           in inputs}))
 
     def _cell_post(self, key: int, output: Any) -> None:
         session = self.session
         stack = self._cell_calls.get(key)
         if not stack:
             return
-        call, api_call, input_ids = stack[-1]
+        call, api_call, input_ids, entered = stack[-1]
         identity = False
         try:
             outputs = _outputs(output)
@@ -345,7 +373,8 @@ class MindSporeAdapter:
                         session.capture(target, "forward", "output", index, k, t)
             session.end_call()
         finally:
-            session.exit_module()
+            if entered:
+                session.exit_module()
             stack.pop()
             # the backward hook runs in reverse order of the forward calls
             self._pending_backward(key).append(None if identity else (call, api_call))
@@ -418,7 +447,14 @@ class MindSporeAdapter:
             session.phase = Phase.OPTIMIZER.value
             adapter.paused = not session.config.include_optimizer
             try:
-                return original(opt, *args, **kwargs)
+                if adapter.paused:
+                    return original(opt, *args, **kwargs)
+                # recorded as one call too: MindSpore's optimizers compile their construct with
+                # @jit, so the ops inside them never reach a hook; their inputs (the gradients
+                # handed to the optimizer) and outputs still do
+                return adapter._on_api_call(lambda *a, **k: original(opt, *a, **k),
+                                            "Optimizer", type(opt).__name__, args, kwargs,
+                                            inner=True)
             finally:
                 session.phase = previous
                 adapter.paused = False

@@ -123,12 +123,20 @@ def test_usage_error_is_exit_2():
 
 
 def test_demo_runs(tmp_path):
-    """The README's demo: train the bundled GPT 3 steps, dump step 1, inspect it."""
+    """The README's demo: train the bundled GPT 3 steps, dump steps 0 and 1, inspect; with
+    MindSpore installed, dump the MindSpore twin (default GELU) and name it with compare."""
     out = tmp_path / "demo"
-    result = run_python(["-m", "precdbg_examples.demo", "--out", str(out)], timeout=180)
+    result = run_python(["-m", "precdbg_examples.demo", "--out", str(out)], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "hook failures: 0" in result.stdout
-    assert re.search(r"^steps\s+\[1\]$", result.stdout, re.M)
+    assert re.search(r"^steps\s+\[0, 1\]$", result.stdout, re.M)
     dump = precdbg.open_dump(str(out / "dump"))
-    assert dump.steps == [1]
+    assert dump.steps == [0, 1]
     assert len(dump.records(step=1)) > 0
+    try:
+        import mindspore  # noqa: F401
+    except ImportError:
+        return
+    assert "verdict: DIVERGED" in result.stdout
+    assert re.search(r"module 'blocks\.0\.mlp\.act'\s+op 'gelu'", result.stdout)
+    assert (out / "report.html").is_file()

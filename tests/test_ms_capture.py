@@ -132,11 +132,9 @@ def test_nested_calls_are_recorded_once(gpt_dump):
     assert not np.any(t["prefix"] == "Primitive"), sorted(set(t.select(
         t["prefix"] == "Primitive")["entry"]))[:10]
     # one forward entry per call: two blocks, two matmuls each
-    assert len(set(rows_where_prefix(t, "Functional.matmul.", ".forward"))) == 4
-
-
-def rows_where_prefix(t, start, end):
-    return [e for e in t["entry"].tolist() if e.startswith(start) and e.endswith(end)]
+    matmuls = {e for e in t["entry"].tolist()
+               if e.startswith("Functional.matmul.") and e.endswith(".forward")}
+    assert len(matmuls) == 4, sorted(matmuls)
 
 
 def test_nested_primitive_of_ops_softmax_not_recorded(tmp_path):
@@ -233,6 +231,17 @@ def test_autograd_plumbing_primitives_are_not_captured(tmp_path):
     assert dbg.failures == 0
     plumbing = sorted({e for e in t["entry"].tolist() if e.startswith("Primitive.")})
     assert plumbing == [], plumbing
+
+
+def test_hook_plumbing_methods_are_not_captured(tmp_path):
+    """Tensor methods that manage autograd hooks (register_hook, hooks) are not math: like
+    `register_hook` (in the ignore table), `hooks()` called inside the window is no API record."""
+    model = make_model()
+    t, dbg, _ = capture(tmp_path, lambda: [p.hooks() for p in model.trainable_params()],
+                        model=model, level="api", data_mode=["forward"])
+    assert dbg.failures == 0
+    calls = sorted({e for e in t["entry"].tolist() if not e.startswith("Param.")})
+    assert calls == [], calls[:5]
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -463,6 +472,7 @@ def test_level_module_has_no_api_records(tmp_path):
 @pytest.mark.parametrize("level", ["L0", "L1"])
 def test_level_aliases(tmp_path, level):
     dump, dbg = dump_once(tmp_path, level=level)
+    assert dbg.failures == 0
     kinds = set(np.unique(dump.records(step=0)["kind"]))
     assert ("module" in kinds) is (level == "L0") and ("api" in kinds) is (level == "L1")
 

@@ -205,7 +205,7 @@ def test_hook_failure_never_reaches_training(tmp_path, monkeypatch):
 
     clean_model = make_model()
     clean = PrecisionDebugger(dump_path=str(tmp_path / "clean"))
-    _train_one(clean, clean_model, make_optimizer(clean_model), [batch][0])
+    _train_one(clean, clean_model, make_optimizer(clean_model), batch)
     assert clean.close() and clean.failures == 0
 
     model = make_model()
@@ -238,7 +238,8 @@ def test_hook_failure_never_reaches_training(tmp_path, monkeypatch):
                 if r["shape"] != hidden}
     g, b = keyed(good), keyed(bad)
     assert set(b) <= set(g)
-    wrong = [(k, g[k]["module"], r["module"]) for k, r in b.items() if g[k]["module"] != r["module"]]
+    wrong = [(k, g[k]["module"], r["module"]) for k, r in b.items()
+             if g[k]["module"] != r["module"]]
     assert not wrong, f"{len(wrong)} records with a different owning module, e.g. {wrong[:5]}"
     assert len(rows_where(bad, kind="param_grad")) == len(rows_where(good, kind="param_grad"))
     assert one_row(bad, entry="Param.lm_head.weight.grad")["norm"] == \
