@@ -57,6 +57,18 @@ class BaseDebugger:
         except Exception as exc:  # noqa: BLE001
             self._session.hook_failed(exc, "step()")
 
+    def save(self, name: str, obj: Any) -> bool:
+        """Store a tensor, or a nested list/tuple/dict of tensors, under `name` in the current
+        step (a batch after augmentation, a loss, an intermediate the hooks cannot see).
+        Returns whether it was stored (only between start() and stop() of a dumped step)."""
+        try:
+            return bool(self._session.adapter.quietly(self._session.save, name, obj))
+        except PrecdbgError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            self._session.hook_failed(exc, f"save({name!r})")
+            return False
+
     @contextlib.contextmanager
     def capture(self, model: Any = None) -> Iterator["BaseDebugger"]:
         """`with debugger.capture(model): ...` is start(model) ... stop()."""

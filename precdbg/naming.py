@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any, Dict, Iterable
 
-__all__ = ["api_entry", "module_entry", "param_entry", "canonical_op", "framework_table",
+__all__ = ["api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
            "normalize_api_name", "param_alias", "torch_param_leaf"]
 
 _NAMES_DIR = os.path.join(os.path.dirname(__file__), "names")
@@ -35,6 +35,11 @@ def api_entry(prefix: str, api: str, call_index: int, direction: str) -> str:
 def module_entry(prefix: str, path: str, cls: str, direction: str, call_index: int) -> str:
     """`Module.blocks.0.attn.qkv.Linear.forward.0` (the root module has an empty path)."""
     return _join(prefix, path, cls, direction, call_index)
+
+
+def save_entry(name: str, call_index: int) -> str:
+    """`Save.batch.0`: the call_index-th `debugger.save("batch", ...)` of the step."""
+    return _join("Save", name, call_index)
 
 
 def param_entry(path: str, role: str, call_index: int = 0) -> str:

@@ -38,6 +38,7 @@ class RecordKind(str, Enum):
     MODULE = "module"
     PARAM_GRAD = "param_grad"
     PARAM = "param"
+    SAVED = "saved"                # debugger.save(name, obj)
 
 
 class Direction(str, Enum):

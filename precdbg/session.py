@@ -23,8 +23,10 @@ from . import __version__
 from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
+from .manifest import base_manifest, seed_record
+from .arguments import tensor_results
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
-                     torch_param_leaf)
+                     save_entry, torch_param_leaf)
 from .schema import SCHEMA_VERSION, Direction, Phase, Record, RecordKind, Role, Task
 from .writer import DumpWriter, Payload, write_json_atomic
 
@@ -116,6 +118,8 @@ class Session:
         self.rank = 0
         self.world_size = 1
         self._run_written = False
+        self._run_info: Optional[Dict[str, Any]] = None
+        self._manifest_dirty = False
         self._store_all = config.task is Task.TENSOR
         self._checksum = config.checksums
         self._overflow = config.task is Task.OVERFLOW
@@ -199,6 +203,11 @@ class Session:
                 self.hook_failed(exc, "flushing statistics")
             self.writer.close_step(self._modules, self._stack_text)
             self._reset_window()
+            if self._manifest_dirty:
+                try:
+                    self._write_run_json()
+                except OSError as exc:
+                    self.hook_failed(exc, "updating run.json")
 
     def step(self) -> None:
         """End the current iteration: stop if capturing, then count the step."""
@@ -211,16 +220,43 @@ class Session:
         return self.writer.flush(timeout)
 
     def _write_run_json(self) -> None:
-        info = {
-            "schema_version": SCHEMA_VERSION, "precdbg_version": __version__,
-            "framework": self.adapter.framework, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform(), "world_size": self.world_size,
-            "config": self.config.public_dict(), "pid": os.getpid(),
-        }
-        info.update(self.adapter.environment())
-        write_json_atomic(os.path.join(self.config.dump_path, "run.json"), info)
+        if self._run_info is None:
+            info = {
+                "schema_version": SCHEMA_VERSION, "precdbg_version": __version__,
+                "framework": self.adapter.framework,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "python": platform.python_version(), "numpy": np.__version__,
+                "platform": platform.platform(), "world_size": self.world_size,
+                "config": self.config.public_dict(), "pid": os.getpid(),
+            }
+            info.update(self.adapter.environment())
+            manifest = base_manifest(self.adapter.framework, self.rank, self.world_size)
+            for key, value in self.adapter.manifest().items():
+                if isinstance(value, dict) and isinstance(manifest.get(key), dict):
+                    manifest[key].update(value)
+                else:
+                    manifest[key] = value
+            info["manifest"] = manifest
+            self._run_info = info
+        self._run_info["manifest"]["seed_all"] = seed_record(self.adapter.framework)
+        write_json_atomic(os.path.join(self.config.dump_path, "run.json"), self._run_info)
         self._run_written = True
+        self._manifest_dirty = False
+
+    def note_optimizer(self, info: Dict[str, Any]) -> None:
+        """An optimizer seen in this run (class, param groups with hyperparameters and the
+        names of their parameters); run.json is rewritten at stop() when something is new."""
+        if self._run_info is None:
+            return
+        known = self._run_info["manifest"]["optimizers"]
+        for i, seen in enumerate(known):
+            if seen.get("id") == info.get("id"):
+                if seen != info:
+                    known[i] = info
+                    self._manifest_dirty = True
+                return
+        known.append(info)
+        self._manifest_dirty = True
 
     # ------------------------------------------------------------------ failures
     def hook_failed(self, exc: BaseException, where: str) -> None:
@@ -305,6 +341,27 @@ class Session:
         call.alias = param_alias(framework, path, owner_cls or self._module_cls.get(owner, ""))
         return call
 
+    def save(self, name: str, obj: Any) -> bool:
+        """Store a tensor or nested list/tuple/dict of tensors (and numbers) under `name` in the
+        current step; compare aligns saved items by name. Only while capturing."""
+        if not self.active:
+            return False
+        if not isinstance(name, str) or not name or any(c in name for c in "/\\"):
+            raise ConfigError(f"save(): name must be a non-empty string without slashes, got "
+                              f"{name!r}")
+        index = self._count(("Save", name))
+        self._order += 1
+        entry = save_entry(name, index)
+        call = Call(RecordKind.SAVED.value, "Save", name, name, self.owning_module, index,
+                    self._order, self.phase, self._stack_id(), self._store_all, entry, entry)
+        found = tensor_results(obj, self.adapter.is_tensor)
+        for ordinal, key, tensor in found:
+            self.capture(call, "forward", Role.OUTPUT.value, ordinal, key, tensor)
+        if not found and isinstance(obj, (bool, int, float, str)):
+            self.capture_value(call, 0, "0", obj, role=Role.OUTPUT.value)
+        self.end_call()
+        return True
+
     def _stores(self, entry: str, api: str) -> bool:
         return self._store_all or self.filter.stores_tensor(entry, api)
 
@@ -336,14 +393,15 @@ class Session:
             seen.copied = True
             self._copies.append((seen, self.tensors.to_host(tensor), call.store))
 
-    def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any) -> None:
+    def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any,
+                      role: str = Role.INPUT.value) -> None:
         """Record a non-tensor argument (a number, bool, string, dtype) of a forward call;
         `arg_index` continues after the call's tensor inputs."""
-        if not self.filter.keep_record("forward", Role.INPUT.value):
+        if not self.filter.keep_record("forward", role):
             return
         self._seq += 1
         rec = Record(call.forward_entry, call.kind, call.prefix, call.api, call.op, call.module,
-                     "forward", Role.INPUT.value, call.phase, arg_index, arg_key, call.call_index,
+                     "forward", role, call.phase, arg_index, arg_key, call.call_index,
                      call.order, self._seq, "py." + type(value).__name__, (), 1,
                      stack_id=call.stack_id)
         if isinstance(value, (bool, int, float)):

@@ -15,6 +15,7 @@ def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
 
     import mindspore as ms
     import numpy as np
+    from precdbg.manifest import record_seed_all
     random.seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     np.random.seed(seed)
@@ -22,6 +23,7 @@ def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
     if deterministic:
         os.environ.setdefault("HCCL_DETERMINISTIC", "true")
         ms.set_context(deterministic="ON")
+    record_seed_all("mindspore", seed, deterministic)
 
 
 class PrecisionDebugger(BaseDebugger):

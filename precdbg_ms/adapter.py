@@ -20,7 +20,8 @@ from mindspore import nn
 import precdbg
 from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 from precdbg.errors import FrameworkError, PrecdbgError
-from precdbg.naming import framework_table
+from precdbg.manifest import jsonable
+from precdbg.naming import framework_table, param_alias
 from precdbg.schema import Phase, RecordKind
 
 from . import tensors
@@ -90,6 +91,7 @@ class MindSporeAdapter:
         self._handles: List[Any] = []
         self._cell_calls: Dict[int, List[Any]] = {}
         self._param_users: Dict[int, Tuple[Any, int, str]] = {}
+        self._optimizers_noted: set = set()
         self._leaf_cells: Dict[str, str] = {}
         self._view = ms.Tensor.view       # the original, unpatched
 
@@ -99,6 +101,38 @@ class MindSporeAdapter:
                 "device": ms.get_context("device_target"),
                 "mode": "PYNATIVE" if ms.get_context("mode") == ms.PYNATIVE_MODE else "GRAPH",
                 "machine": platform.machine()}
+
+    def manifest(self) -> Dict[str, Any]:
+        """Versions, device, and the settings that decide determinism and precision."""
+        det: Dict[str, Any] = {"seed": ms.get_seed()}
+        for key in ("deterministic", "mode"):
+            try:
+                det[key] = jsonable(ms.get_context(key))
+            except (ValueError, RuntimeError):
+                pass
+        return {"versions": {"mindspore": ms.__version__},
+                "device": {"kind": ms.get_context("device_target"), "count": 1},
+                "determinism": det}
+
+    def _note_optimizer(self, optimizer: Any) -> None:
+        """Class, hyperparameters and parameter names (PyTorch-style) of a MindSpore optimizer."""
+        if id(optimizer) in self._optimizers_noted:
+            return
+        self._optimizers_noted.add(id(optimizer))
+        hyper: Dict[str, Any] = {}
+        for attr in ("learning_rate", "weight_decay", "beta1", "beta2", "eps", "momentum",
+                     "loss_scale", "use_nesterov", "dampening"):
+            value = getattr(optimizer, attr, None)
+            if value is None:
+                continue
+            try:
+                hyper[attr] = jsonable(value.asnumpy().tolist() if hasattr(value, "asnumpy")
+                                       else value)
+            except Exception:  # noqa: BLE001 - a dynamic learning rate cell, say
+                hyper[attr] = type(value).__name__
+        names = [param_alias("mindspore", p.name, "") for p in optimizer.parameters]
+        self.session.note_optimizer({"id": id(optimizer), "class": type(optimizer).__name__,
+                                     "param_groups": [{"hyper": hyper, "params": names}]})
 
     def rank_and_world(self) -> Tuple[int, int]:
         try:
@@ -155,6 +189,7 @@ class MindSporeAdapter:
                     self.session.hook_failed(exc, "removing a hook")
         self._cell_calls.clear()
         self._param_users.clear()
+        self._optimizers_noted = set()
         self.installed = False
         if failed and self.session is not None:
             self.session.hook_failed(RuntimeError("; ".join(failed[:3])), "restoring patches")
@@ -186,6 +221,16 @@ class MindSporeAdapter:
                 seen.add(id(param))
                 out.append((f"{path}.{name}" if path else name, param))
         return out
+
+    is_tensor = staticmethod(_is_tensor)
+
+    def quietly(self, fn: Callable, *args: Any) -> Any:
+        """Run our own code: nothing it calls is captured (errors propagate to the caller)."""
+        self.busy += 1
+        try:
+            return fn(*args)
+        finally:
+            self.busy -= 1
 
     # ------------------------------------------------------------------ guard
     def _run(self, fn: Callable, where: str, *args: Any) -> Any:
@@ -443,6 +488,7 @@ class MindSporeAdapter:
             session = adapter.session
             if not adapter.installed or session is None:
                 return original(opt, *args, **kwargs)
+            adapter._run(adapter._note_optimizer, "recording the optimizer", opt)
             previous = session.phase
             session.phase = Phase.OPTIMIZER.value
             adapter.paused = not session.config.include_optimizer

@@ -15,16 +15,18 @@ def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
 
     import numpy as np
     import torch
+    from precdbg.manifest import record_seed_all
     random.seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)     # every device's generator, CUDA and NPU included
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         os.environ.setdefault("HCCL_DETERMINISTIC", "true")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+    record_seed_all("pytorch", seed, deterministic)
 
 
 class PrecisionDebugger(BaseDebugger):

@@ -12,6 +12,7 @@ import torch
 
 import precdbg
 from precdbg.errors import PrecdbgError
+from precdbg.manifest import jsonable
 from precdbg.schema import Phase, RecordKind
 
 from . import tensors
@@ -60,6 +61,8 @@ class TorchAdapter:
         self._handles: List[Any] = []
         self._mode: Optional[CaptureMode] = None
         self._module_calls: Dict[int, List[Tuple[Any, list]]] = {}
+        self._param_names: Dict[int, str] = {}
+        self._optimizers_noted: set = set()
         self.installed = False
 
     # ------------------------------------------------------------------ environment
@@ -74,6 +77,45 @@ class TorchAdapter:
         env["threads"] = torch.get_num_threads()
         env["machine"] = platform.machine()
         return env
+
+    def manifest(self) -> Dict[str, Any]:
+        """Versions, device, and the settings that decide determinism and precision."""
+        accel = getattr(torch, "accelerator", None)
+        has_accel = accel is not None and accel.is_available()
+        versions = {"torch": torch.__version__, "cuda": torch.version.cuda}
+        try:
+            import torch_npu  # type: ignore
+            versions["torch_npu"] = getattr(torch_npu, "__version__", "unknown")
+            versions["cann"] = getattr(getattr(torch_npu, "version", None), "cann", None)
+        except (ImportError, RuntimeError, OSError):
+            pass
+        return {
+            "versions": versions,
+            "device": {"kind": accel.current_accelerator().type if has_accel else "cpu",
+                       "count": accel.device_count() if has_accel else 1},
+            "determinism": {
+                "initial_seed": torch.initial_seed(),
+                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+                "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+                "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+                "allow_tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+                "allow_tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+                "float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "num_threads": torch.get_num_threads()},
+        }
+
+    def _note_optimizer(self, optimizer: Any) -> None:
+        """Class, and per param group its hyperparameters and the names of its parameters."""
+        if id(optimizer) in self._optimizers_noted:
+            return
+        self._optimizers_noted.add(id(optimizer))
+        groups = []
+        for group in optimizer.param_groups:
+            groups.append({"hyper": {k: jsonable(v) for k, v in group.items() if k != "params"},
+                           "params": [self._param_names.get(id(p), f"<unnamed {tuple(p.shape)}>")
+                                      for p in group["params"]]})
+        self.session.note_optimizer({"id": id(optimizer), "class": type(optimizer).__name__,
+                                     "param_groups": groups})
 
     @staticmethod
     def _device() -> str:
@@ -93,6 +135,15 @@ class TorchAdapter:
     tensors = tensors
     internal_dirs = _INTERNAL_DIRS
 
+    @staticmethod
+    def is_tensor(value: Any) -> bool:
+        return isinstance(value, torch.Tensor)
+
+    def quietly(self, fn: Callable, *args: Any) -> Any:
+        """Run our own code with torch: no capture, no graph."""
+        with _Guard(self):
+            return fn(*args)
+
     # ------------------------------------------------------------------ install / uninstall
     def install(self, session: Any, model: Any) -> None:
         self.session = session
@@ -108,6 +159,8 @@ class TorchAdapter:
                 self._inventory(modules)
         for path, module in modules:
             self._hook_module(path, module)
+        self._param_names = {id(p): name for name, p in self._named_tensors(modules, "param")}
+        self._optimizers_noted = set()
         for full, param in self._named_tensors(modules, "param"):
             if param.requires_grad:
                 self._handles.append(param.register_hook(self._param_grad_hook(full)))
@@ -308,6 +361,10 @@ class TorchAdapter:
     # ------------------------------------------------------------------ optimizer phase
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.session is not None:
+            try:
+                self._note_optimizer(optimizer)
+            except Exception as exc:  # noqa: BLE001
+                self.session.hook_failed(exc, "recording the optimizer")
             self.session.phase = Phase.OPTIMIZER.value
             self.paused = not self.session.config.include_optimizer
         return None
