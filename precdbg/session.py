@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import os
 import platform
-import sys
 import time
 import weakref
 from typing import Any, Dict, Hashable, List, Optional, Protocol, Sequence, Tuple
@@ -24,6 +23,7 @@ from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
 from .manifest import base_manifest, seed_record
+from .stacks import StackTable
 from .arguments import tensor_results
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
                      save_entry, torch_param_leaf)
@@ -39,7 +39,6 @@ _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NO
 _BATCH_TENSORS = 256            # statistics cross to the host once per this many distinct tensors
 _BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
 _MAX_LOGGED_FAILURES = 5
-_STACK_DEPTH = 6
 
 
 class TensorOps(Protocol):
@@ -143,8 +142,7 @@ class Session:
         self._held_bytes = 0
         self._pending: List[Tuple[Record, Optional[_Seen]]] = []
         self._copies: List[Tuple[_Seen, Any, bool]] = []
-        self._stacks: Dict[Tuple, int] = {}
-        self._stack_text: List[str] = []
+        self._stacks = StackTable(self.adapter.internal_dirs)
         self._modules: List[Tuple[str, str, str]] = []
         self._module_cls: Dict[str, str] = {}
         self._calls_seen = 0
@@ -201,7 +199,7 @@ class Session:
                 self.flush_batch()
             except Exception as exc:  # noqa: BLE001 - never raise into training
                 self.hook_failed(exc, "flushing statistics")
-            self.writer.close_step(self._modules, self._stack_text)
+            self.writer.close_step(self._modules, self._stacks.texts)
             self._reset_window()
             if self._manifest_dirty:
                 try:
@@ -489,22 +487,5 @@ class Session:
         ids = {r.tensor_id for r in kept}
         return kept, [p for p in payloads if p.tensor_id in ids]
 
-    # ------------------------------------------------------------------ stacks
     def _stack_id(self) -> int:
-        if not self.config.stack:
-            return -1
-        skip = self.adapter.internal_dirs
-        frame = sys._getframe(2)
-        key = []
-        while frame is not None and len(key) < _STACK_DEPTH:
-            code = frame.f_code
-            if not code.co_filename.startswith(skip):
-                key.append((code.co_filename, frame.f_lineno, code.co_name))
-            frame = frame.f_back
-        tkey = tuple(key)
-        sid = self._stacks.get(tkey)
-        if sid is None:
-            sid = len(self._stack_text)
-            self._stacks[tkey] = sid
-            self._stack_text.append("\n".join(f"{f}:{line} in {name}" for f, line, name in key))
-        return sid
+        return self._stacks.current(3) if self.config.stack else -1

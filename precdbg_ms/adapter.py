@@ -21,10 +21,11 @@ import precdbg
 from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 from precdbg.errors import FrameworkError, PrecdbgError
 from precdbg.manifest import jsonable
-from precdbg.naming import framework_table, param_alias
-from precdbg.schema import Phase, RecordKind
+from precdbg.naming import framework_table
+from precdbg.schema import RecordKind
 
 from . import tensors
+from .optimizer import OptimizerPatch
 from .patches import PatchRegistry
 
 __all__ = ["MindSporeAdapter"]
@@ -91,7 +92,7 @@ class MindSporeAdapter:
         self._handles: List[Any] = []
         self._cell_calls: Dict[int, List[Any]] = {}
         self._param_users: Dict[int, Tuple[Any, int, str]] = {}
-        self._optimizers_noted: set = set()
+        self._optimizer_patch = OptimizerPatch()
         self._leaf_cells: Dict[str, str] = {}
         self._view = ms.Tensor.view       # the original, unpatched
 
@@ -113,26 +114,6 @@ class MindSporeAdapter:
         return {"versions": {"mindspore": ms.__version__},
                 "device": {"kind": ms.get_context("device_target"), "count": 1},
                 "determinism": det}
-
-    def _note_optimizer(self, optimizer: Any) -> None:
-        """Class, hyperparameters and parameter names (PyTorch-style) of a MindSpore optimizer."""
-        if id(optimizer) in self._optimizers_noted:
-            return
-        self._optimizers_noted.add(id(optimizer))
-        hyper: Dict[str, Any] = {}
-        for attr in ("learning_rate", "weight_decay", "beta1", "beta2", "eps", "momentum",
-                     "loss_scale", "use_nesterov", "dampening"):
-            value = getattr(optimizer, attr, None)
-            if value is None:
-                continue
-            try:
-                hyper[attr] = jsonable(value.asnumpy().tolist() if hasattr(value, "asnumpy")
-                                       else value)
-            except Exception:  # noqa: BLE001 - a dynamic learning rate cell, say
-                hyper[attr] = type(value).__name__
-        names = [param_alias("mindspore", p.name, "") for p in optimizer.parameters]
-        self.session.note_optimizer({"id": id(optimizer), "class": type(optimizer).__name__,
-                                     "param_groups": [{"hyper": hyper, "params": names}]})
 
     def rank_and_world(self) -> Tuple[int, int]:
         try:
@@ -175,11 +156,11 @@ class MindSporeAdapter:
         cfg = session.config
         if cfg.keeps_apis or cfg.keeps_modules:
             self._registry.apply(self._make_wrapper)
-        self._patch_optimizer()
+        self._optimizer_patch.apply(self)
 
     def uninstall(self) -> None:
         failed = self._registry.restore()
-        self._restore_optimizer()
+        self._optimizer_patch.restore()
         handles, self._handles = self._handles, []
         for handle in handles:
             try:
@@ -189,7 +170,7 @@ class MindSporeAdapter:
                     self.session.hook_failed(exc, "removing a hook")
         self._cell_calls.clear()
         self._param_users.clear()
-        self._optimizers_noted = set()
+
         self.installed = False
         if failed and self.session is not None:
             self.session.hook_failed(RuntimeError("; ".join(failed[:3])), "restoring patches")
@@ -476,44 +457,3 @@ class MindSporeAdapter:
                 self._run(record, f"gradient hook of {path}", grad)
             return None
         return hook
-
-    # ------------------------------------------------------------------ optimizer phase
-    def _patch_optimizer(self) -> None:
-        """Every nn.Optimizer call runs as phase `optimizer` (paused unless include_optimizer)."""
-        original = nn.Optimizer.__call__
-        own = "__call__" in vars(nn.Optimizer)
-        adapter = self
-
-        def call(opt: Any, *args: Any, **kwargs: Any) -> Any:
-            session = adapter.session
-            if not adapter.installed or session is None:
-                return original(opt, *args, **kwargs)
-            adapter._run(adapter._note_optimizer, "recording the optimizer", opt)
-            previous = session.phase
-            session.phase = Phase.OPTIMIZER.value
-            adapter.paused = not session.config.include_optimizer
-            try:
-                if adapter.paused:
-                    return original(opt, *args, **kwargs)
-                # recorded as one call too: MindSpore's optimizers compile their construct with
-                # @jit, so the ops inside them never reach a hook; their inputs (the gradients
-                # handed to the optimizer) and outputs still do
-                return adapter._on_api_call(lambda *a, **k: original(opt, *a, **k),
-                                            "Optimizer", type(opt).__name__, args, kwargs,
-                                            inner=True)
-            finally:
-                session.phase = previous
-                adapter.paused = False
-        self._optimizer_patch = (original, own)
-        nn.Optimizer.__call__ = call
-
-    def _restore_optimizer(self) -> None:
-        patch = getattr(self, "_optimizer_patch", None)
-        if patch is None:
-            return
-        original, own = patch
-        if own:
-            nn.Optimizer.__call__ = original
-        elif "__call__" in vars(nn.Optimizer):
-            del nn.Optimizer.__call__
-        self._optimizer_patch = None
