@@ -56,7 +56,7 @@ def _inspect(args: argparse.Namespace) -> int:
             if len(tensors):
                 peak = np.fmax(np.abs(table["max"][tensors]), np.abs(table["min"][tensors]))
                 top = tensors[np.argsort(-np.nan_to_num(peak, nan=np.inf))[:args.top]]
-                out.write(f"  largest |values|:\n")
+                out.write("  largest |values|:\n")
                 for i in top:
                     out.write(f"    {max(abs(table['max'][i]), abs(table['min'][i])):>12.5g}  "
                               f"{table['entry'][i]} {table['role'][i]} {table['arg_index'][i]}"
