@@ -88,6 +88,11 @@ def _compare(args: argparse.Namespace) -> int:
     return 1 if result["first_divergence"] else 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from .check import check_main
+    return check_main(args)
+
+
 def _scan(args: argparse.Namespace) -> int:
     from .compare.scan import scan_main
     return scan_main(args)
@@ -118,6 +123,15 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--map", metavar="YAML", default=None,
                          help="mapping file: modules/ops of the candidate -> the baseline's")
     compare.set_defaults(func=_compare)
+    check = sub.add_parser("check", help="set-up differences between two runs (manifests, "
+                           "parameter inventories, first batch), ranked by likely impact")
+    check.add_argument("a", help="first dump root, step folder or step file")
+    check.add_argument("b", help="second dump root, step folder or step file")
+    check.add_argument("--json", metavar="F", help="write the findings as JSON")
+    check.add_argument("--step", type=int, default=None, help="step to check (default: the "
+                       "first step in both dumps)")
+    check.add_argument("--rank", type=int, default=None)
+    check.set_defaults(func=_check)
     scan = sub.add_parser("scan", help="anomalies in one dump (first NaN/Inf, gradients)")
     scan.add_argument("dump")
     scan.add_argument("--json", metavar="F")
@@ -147,5 +161,3 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as exc:
         sys.stderr.write(f"precdbg: {exc.filename or ''}: {exc.strerror or exc}\n")
         return 2
-    except BrokenPipeError:
-        return 0

@@ -1,7 +1,8 @@
 """Compare two dumps: align their records, measure each pair, name the first divergence.
 
 `compare_dumps(baseline, candidate)` returns the JSON-ready result of the compare contract:
-`{"verdict", "first_divergence", "consequences", "unmatched", "notes", "rows"}`.
+`{"verdict", "first_divergence", "consequences", "unmatched", "notes", "rows", "setup"}`, where
+"setup" lists the set-up differences `precdbg check` finds (run first, see precdbg/check.py).
 """
 from __future__ import annotations
 
@@ -163,12 +164,15 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     mapping = load_mapping(mapping_file) if mapping_file else None
     a, b = open_dump(baseline), open_dump(candidate)
     try:
+        from ..check import check_dumps
+        pairs = _pairs_of(a, b, step, rank)
+        setup = check_dumps(a, b, step=step, rank=rank, labels=("baseline", "candidate"))
         fa, fb = _framework(a), _framework(b)
         same = bool(fa) and fa == fb
         rows: List[Dict[str, Any]] = []
         unmatched: List[Dict[str, Any]] = []
         per_step: Dict[int, Dict[str, List[Entry]]] = {}
-        for s, r in _pairs_of(a, b, step, rank):
+        for s, r in pairs:
             phases = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress)
             merged = per_step.setdefault(s, {})
             for phase, items in phases.items():
@@ -189,6 +193,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched), "notes": notes,
+                "setup": setup["findings"], "setup_notes": setup["notes"],
                 "baseline": {"path": baseline, "framework": fa},
                 "candidate": {"path": candidate, "framework": fb}, "rows": rows}
     finally:

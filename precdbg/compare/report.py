@@ -29,7 +29,7 @@ def summary_text(result: Dict[str, Any]) -> str:
     lines.append(f"baseline  {base['path']} ({base['framework'] or '?'})")
     lines.append(f"candidate {cand['path']} ({cand['framework'] or '?'})")
     for setup in result.get("setup", []) or []:
-        lines.append(f"setup: {setup}")
+        lines.append(f"setup: [{setup['severity']}] {setup['message']}")
     rows = result["rows"]
     bad = sum(1 for r in rows if r["status"] == "diverged")
     lines.append(f"{len(rows)} record pairs compared, {bad} beyond tolerance, "
@@ -61,6 +61,17 @@ def summary_text(result: Dict[str, Any]) -> str:
             for c in cons[:5]:
                 lines.append(f"  step {c['step']} {c['direction']:<8} {c['name_a']}  "
                              f"({c['role']}, err {_fmt(c['err'])})")
+    if result["unmatched_count"]:
+        sides = {"a": "baseline", "b": "candidate"}
+        shown = {}
+        for u in result["unmatched"]:
+            if u["role"] in ("input", "output", "param") and len(shown) < 6:
+                shown.setdefault((u["side"], u["name"]), u)
+        lines.append(f"without counterpart: {result['unmatched_count']} records"
+                     + (", e.g." if shown else ""))
+        for (side, name), u in shown.items():
+            lines.append(f"  only in the {sides[side]}: {name} ({u['role']} {u['arg_index']}, "
+                         f"module '{u['module']}')")
     for note in result["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"

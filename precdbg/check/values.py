@@ -1,0 +1,277 @@
+"""Shared pieces of the set-up check: constants, the semantics data file, one run's
+manifest and records, and value helpers."""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from ..reader import Dump, RecordTable
+
+
+SEVERITIES = ("high", "medium", "low")
+# within a severity: data first, then weights, the optimizer, known semantics, the rest
+_KIND_ORDER = ("batch", "saved", "initial_values", "inventory", "trainable", "optimizer",
+               "optimizer_groups", "semantics", "loss_scale", "seed", "determinism",
+               "world_size", "device", "execution_mode", "environment", "version")
+_RTOL = 1e-6                     # statistics of equal tensors agree far better than this
+_SHOWN = 5                       # names listed in one finding line
+_HIGH_HYPER = {"lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening",
+               "nesterov", "amsgrad", "maximize", "lr_decay", "alpha", "centered", "rho",
+               "initial_accumulator_value", "decoupled_weight_decay"}
+_LOW_HYPER = {"foreach", "fused", "capturable", "differentiable"}
+# allow-listed variables that only change logging, visibility or memory, not the numbers
+_ENV_LOW = {"CUDA_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING", "ASCEND_GLOBAL_LOG_LEVEL",
+            "ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
+            "PYTORCH_NPU_ALLOC_CONF", "MS_ALLOC_CONF", "ACLNN_CACHE_LIMIT", "TORCH_USE_CUDA_DSA",
+            "MS_ENABLE_NUMA", "MS_DEV_JIT_SYNTAX_LEVEL", "PYTHONHASHSEED"}
+# read by one framework only: not a difference between a PyTorch and a MindSpore run
+_ENV_PYTORCH_ONLY = ("TORCH_", "PYTORCH_", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE")
+_ENV_MINDSPORE_ONLY = ("MS_",)
+_DEVICE_KIND = {"gpu": "cuda", "ascend": "npu"}
+_CONDITIONS = {"frameworks", "op", "module_class", "optimizer", "other_optimizer", "nonzero",
+               "torch_arg", "initial_values_differ"}
+
+
+
+# --------------------------------------------------------------------------- the data file
+@functools.lru_cache(maxsize=1)
+def semantics() -> Dict[str, Any]:
+    """precdbg/names/semantics.yaml: optimizer families, hyperparameter names, entries."""
+    import yaml
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "names", "semantics.yaml")
+    with open(path, "r", encoding="utf-8") as handle:
+        data = yaml.safe_load(handle) or {}
+    data.setdefault("optimizer_classes", {})
+    data.setdefault("hyperparameters", {})
+    data.setdefault("entries", [])
+    return data
+
+
+@functools.lru_cache(maxsize=1)
+def _optimizer_family() -> Dict[Tuple[str, str], str]:
+    out = {}
+    for family, by_framework in semantics()["optimizer_classes"].items():
+        for framework, classes in (by_framework or {}).items():
+            for cls in classes or ():
+                out[(framework, str(cls))] = family
+    return out
+
+
+# --------------------------------------------------------------------------- small helpers
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return str(value)
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    return None
+
+
+def _same(va: Any, vb: Any) -> bool:
+    na, nb = _number(va), _number(vb)
+    if na is not None and nb is not None:
+        if math.isnan(na) or math.isnan(nb):
+            return math.isnan(na) and math.isnan(nb)
+        return abs(na - nb) <= _RTOL * max(abs(na), abs(nb))
+    if isinstance(va, (list, tuple)) and isinstance(vb, (list, tuple)):
+        return len(va) == len(vb) and all(_same(x, y) for x, y in zip(va, vb))
+    return va == vb
+
+
+def _nonzero(value: Any) -> bool:
+    n = _number(value)
+    if n is not None:
+        return n != 0.0
+    if isinstance(value, (list, tuple)):
+        return any(_nonzero(v) for v in value)
+    return False
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f", ... (+{len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
+
+
+def _rms(row: Dict[str, Any]) -> float:
+    numel, norm = int(row.get("numel", 0) or 0), float(row.get("norm", float("nan")))
+    return norm / math.sqrt(numel) if numel > 0 and math.isfinite(norm) else 0.0
+
+
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
+def _stat_difference(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[str]:
+    """Why two records of supposedly equal tensors differ (None: they agree)."""
+    if tuple(ra["shape"]) != tuple(rb["shape"]):
+        return f"shape {list(ra['shape'])} vs {list(rb['shape'])}"
+    if ra["dtype"].startswith("py.") or rb["dtype"].startswith("py."):
+        return None if str(ra.get("text")) == str(rb.get("text")) else \
+            f"value {ra.get('text')!r} vs {rb.get('text')!r}"
+    if (ra["nan_count"], ra["inf_count"]) != (rb["nan_count"], rb["inf_count"]):
+        return (f"NaN/Inf counts {ra['nan_count']}/{ra['inf_count']} vs "
+                f"{rb['nan_count']}/{rb['inf_count']}")
+    checksums = ra.get("checksum") and rb.get("checksum") and ra["dtype"] == rb["dtype"]
+    if checksums and ra["checksum"] == rb["checksum"]:
+        return None
+    scale_floor = max(_rms(ra), _rms(rb))
+    for stat in ("mean", "norm", "min", "max"):
+        va, vb = float(ra[stat]), float(rb[stat])
+        if math.isnan(va) and math.isnan(vb):
+            continue
+        if math.isnan(va) != math.isnan(vb) or \
+                abs(va - vb) > _RTOL * max(abs(va), abs(vb), scale_floor):
+            return f"{stat} {va:.7g} vs {vb:.7g}"
+    return "checksum differs" if checksums else None
+
+
+class _Run:
+    """One side of the check: its manifest, the records of the checked step, derived views."""
+
+    def __init__(self, dump: Dump, label: str, step: int, rank: int) -> None:
+        self.dump, self.label, self.step, self.rank = dump, label, step, rank
+        self.run = dump.run or {}
+        self.framework = str(self.run.get("framework", ""))
+        manifest = self.run.get("manifest")
+        self.manifest: Optional[Dict[str, Any]] = manifest if isinstance(manifest, dict) else None
+        self.table: RecordTable = dump.records(step, rank)
+
+    @functools.cached_property
+    def inventory(self) -> Dict[str, Dict[str, Any]]:
+        """Parameters and buffers at the start of the step, by PyTorch-style full name."""
+        t = self.table
+        out: Dict[str, Dict[str, Any]] = {}
+        if not len(t):
+            return out
+        mask = (t["kind"] == "param") & (t["direction"] == "none")
+        for i in np.nonzero(mask)[0][np.argsort(t["seq"][mask], kind="stable")]:
+            row = t.row(int(i))
+            name = row["alias"] if self.framework == "mindspore" and row["alias"] else row["api"]
+            out.setdefault(str(name), row)
+        return out
+
+    @functools.cached_property
+    def ops(self) -> Set[str]:
+        t = self.table
+        if not len(t):
+            return set()
+        mask = np.isin(t["kind"], ["api", "module"]) & (t["direction"] == "forward")
+        return set(t["op"][mask].tolist())
+
+    @functools.cached_property
+    def module_classes(self) -> Set[str]:
+        classes = {cls for _, cls, _ in self.dump.modules(self.step, self.rank)}
+        t = self.table
+        if len(t):
+            classes |= set(t["api"][t["kind"] == "module"].tolist())
+        return classes
+
+    @property
+    def optimizers(self) -> List[Dict[str, Any]]:
+        return list((self.manifest or {}).get("optimizers") or [])
+
+    def torch_arg_values(self, op: str, key: str, default: Optional[str]) -> Set[str]:
+        """Text of argument `key` in every forward API call of canonical `op` (the default for
+        calls that did not pass it)."""
+        t = self.table
+        if not len(t):
+            return set()
+        mask = (t["kind"] == "api") & (t["op"] == op) & (t["direction"] == "forward")
+        values: Set[str] = set()
+        entries = set(t["entry"][mask].tolist())
+        passed = mask & (t["arg_key"] == key) & np.char.startswith(t["dtype"], "py.")
+        with_key = set()
+        for i in np.nonzero(passed)[0]:
+            values.add(str(t["text"][i]))
+            with_key.add(str(t["entry"][i]))
+        if default is not None and entries - with_key:
+            values.add(str(default))
+        return values
+
+
+# --------------------------------------------------------------------------- the checker
+
+def _first_inputs(t: RecordTable) -> Tuple[List[Dict[str, Any]], str]:
+    """The inputs of the first forward module call (the root module's when recorded)."""
+    if not len(t):
+        return [], ""
+    mask = (t["kind"] == "module") & (t["direction"] == "forward") & (t["role"] == "input")
+    if not mask.any():
+        return [], ""
+    root = mask & (t["module"] == "")
+    use = np.nonzero(root if root.any() else mask)[0]
+    first = t["order"][use].min()
+    rows = [t.row(int(i)) for i in use if t["order"][i] == first]
+    rows.sort(key=lambda r: r["arg_index"])
+    module = rows[0]["module"]
+    return rows, (f"module '{module}'" if module else f"the root module {rows[0]['api']}")
+
+
+def _summary(row: Dict[str, Any]) -> Dict[str, Any]:
+    out = {"dtype": row["dtype"], "shape": list(row["shape"])}
+    if row["dtype"].startswith("py."):
+        out["value"] = row.get("text")
+        return out
+    for stat in ("min", "max", "mean", "norm"):
+        value = float(row[stat])
+        out[stat] = value if math.isfinite(value) else str(value)
+    if row.get("checksum"):
+        out["checksum"] = row["checksum"]
+    return out
+
+
+def _display(name: str, row: Dict[str, Any]) -> str:
+    own = str(row.get("api", name))
+    return name if own == name else f"{name} ({own})"
+
+
+class _PerParam(list):
+    """A hyperparameter given per parameter (MindSpore group params)."""
+
+
+def _per_parameter(opt: Dict[str, Any]) -> Tuple[Dict[str, Dict[str, Any]], List[Dict[str, Any]]]:
+    """Hyperparameters by parameter name (PyTorch names) and by group, canonical keys."""
+    aliases = semantics()["hyperparameters"]
+    per: Dict[str, Dict[str, Any]] = {}
+    groups: List[Dict[str, Any]] = []
+    for group in opt.get("param_groups") or []:
+        params = [str(p) for p in group.get("params") or []]
+        canon: Dict[str, Any] = {}
+        for key, value in (group.get("hyper") or {}).items():
+            key = aliases.get(key, key)
+            if key == "betas" and isinstance(value, list) and len(value) == 2:
+                canon["beta1"], canon["beta2"] = value
+                continue
+            if isinstance(value, list) and len(value) == 1:
+                value = value[0]
+            elif isinstance(value, list) and len(params) > 1 and len(value) == len(params):
+                value = _PerParam(value)
+            canon[key] = value
+        groups.append({k: v for k, v in canon.items() if not isinstance(v, _PerParam)})
+        for i, name in enumerate(params):
+            per.setdefault(name, {k: (v[i] if isinstance(v, _PerParam) else v)
+                                  for k, v in canon.items()})
+    return per, groups
+
+
+def _deterministic(framework: str, det: Dict[str, Any]) -> Optional[bool]:
+    if framework == "pytorch" and "deterministic_algorithms" in det:
+        return bool(det["deterministic_algorithms"])
+    if framework == "mindspore" and "deterministic" in det:
+        return str(det["deterministic"]).upper() == "ON"
+    return None
+
+
