@@ -81,4 +81,5 @@ def base_manifest(framework: str, rank: int, world_size: int) -> Dict[str, Any]:
     import numpy as np
     return {"versions": {"python": platform.python_version(), "numpy": np.__version__},
             "rank": rank, "world_size": world_size, "seed_all": seed_record(framework),
-            "environment": environment_allowlisted(), "optimizers": [], "loss_scale": None}
+            "environment": environment_allowlisted(), "optimizers": [], "lr_schedulers": [],
+            "loss_scale": None}

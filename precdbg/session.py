@@ -244,9 +244,20 @@ class Session:
     def note_optimizer(self, info: Dict[str, Any]) -> None:
         """An optimizer seen in this run (class, param groups with hyperparameters and the
         names of their parameters); run.json is rewritten at stop() when something is new."""
+        self.note_manifest("optimizers", info)
+
+    def note_manifest(self, section: str, info: Dict[str, Any]) -> None:
+        """Add or update an item of a manifest section: a list of items told apart by "id"
+        (optimizers, LR schedulers), or a single value (the loss scale)."""
         if self._run_info is None:
             return
-        known = self._run_info["manifest"]["optimizers"]
+        manifest = self._run_info["manifest"]
+        if "id" not in info:
+            if manifest.get(section) != info:
+                manifest[section] = info
+                self._manifest_dirty = True
+            return
+        known = manifest.setdefault(section, [])
         for i, seen in enumerate(known):
             if seen.get("id") == info.get("id"):
                 if seen != info:

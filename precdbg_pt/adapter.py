@@ -18,6 +18,7 @@ from precdbg.schema import Phase, RecordKind
 from . import tensors
 from .api import CaptureMode, scalar_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
+from .training_state import watch_training_state
 
 __all__ = ["TorchAdapter"]
 
@@ -144,6 +145,9 @@ class TorchAdapter:
         with _Guard(self):
             return fn(*args)
 
+    def guard(self) -> "_Guard":
+        return _Guard(self)
+
     # ------------------------------------------------------------------ install / uninstall
     def install(self, session: Any, model: Any) -> None:
         self.session = session
@@ -167,6 +171,7 @@ class TorchAdapter:
         from torch.optim import optimizer as opt
         self._handles.append(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self._handles.append(opt.register_optimizer_step_post_hook(self._optimizer_post))
+        self._handles.extend(watch_training_state(self))
         if cfg.keeps_apis or cfg.keeps_modules:
             self._mode = CaptureMode(self._on_api_call, lambda: self.busy > 0 or self.paused)
             self._mode.__enter__()
