@@ -22,7 +22,7 @@ from . import __version__
 from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
-from .manifest import base_manifest, seed_record
+from .manifest import base_manifest, jsonable, seed_record
 from .stacks import StackTable
 from .arguments import tensor_results
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
@@ -35,6 +35,7 @@ __all__ = ["Adapter", "TensorOps", "Call", "Session"]
 log = logging.getLogger("precdbg")
 
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
+_INPUT, _FORWARD = Role.INPUT.value, Direction.FORWARD.value
 _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NONE.value
 _BATCH_TENSORS = 256            # statistics cross to the host once per this many distinct tensors
 _BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
@@ -118,6 +119,8 @@ class Session:
         self.world_size = 1
         self._run_written = False
         self._run_info: Optional[Dict[str, Any]] = None
+        self._first_batch: Optional[List[Dict[str, Any]]] = None
+        self._first_batch_parts: List[Tuple[Record, Any]] = []
         self._manifest_dirty = False
         self._store_all = config.task is Task.TENSOR
         self._checksum = config.checksums
@@ -200,6 +203,7 @@ class Session:
             except Exception as exc:  # noqa: BLE001 - never raise into training
                 self.hook_failed(exc, "flushing statistics")
             self.writer.close_step(self._modules, self._stacks.texts)
+            self._note_first_batch()
             self._reset_window()
             if self._manifest_dirty:
                 try:
@@ -240,6 +244,26 @@ class Session:
         write_json_atomic(os.path.join(self.config.dump_path, "run.json"), self._run_info)
         self._run_written = True
         self._manifest_dirty = False
+
+    def _note_first_batch(self) -> None:
+        """The inputs of the model's first dumped forward call, in the manifest once per run:
+        shapes, dtypes, statistics and an xxh3 checksum of the bytes."""
+        parts, self._first_batch_parts = self._first_batch_parts, []
+        if self._first_batch is not None or not parts:
+            return
+        import xxhash
+        try:
+            arrays = self.tensors.finish_host([handle for _, handle in parts])
+        except Exception as exc:  # noqa: BLE001
+            self.hook_failed(exc, "recording the first batch")
+            return
+        self._first_batch = [
+            {"arg_key": rec.arg_key, "dtype": rec.dtype, "shape": list(rec.shape),
+             "min": rec.min, "max": rec.max, "mean": rec.mean, "norm": rec.norm,
+             "checksum": xxhash.xxh3_64_hexdigest(np.ascontiguousarray(arr).view(np.uint8))}
+            for (rec, _), arr in zip(parts, arrays)]
+        self.note_manifest("first_batch", {"step": self.current_step,
+                                           "tensors": jsonable(self._first_batch)})
 
     def note_optimizer(self, info: Dict[str, Any]) -> None:
         """An optimizer seen in this run (class, param groups with hyperparameters and the
@@ -398,6 +422,9 @@ class Session:
         if direction == _NONE:
             rec.phase = _SETUP
         self._pending.append((rec, seen))
+        if self._first_batch is None and call.kind == _MODULE and call.module == "" \
+                and role == _INPUT and direction == _FORWARD:
+            self._first_batch_parts.append((rec, self.tensors.to_host(tensor)))
         if (call.store or self._checksum) and not seen.copied:
             seen.copied = True
             self._copies.append((seen, self.tensors.to_host(tensor), call.store))

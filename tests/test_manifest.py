@@ -74,3 +74,23 @@ def test_secret_looking_values_are_never_recorded():
                    "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "MS_ALLOC_CONF": "<redacted>"}
     assert looks_secret("MY_API_KEY", "x") and looks_secret("X", "AKIAABCDEFGHIJKLMNOP")
     assert not looks_secret("HCCL_DETERMINISTIC", "true")
+
+
+def test_first_batch_in_manifest(tmp_path):
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    model = torch.nn.Linear(4, 2)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), step=[1])
+    for _ in range(3):
+        dbg.start(model)
+        model(x).sum().backward()
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    with open(tmp_path / "d" / "run.json", encoding="utf-8") as handle:
+        first = json.load(handle)["manifest"]["first_batch"]
+    assert first["step"] == 1
+    (t,) = first["tensors"]
+    assert t["shape"] == [3, 4] and t["dtype"] == "float32"
+    assert t["min"] == 0.0 and t["max"] == 11.0 and abs(t["mean"] - 5.5) < 1e-12
+    import xxhash
+    assert t["checksum"] == xxhash.xxh3_64_hexdigest(x.numpy().tobytes())
