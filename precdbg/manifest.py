@@ -53,11 +53,16 @@ def environment_allowlisted(environ: Optional[Mapping[str, str]] = None) -> Dict
 
 
 def jsonable(value: Any) -> Any:
-    """Plain JSON values of hyperparameters (tuples to lists, tensors and objects to text)."""
+    """Strict-JSON values: tuples to lists, NaN/Inf to "nan"/"inf"/"-inf", numpy scalars and
+    0-d tensors to numbers, other objects to text."""
     if isinstance(value, (bool, int, str)) or value is None:
         return value
     if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else str(value)
+        if value != value:
+            return "nan"
+        return value if abs(value) != float("inf") else ("inf" if value > 0 else "-inf")
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return jsonable(value.item())
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, dict):

@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import DumpError
+from ..manifest import jsonable
 
 __all__ = ["scan_dump", "format_scan", "scan_main", "EXPLODING_GRAD_RATIO",
            "VANISHING_GRAD_RATIO", "SIGMOID_SATURATED_LOW", "SIGMOID_SATURATED_HIGH",
@@ -423,25 +424,11 @@ def format_scan(result: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN and +-Inf become the strings "nan", "inf", "-inf" (strict JSON has no such numbers)."""
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "nan" if value != value else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return _json_safe(value.item())
-    return value
-
 
 def write_json(result: Dict[str, Any], path: str) -> None:
     try:
         with open(path, "w", encoding="utf-8") as handle:
-            json.dump(_json_safe(result), handle, indent=1, allow_nan=False)
+            json.dump(jsonable(result), handle, indent=1, allow_nan=False)
             handle.write("\n")
     except OSError as exc:
         raise DumpError(f"{path}: cannot write JSON ({exc.strerror or exc})") from None

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ..errors import DumpError
+from ..manifest import jsonable
 
 __all__ = ["compare_weights", "format_weights", "weights_main", "load_weights",
            "MINDSPORE_OPTIMIZER_PREFIXES", "MINDSPORE_OPTIMIZER_NAMES"]
@@ -306,17 +307,6 @@ def format_weights(result: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if value != value else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return _json_safe(value.item())
-    return value
-
 
 def weights_main(args: argparse.Namespace) -> int:
     """`precdbg compare-weights A B [--json F] [--rtol R] [--atol A]`: 0 match, 1 differences;
@@ -330,7 +320,7 @@ def weights_main(args: argparse.Namespace) -> int:
     if json_path:
         try:
             with open(json_path, "w", encoding="utf-8") as handle:
-                json.dump(_json_safe(result), handle, indent=1, allow_nan=False)
+                json.dump(jsonable(result), handle, indent=1, allow_nan=False)
                 handle.write("\n")
         except OSError as exc:
             raise DumpError(f"{json_path}: cannot write JSON ({exc.strerror or exc})") from None
