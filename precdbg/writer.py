@@ -34,6 +34,7 @@ log = logging.getLogger("precdbg")
 
 _STAGE_BYTES = 32 << 20      # stored tensors are packed into contiguous blobs of about this size
 _CHUNK_BYTES = 1 << 20
+_WRITER_NICE = 10
 
 
 class Payload:
@@ -250,6 +251,12 @@ class DumpWriter:
 
     # -- consumer side (writer thread) --------------------------------------------------------
     def _run(self) -> None:
+        # Below the training threads: on a saturated host a busy writer competing at equal
+        # priority stalls every parallel region of the step (measured: tensor task on 2 cores).
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _WRITER_NICE)
+        except (AttributeError, OSError):   # not Linux, or not permitted: equal priority
+            pass
         while True:
             with self._cond:
                 while not self._items:
