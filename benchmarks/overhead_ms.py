@@ -23,19 +23,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import json
 import os
 import platform
-import shutil
-import statistics
 import sys
-import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_torch import CpuMeter, _ms, _share  # noqa: E402  (framework-neutral helpers)
+from overhead_torch import CpuMeter, _ms, _share, measure_mode  # noqa: E402  (shared helpers)
 
 MODES: Tuple[Tuple[str, str], ...] = (("statistics", "mix"), ("statistics", "api"),
                                       ("statistics", "module"), ("tensor", "mix"))
@@ -91,62 +87,10 @@ def make_sync(model: Any) -> Any:
 def bench_mode(task: str, level: str, model: Any, step_fn: Any, batch: Tuple[Any, Any],
                repeats: int, warmup: int) -> Dict[str, Any]:
     from precdbg_ms import PrecisionDebugger
-
-    import precdbg
     x, y = batch
     sync = make_sync(model)
-    meter = CpuMeter()
-    tmp = tempfile.mkdtemp(prefix=f"precdbg_bench_ms_{task}_{level}_")
-    try:
-        dump_path = os.path.join(tmp, "dump")
-        debugger = PrecisionDebugger(task=task, level=level, step=[], dump_path=dump_path)
-        plain: List[float] = []
-        dumped: List[float] = []
-        drain: List[float] = []
-        for i in range(warmup + repeats):
-            t0 = time.perf_counter()
-            sync(step_fn(x, y))
-            t1 = time.perf_counter()
-            debugger.start(model)
-            sync(step_fn(x, y))
-            debugger.stop()
-            debugger.step()
-            t2 = time.perf_counter()
-            if not debugger.flush():
-                raise RuntimeError(f"{task}/{level}: the writer did not finish a step")
-            t3 = time.perf_counter()
-            if i >= warmup:
-                plain.append(t1 - t0)
-                dumped.append(t2 - t1)
-                drain.append(t3 - t2)
-        t0 = time.perf_counter()
-        closed = debugger.close()
-        close_s = time.perf_counter() - t0
-        if not closed or debugger.failures:
-            raise RuntimeError(f"{task}/{level}: close() {closed}, {debugger.failures} failures")
-        files = sorted(glob.glob(os.path.join(dump_path, "step*", "rank0.h5")))
-        if len(files) != warmup + repeats:
-            raise RuntimeError(f"{task}/{level}: expected {warmup + repeats} step files, "
-                               f"found {len(files)}")
-        sizes = [os.path.getsize(f) for f in files]
-        with precdbg.open_dump(files[-1]) as dump:
-            records = len(dump.records())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    p, d, w = statistics.median(plain), statistics.median(dumped), statistics.median(drain)
-    per_round = sorted(b / a for a, b in zip(plain, dumped))
-    q1, q3 = (statistics.quantiles(per_round, n=4)[::2] if len(per_round) > 1
-              else (per_round[0], per_round[0]))
-    return {
-        "task": task, "level": level, "repeats": repeats, "warmup": warmup,
-        "plain_ms": _ms(p), "dumped_ms": _ms(d), "ratio": round(d / p, 2),
-        "round_ratio_q1": round(q1, 2), "round_ratio_q3": round(q3, 2),
-        "drain_ms": _ms(w), "ratio_with_drain": round((d + w) / p, 2),
-        "mb_per_step": round(statistics.median(sizes) / 1e6, 2), "records_per_step": records,
-        "close_ms": _ms(close_s), "other_cpu": meter.foreign_share(),
-        "plain_ms_all": [_ms(v) for v in plain], "dumped_ms_all": [_ms(v) for v in dumped],
-        "drain_ms_all": [_ms(v) for v in drain],
-    }
+    return measure_mode(task, level, PrecisionDebugger, model, lambda: sync(step_fn(x, y)),
+                        repeats, warmup, prefix="precdbg_bench_ms")
 
 
 def table(rows: List[Dict[str, Any]]) -> str:

@@ -120,27 +120,25 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 2)
 
 
-def bench_mode(task: str, level: str, model: Any, optimizer: Any, batch: Tuple[Any, Any],
-               repeats: int, warmup: int) -> Dict[str, Any]:
-    from precdbg_examples.gpt_torch import train_step
-    from precdbg_pt import PrecisionDebugger
-
+def measure_mode(task: str, level: str, debugger_cls: Any, model: Any, run_step: Any,
+                 repeats: int, warmup: int, prefix: str = "precdbg_bench") -> Dict[str, Any]:
+    """Alternate a plain step and a dumped step (`run_step()` is one training step, finished
+    on the host); medians over the repeats after warm-up. Shared by both frameworks."""
     import precdbg
-    x, y = batch
     meter = CpuMeter()
-    tmp = tempfile.mkdtemp(prefix=f"precdbg_bench_{task}_{level}_")
+    tmp = tempfile.mkdtemp(prefix=f"{prefix}_{task}_{level}_")
     try:
         dump_path = os.path.join(tmp, "dump")
-        debugger = PrecisionDebugger(task=task, level=level, step=[], dump_path=dump_path)
+        debugger = debugger_cls(task=task, level=level, step=[], dump_path=dump_path)
         plain: List[float] = []
         dumped: List[float] = []
         drain: List[float] = []
         for i in range(warmup + repeats):
             t0 = time.perf_counter()
-            train_step(model, optimizer, x, y)
+            run_step()
             t1 = time.perf_counter()
             debugger.start(model)
-            train_step(model, optimizer, x, y)
+            run_step()
             debugger.stop()
             debugger.step()
             t2 = time.perf_counter()
@@ -179,6 +177,15 @@ def bench_mode(task: str, level: str, model: Any, optimizer: Any, batch: Tuple[A
         "plain_ms_all": [_ms(v) for v in plain], "dumped_ms_all": [_ms(v) for v in dumped],
         "drain_ms_all": [_ms(v) for v in drain],
     }
+
+
+def bench_mode(task: str, level: str, model: Any, optimizer: Any, batch: Tuple[Any, Any],
+               repeats: int, warmup: int) -> Dict[str, Any]:
+    from precdbg_examples.gpt_torch import train_step
+    from precdbg_pt import PrecisionDebugger
+    x, y = batch
+    return measure_mode(task, level, PrecisionDebugger, model,
+                        lambda: train_step(model, optimizer, x, y), repeats, warmup)
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
