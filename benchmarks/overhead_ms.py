@@ -31,7 +31,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_torch import CpuMeter, _ms, _share, measure_mode  # noqa: E402  (shared helpers)
+from overhead_torch import _share, measure_mode  # noqa: E402  (shared helpers)
 
 MODES: Tuple[Tuple[str, str], ...] = (("statistics", "mix"), ("statistics", "api"),
                                       ("statistics", "module"), ("tensor", "mix"))
