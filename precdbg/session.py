@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import platform
-import time
 import weakref
 from typing import Any, Dict, Hashable, List, Optional, Protocol, Sequence, Tuple
 
@@ -22,13 +19,13 @@ from . import __version__
 from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
-from .manifest import base_manifest, jsonable, seed_record
+from .runinfo import RunInfo
 from .stacks import StackTable
 from .arguments import tensor_results
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
                      save_entry, torch_param_leaf)
-from .schema import SCHEMA_VERSION, Direction, Phase, Record, RecordKind, Role, Task
-from .writer import DumpWriter, Payload, write_json_atomic
+from .schema import Direction, Phase, Record, RecordKind, Role, Task
+from .writer import DumpWriter, Payload
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session"]
 
@@ -117,11 +114,8 @@ class Session:
         self.failures = 0
         self.rank = 0
         self.world_size = 1
-        self._run_written = False
-        self._run_info: Optional[Dict[str, Any]] = None
-        self._first_batch: Optional[List[Dict[str, Any]]] = None
+        self.run = RunInfo(config, adapter.framework)
         self._first_batch_parts: List[Tuple[Record, Any]] = []
-        self._manifest_dirty = False
         self._store_all = config.task is Task.TENSOR
         self._checksum = config.checksums
         self._overflow = config.task is Task.OVERFLOW
@@ -164,12 +158,12 @@ class Session:
         if not self.selected():
             return False
         self._reset_window()
-        if not self._run_written:
+        if not self.run.written:
             earlier = self.writer.existing_files(self.rank)
             if earlier:
                 raise ConfigError(f"dump_path: {self.config.dump_path} already holds a dump of "
                                   f"rank {self.rank} ({earlier[0]}); choose an empty folder")
-            self._write_run_json()
+            self.run.write(self.adapter, self.rank, self.world_size)
         self.writer.open_step(self.current_step, self.rank, {
             "framework": self.adapter.framework, "task": self.config.task.value,
             "level": self.config.level.value, "world_size": self.world_size,
@@ -205,9 +199,9 @@ class Session:
             self.writer.close_step(self._modules, self._stacks.texts)
             self._note_first_batch()
             self._reset_window()
-            if self._manifest_dirty:
+            if self.run.dirty:
                 try:
-                    self._write_run_json()
+                    self.run.write(self.adapter, self.rank, self.world_size)
                 except OSError as exc:
                     self.hook_failed(exc, "updating run.json")
 
@@ -221,75 +215,24 @@ class Session:
         self.stop()
         return self.writer.flush(timeout)
 
-    def _write_run_json(self) -> None:
-        if self._run_info is None:
-            info = {
-                "schema_version": SCHEMA_VERSION, "precdbg_version": __version__,
-                "framework": self.adapter.framework,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "python": platform.python_version(), "numpy": np.__version__,
-                "platform": platform.platform(), "world_size": self.world_size,
-                "config": self.config.public_dict(), "pid": os.getpid(),
-            }
-            info.update(self.adapter.environment())
-            manifest = base_manifest(self.adapter.framework, self.rank, self.world_size)
-            for key, value in self.adapter.manifest().items():
-                if isinstance(value, dict) and isinstance(manifest.get(key), dict):
-                    manifest[key].update(value)
-                else:
-                    manifest[key] = value
-            info["manifest"] = manifest
-            self._run_info = info
-        self._run_info["manifest"]["seed_all"] = seed_record(self.adapter.framework)
-        write_json_atomic(os.path.join(self.config.dump_path, "run.json"), self._run_info)
-        self._run_written = True
-        self._manifest_dirty = False
-
     def _note_first_batch(self) -> None:
-        """The inputs of the model's first dumped forward call, in the manifest once per run:
-        shapes, dtypes, statistics and an xxh3 checksum of the bytes."""
         parts, self._first_batch_parts = self._first_batch_parts, []
-        if self._first_batch is not None or not parts:
+        if self.run.first_batch_done or not parts:
             return
-        import xxhash
         try:
             arrays = self.tensors.finish_host([handle for _, handle in parts])
         except Exception as exc:  # noqa: BLE001
             self.hook_failed(exc, "recording the first batch")
             return
-        self._first_batch = [
-            {"arg_key": rec.arg_key, "dtype": rec.dtype, "shape": list(rec.shape),
-             "min": rec.min, "max": rec.max, "mean": rec.mean, "norm": rec.norm,
-             "checksum": xxhash.xxh3_64_hexdigest(np.ascontiguousarray(arr).view(np.uint8))}
-            for (rec, _), arr in zip(parts, arrays)]
-        self.note_manifest("first_batch", {"step": self.current_step,
-                                           "tensors": jsonable(self._first_batch)})
+        self.run.first_batch(self.current_step, parts, arrays)
 
     def note_optimizer(self, info: Dict[str, Any]) -> None:
         """An optimizer seen in this run (class, param groups with hyperparameters and the
         names of their parameters); run.json is rewritten at stop() when something is new."""
-        self.note_manifest("optimizers", info)
+        self.run.note("optimizers", info)
 
     def note_manifest(self, section: str, info: Dict[str, Any]) -> None:
-        """Add or update an item of a manifest section: a list of items told apart by "id"
-        (optimizers, LR schedulers), or a single value (the loss scale)."""
-        if self._run_info is None:
-            return
-        manifest = self._run_info["manifest"]
-        if "id" not in info:
-            if manifest.get(section) != info:
-                manifest[section] = info
-                self._manifest_dirty = True
-            return
-        known = manifest.setdefault(section, [])
-        for i, seen in enumerate(known):
-            if seen.get("id") == info.get("id"):
-                if seen != info:
-                    known[i] = info
-                    self._manifest_dirty = True
-                return
-        known.append(info)
-        self._manifest_dirty = True
+        self.run.note(section, info)
 
     # ------------------------------------------------------------------ failures
     def hook_failed(self, exc: BaseException, where: str) -> None:
@@ -422,7 +365,7 @@ class Session:
         if direction == _NONE:
             rec.phase = _SETUP
         self._pending.append((rec, seen))
-        if self._first_batch is None and call.kind == _MODULE and call.module == "" \
+        if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:
             self._first_batch_parts.append((rec, self.tensors.to_host(tensor)))
         if (call.store or self._checksum) and not seen.copied:
