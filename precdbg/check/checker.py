@@ -1,17 +1,17 @@
 """The checks themselves: one method per kind of set-up difference."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .values import (_CONDITIONS, _DEVICE_KIND, _ENV_LOW, _ENV_MINDSPORE_ONLY,
-                     _ENV_PYTORCH_ONLY, _HIGH_HYPER, _LOW_HYPER, _Run, _deterministic, _display,
+from .values import (_HIGH_HYPER, _LOW_HYPER, _Run, _display,
                      _first_inputs, _fmt, _is_int, _names, _nonzero, _optimizer_family,
-                     _per_parameter, _same, _stat_difference, _summary, semantics)
+                     _per_parameter, _same, _stat_difference, _summary)
+from .setup_checks import SetupChecks
 
 
-class _Checker:
+class _Checker(SetupChecks):
     def __init__(self, a: _Run, b: _Run) -> None:
         self.a, self.b = a, b
         self.cross = a.framework != b.framework
@@ -271,192 +271,3 @@ class _Checker:
                     self.add(severity, "optimizer", f"{which} group {g} {key} differs: {la} "
                              f"{_fmt(ha[key])}, {lb} {_fmt(hb[key])}", _fmt(ha[key]),
                              _fmt(hb[key]), hyperparameter=key)
-
-    # ------------------------------------------------------------------ seeds and determinism
-    def seeds(self) -> None:
-        sa, sb = self.a.manifest.get("seed_all"), self.b.manifest.get("seed_all")
-        la, lb = self.a.label, self.b.label
-        if sa is None and sb is None:
-            self.notes.append("seed_all() was called in neither run: initial weights, dropout "
-                              "masks and data order depend on whatever seeding the scripts do")
-            return
-        if (sa is None) != (sb is None):
-            has, lacks, rec = (la, lb, sa) if sa is not None else (lb, la, sb)
-            self.add("medium", "seed", f"seed_all() was called only in {has} (seed "
-                     f"{rec.get('seed')}); {lacks} did not call it", sa, sb)
-            return
-        if not self.cross and sa.get("seed") != sb.get("seed"):
-            self.add("medium", "seed", f"seed_all() seeds differ: {la} {sa.get('seed')}, {lb} "
-                     f"{sb.get('seed')}", sa.get("seed"), sb.get("seed"))
-        if bool(sa.get("deterministic")) != bool(sb.get("deterministic")):
-            self.add("medium", "determinism", f"seed_all(deterministic=...) differs: {la} "
-                     f"{bool(sa.get('deterministic'))}, {lb} {bool(sb.get('deterministic'))}",
-                     sa.get("deterministic"), sb.get("deterministic"))
-
-    def determinism(self) -> None:
-        da = self.a.manifest.get("determinism") or {}
-        db = self.b.manifest.get("determinism") or {}
-        la, lb = self.a.label, self.b.label
-        if self.cross:
-            ka, kb = _deterministic(self.a.framework, da), _deterministic(self.b.framework, db)
-            if ka is not None and kb is not None and ka != kb:
-                self.add("medium", "determinism", f"deterministic kernels: {la} "
-                         f"{'on' if ka else 'off'}, {lb} {'on' if kb else 'off'}", ka, kb)
-            return
-        fw = {"pytorch": "torch", "mindspore": "MindSpore"}.get(self.a.framework, "framework")
-        for key in sorted(set(da) & set(db)):
-            if _same(da[key], db[key]):
-                continue
-            if key in ("initial_seed", "seed"):
-                self.add("medium", "seed", f"{fw} seed differs: {la} {_fmt(da[key])}, {lb} "
-                         f"{_fmt(db[key])} (initial weights, dropout masks)", da[key], db[key])
-            else:
-                self.add("low" if key == "num_threads" else "medium", "determinism",
-                         f"{fw} {key} differs: {la} {_fmt(da[key])}, {lb} {_fmt(db[key])}",
-                         da[key], db[key])
-
-    # ------------------------------------------------------------------ platform
-    def platform(self) -> None:
-        ma, mb = self.a.manifest, self.b.manifest
-        la, lb = self.a.label, self.b.label
-        wa = ma.get("world_size", self.a.run.get("world_size"))
-        wb = mb.get("world_size", self.b.run.get("world_size"))
-        if wa is not None and wb is not None and wa != wb:
-            self.add("medium", "world_size", f"world size differs: {la} {wa}, {lb} {wb} (global "
-                     "batch, gradient reduction order)", wa, wb)
-        dva, dvb = ma.get("device") or {}, mb.get("device") or {}
-        kind_a = _DEVICE_KIND.get(str(dva.get("kind", "")).lower(), str(dva.get("kind", "")).lower())
-        kind_b = _DEVICE_KIND.get(str(dvb.get("kind", "")).lower(), str(dvb.get("kind", "")).lower())
-        if kind_a and kind_b and kind_a != kind_b:
-            self.add("medium", "device", f"device kind differs: {la} {dva.get('kind')}, {lb} "
-                     f"{dvb.get('kind')}", dva.get("kind"), dvb.get("kind"))
-        if dva.get("count") is not None and dvb.get("count") is not None and \
-                dva.get("count") != dvb.get("count"):
-            self.add("medium", "device", f"device count differs: {la} {dva.get('count')}, {lb} "
-                     f"{dvb.get('count')}", dva.get("count"), dvb.get("count"))
-        mode_a, mode_b = self.a.run.get("mode"), self.b.run.get("mode")
-        if mode_a and mode_b and mode_a != mode_b:
-            self.add("medium", "execution_mode", f"execution mode differs: {la} {mode_a}, {lb} "
-                     f"{mode_b}", mode_a, mode_b)
-        lsa, lsb = ma.get("loss_scale"), mb.get("loss_scale")
-        if (lsa is not None or lsb is not None) and not _same(lsa, lsb):
-            self.add("medium", "loss_scale", f"loss scale differs: {la} {_fmt(lsa)}, {lb} "
-                     f"{_fmt(lsb)}", lsa, lsb)
-
-    def environment(self) -> None:
-        from ..manifest import looks_secret
-        ea = self.a.manifest.get("environment") or {}
-        eb = self.b.manifest.get("environment") or {}
-        la, lb = self.a.label, self.b.label
-
-        def shown(name: str, value: Any) -> str:
-            if value is None:
-                return "unset"
-            return "<redacted>" if looks_secret(name, str(value)) else repr(str(value))
-        for name in sorted(set(ea) | set(eb)):
-            if self.cross and (name.startswith(_ENV_PYTORCH_ONLY)
-                               or name.startswith(_ENV_MINDSPORE_ONLY)):
-                continue
-            va, vb = ea.get(name), eb.get(name)
-            if va == vb:
-                continue
-            sa, sb = shown(name, va), shown(name, vb)
-            self.add("low" if name in _ENV_LOW else "medium", "environment",
-                     f"environment {name}: {la} {sa}, {lb} {sb}",
-                     None if va is None else sa.strip("'"), None if vb is None else sb.strip("'"),
-                     variable=name)
-
-    def versions(self) -> None:
-        va = self.a.manifest.get("versions") or {}
-        vb = self.b.manifest.get("versions") or {}
-        la, lb = self.a.label, self.b.label
-        for key in sorted(set(va) & set(vb)):
-            if va[key] != vb[key]:
-                self.add("low", "version", f"{key} version differs: {la} {_fmt(va[key])}, {lb} "
-                         f"{_fmt(vb[key])}", va[key], vb[key])
-
-    # ------------------------------------------------------------------ known semantics
-    def semantic_notes(self) -> None:
-        for entry in semantics()["entries"]:
-            cond = entry.get("applies_when") or {}
-            detail = self._applies(cond)
-            if detail is None:
-                continue
-            message = str(entry.get("explanation", "")).strip()
-            if detail:
-                message += f" [{detail}]"
-            self.add(str(entry.get("severity", "medium")), "semantics", message,
-                     self.a.framework, self.b.framework, id=entry.get("id"))
-
-    def _applies(self, cond: Dict[str, Any]) -> Optional[str]:
-        """None when an entry does not apply; else the evidence seen ('' when none to show)."""
-        if set(cond) - _CONDITIONS:
-            return None                      # an unknown condition never holds
-        runs = (self.a, self.b)
-        detail: List[str] = []
-        if "frameworks" in cond:
-            want = sorted(str(f) for f in cond["frameworks"])
-            have = sorted(r.framework for r in runs)
-            if (len(want) == 2 and want != have) or (len(want) == 1 and want[0] not in have):
-                return None
-        if "op" in cond and not all(str(cond["op"]) in r.ops for r in runs):
-            return None
-        if "module_class" in cond:
-            mc = cond["module_class"]
-            wanted = {fw: set(classes) for fw, classes in mc.items()} if isinstance(mc, dict) \
-                else {r.framework: set(mc) for r in runs}
-            hits = sorted({c for r in runs for c in r.module_classes & wanted.get(r.framework,
-                                                                                   set())})
-            if not hits:
-                return None
-        if "optimizer" in cond:
-            seen = self._optimizer_condition(cond)
-            if seen is None:
-                return None
-            detail.append(seen)
-        if "torch_arg" in cond:
-            spec = cond["torch_arg"] or {}
-            torch_runs = [r for r in runs if r.framework == "pytorch"]
-            found: Set[str] = set()
-            for r in torch_runs:
-                found |= r.torch_arg_values(str(spec.get("op")), str(spec.get("key")),
-                                            None if spec.get("default") is None
-                                            else str(spec.get("default")))
-            inside = {str(v) for v in spec.get("in", [])}
-            outside = {str(v) for v in spec.get("not_in", [])}
-            matching = sorted(v for v in found if (not inside or v in inside)
-                              and v not in outside)
-            if not matching:
-                return None
-            detail.append(f"PyTorch {spec.get('key')}={', '.join(sorted(found))}")
-        if cond.get("initial_values_differ") and not self.values_differ:
-            return None
-        return "; ".join(detail)
-
-    def _optimizer_condition(self, cond: Dict[str, Any]) -> Optional[str]:
-        def matches(run: _Run, classes: Iterable[str], nonzero: Optional[str]
-                    ) -> Optional[str]:
-            for opt in run.optimizers:
-                cls = str(opt.get("class", ""))
-                for spec in classes:
-                    fw, _, name = str(spec).rpartition(":")
-                    if name == cls and (not fw or fw == run.framework):
-                        if nonzero and not any(_nonzero(g.get("hyper", {}).get(nonzero))
-                                               for g in opt.get("param_groups", [])):
-                            continue
-                        return f"{run.label} {run.framework} {cls}"
-            return None
-        runs = (self.a, self.b)
-        for i, run in enumerate(runs):
-            seen = matches(run, cond["optimizer"], cond.get("nonzero"))
-            if seen is None:
-                continue
-            if "other_optimizer" not in cond:
-                return seen
-            other = matches(runs[1 - i], cond["other_optimizer"], None)
-            if other is not None:
-                return f"{seen} vs {other}" if i == 0 else f"{other} vs {seen}"
-        return None
-
-
-# --------------------------------------------------------------------------- helpers of the checks
