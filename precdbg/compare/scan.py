@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -37,40 +36,24 @@ import numpy as np
 
 from ..errors import DumpError
 from ..manifest import jsonable
+from .anomalies import (EXPLODING_GRAD_RATIO, SATURATING_OPS, SIGMOID_SATURATED_HIGH,  # noqa: F401
+                        SIGMOID_SATURATED_LOW, SOFTMAX_SATURATED, TANH_SATURATED,
+                        VANISHING_GRAD_RATIO, _finding, _metrics, gradient_findings,
+                        saturation_findings)
 
 __all__ = ["scan_dump", "format_scan", "scan_main", "EXPLODING_GRAD_RATIO",
            "VANISHING_GRAD_RATIO", "SIGMOID_SATURATED_LOW", "SIGMOID_SATURATED_HIGH",
            "TANH_SATURATED", "SOFTMAX_SATURATED", "SATURATING_OPS"]
 
 # --------------------------------------------------------------------------- thresholds
-EXPLODING_GRAD_RATIO = 1e3     # ||grad|| / ||param|| above this: exploding gradient
-VANISHING_GRAD_RATIO = 1e-10   # 0 < ||grad|| / ||param|| below this: vanishing gradient
-SIGMOID_SATURATED_HIGH = 0.99  # sigmoid output mean above this: saturated at 1
-SIGMOID_SATURATED_LOW = 0.01   # sigmoid output mean below this: saturated at 0
-TANH_SATURATED = 0.99          # |tanh output mean| above this: saturated at +-1
-SOFTMAX_SATURATED = 0.99       # mean over rows of sum(p^2) above this: rows nearly one-hot
-SATURATING_OPS = ("sigmoid", "tanh", "softmax")
 
 OUTPUT_ROLES = ("output", "grad_input", "param_grad")
 INPUT_ROLES = ("input", "grad_output")
 INVENTORY_ROLES = ("param", "buffer")
 _FORMAT_LIMIT = 20             # lines per finding kind in the terminal text
 
-_METRIC_FIELDS = ("dtype", "shape", "numel", "min", "max", "mean", "norm", "nan_count",
-                  "inf_count", "arg_index", "seq")
-
 
 # --------------------------------------------------------------------------- helpers
-def _metrics(row: Dict[str, Any], **extra: Any) -> Dict[str, Any]:
-    out = {k: (list(row[k]) if k == "shape" else row[k]) for k in _METRIC_FIELDS if k in row}
-    out.update(extra)
-    return out
-
-
-def _finding(kind: str, row: Dict[str, Any], detail: str, **extra: Any) -> Dict[str, Any]:
-    return {"kind": kind, "step": int(row["step"]), "rank": int(row["rank"]),
-            "name": row["entry"], "module": row["module"], "op": row["op"], "role": row["role"],
-            "detail": detail, "metrics": _metrics(row, **extra)}
 
 
 def _counts(row: Dict[str, Any]) -> str:
@@ -237,101 +220,6 @@ def _nonfinite_record(row: Dict[str, Any], reason: str) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- gradients
-def _gradient_findings(table: Any) -> List[Dict[str, Any]]:
-    kinds, roles = table["kind"], table["role"]
-    inventory: Dict[str, Tuple[float, bool]] = {}
-    for i in np.nonzero((kinds == "param") & (roles == "param"))[0]:
-        inventory[str(table["api"][i])] = (float(table["norm"][i]), bool(table["trainable"][i]))
-    findings = []
-    grads = np.nonzero((kinds == "param_grad") & (roles == "param_grad")
-                       & ~np.char.startswith(table["dtype"], "py."))[0]
-    for i in grads[np.argsort(table["seq"][grads], kind="stable")]:
-        row = table.row(int(i))
-        if row["nan_count"] != 0 or row["inf_count"] != 0 or row["numel"] <= 0:
-            continue                   # non-finite gradients are the non-finite scan's
-        path = row["api"]
-        pnorm, trainable = inventory.get(path, (math.nan, True))
-        gnorm = float(row["norm"])
-        if row["min"] == 0 and row["max"] == 0:
-            if trainable:
-                findings.append(_finding(
-                    "zero_grad", row, f"gradient of trainable parameter {path} is all zero",
-                    param=path, param_norm=pnorm))
-            continue
-        if not (math.isfinite(pnorm) and pnorm > 0 and math.isfinite(gnorm)):
-            continue
-        ratio = gnorm / pnorm
-        if ratio > EXPLODING_GRAD_RATIO:
-            findings.append(_finding(
-                "exploding_grad", row,
-                f"gradient norm {gnorm:.4g} of {path} is {ratio:.3g} x its norm {pnorm:.4g} "
-                f"(threshold {EXPLODING_GRAD_RATIO:g})", param=path, param_norm=pnorm,
-                ratio=ratio))
-        elif 0 < gnorm and ratio < VANISHING_GRAD_RATIO:
-            findings.append(_finding(
-                "vanishing_grad", row,
-                f"gradient norm {gnorm:.4g} of {path} is {ratio:.3g} x its norm {pnorm:.4g} "
-                f"(threshold {VANISHING_GRAD_RATIO:g})", param=path, param_norm=pnorm,
-                ratio=ratio))
-    return findings
-
-
-# --------------------------------------------------------------------------- saturation
-def _softmax_dim(table: Any, entry: str, ndim: int) -> int:
-    idx = np.nonzero((table["entry"] == entry) & (table["role"] == "input")
-                     & np.char.startswith(table["dtype"], "py.int"))[0]
-    for i in idx:
-        if str(table["arg_key"][i]) in ("dim", "axis", "1"):
-            try:
-                dim = int(str(table["text"][i]))
-            except ValueError:
-                continue
-            return dim + ndim if dim < 0 else dim
-    return ndim - 1
-
-
-def _saturation_findings(table: Any) -> List[Dict[str, Any]]:
-    mask = (np.isin(table["op"], SATURATING_OPS) & (table["role"] == "output")
-            & (table["direction"] == "forward") & np.isin(table["kind"], ("api", "module"))
-            & ~np.char.startswith(table["dtype"], "py.") & (table["nan_count"] == 0)
-            & (table["inf_count"] == 0) & (table["numel"] > 0))
-    idx = np.nonzero(mask)[0]
-    if not len(idx):
-        return []
-    # a module (nn.Tanh) and the API it runs (torch.tanh) record the same tensor: judge it once
-    api_ids = set(table["tensor_id"][idx][table["kind"][idx] == "api"].tolist()) - {-1}
-    findings = []
-    for i in idx[np.argsort(table["seq"][idx], kind="stable")]:
-        row = table.row(int(i))
-        if row["kind"] == "module" and row["tensor_id"] in api_ids:
-            continue
-        op, mean = row["op"], float(row["mean"])
-        if not math.isfinite(mean):
-            continue
-        if op == "sigmoid" and (mean > SIGMOID_SATURATED_HIGH or mean < SIGMOID_SATURATED_LOW):
-            bound = 1 if mean > SIGMOID_SATURATED_HIGH else 0
-            detail = f"sigmoid output mean {mean:.4g}: saturated at {bound}"
-            findings.append(_finding("saturated", row, detail, saturation=mean))
-        elif op == "tanh" and abs(mean) > TANH_SATURATED:
-            detail = f"tanh output mean {mean:.4g}: saturated at {'+1' if mean > 0 else '-1'}"
-            findings.append(_finding("saturated", row, detail, saturation=mean))
-        elif op == "softmax":
-            shape = row["shape"]
-            if not shape:
-                continue
-            dim = _softmax_dim(table, row["entry"], len(shape))
-            if not 0 <= dim < len(shape) or shape[dim] < 2:
-                continue
-            rows = row["numel"] / shape[dim]
-            peak = float(row["norm"]) ** 2 / rows if rows else math.nan
-            if peak > SOFTMAX_SATURATED:
-                detail = (f"softmax rows nearly one-hot: mean sum(p^2) {peak:.4g} over "
-                          f"{int(rows)} rows of {shape[dim]}")
-                findings.append(_finding("saturated", row, detail, saturation=peak))
-    return findings
-
-
-# --------------------------------------------------------------------------- scan
 def scan_dump(path: str, step: Optional[int] = None, rank: Optional[int] = None
               ) -> Dict[str, Any]:
     """Scan a dump (root, step folder or step file) for anomalies; see the module docstring."""
@@ -364,8 +252,8 @@ def scan_dump(path: str, step: Optional[int] = None, rank: Optional[int] = None
                         "nonfinite", row,
                         f"{reason} ({_counts(row)}; {events['count']} non-finite records in "
                         f"step {s} rank {r})", reason=reason, nonfinite_records=events["count"]))
-                findings.extend(_gradient_findings(table))
-                findings.extend(_saturation_findings(table))
+                findings.extend(gradient_findings(table))
+                findings.extend(saturation_findings(table))
             if first is None and (producers or arrivals):
                 _, _, row, reason = min(producers or arrivals, key=lambda e: (e[0], e[1]))
                 first = _nonfinite_record(row, reason)
@@ -422,7 +310,6 @@ def format_scan(result: Dict[str, Any]) -> str:
         if len(items) > _FORMAT_LIMIT:
             lines.append(f"    ... and {len(items) - _FORMAT_LIMIT} more (see --json)")
     return "\n".join(lines) + "\n"
-
 
 
 def write_json(result: Dict[str, Any], path: str) -> None:
