@@ -109,16 +109,27 @@ class _OpenStep:
         self.stage_bytes += nbytes
 
     def flush_stage(self) -> None:
+        """Write the staged tensors as one contiguous blob dataset: piece by piece through the
+        low-level API (no concatenated copy), or concatenated into chunks when compressing."""
         if not self.stage:
             return
-        blob = self.stage[0] if len(self.stage) == 1 else np.concatenate(self.stage)
         group = self.data if self.data is not None else self.file.create_group("data")
         self.data = group
-        kwargs: Dict[str, Any] = {}
-        if self.compression and blob.nbytes:
-            kwargs = {"compression": self.compression,
-                      "chunks": (min(_CHUNK_BYTES, blob.nbytes),)}
-        ds = group.create_dataset(str(len(group)), data=blob, **kwargs)
+        name, total = str(len(group)), self.stage_bytes
+        if self.compression and total:
+            blob = self.stage[0] if len(self.stage) == 1 else np.concatenate(self.stage)
+            ds = group.create_dataset(name, data=blob, compression=self.compression,
+                                      chunks=(min(_CHUNK_BYTES, total),))
+        else:
+            from h5py import h5s
+            ds = group.create_dataset(name, shape=(total,), dtype=np.uint8)
+            file_space = ds.id.get_space()
+            offset = 0
+            for piece in self.stage:
+                if piece.nbytes:
+                    file_space.select_hyperslab((offset,), (piece.nbytes,))
+                    ds.id.write(h5s.create_simple((piece.nbytes,)), file_space, piece)
+                    offset += piece.nbytes
         ds.attrs["start"] = self.stage_start
         self.stage, self.stage_bytes = [], 0
 
