@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import FrozenSet, Iterable, Optional
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from .config import DumpConfig
-from .schema import DataMode, Direction, Phase, Role
+from .schema import DataMode, Direction, Phase, Record, Role
 
 __all__ = ["CaptureFilter"]
 
@@ -91,6 +91,25 @@ class CaptureFilter:
         if not self.scope:
             return True
         return _glob_any(path, self.scope) or _glob_any(path, [p + ".*" for p in self.scope])
+
+    # -- overflow task ------------------------------------------------------------------------
+    def overflow_only(self, records: List[Record], kept_so_far: int) -> Tuple[List[Record], int]:
+        """Keep every non-finite record, and every record of the entries whose outputs are
+        non-finite (what led to them). `overflow_nums` counts those entries in the order their
+        first non-finite output appeared; returns (kept records, entries counted so far)."""
+        first_bad: Dict[str, int] = {}
+        for r in records:
+            if r.is_nonfinite and r.role in _OUTPUT_ROLES:
+                first_bad.setdefault(r.entry, r.seq)
+        limit = self.config.overflow_nums
+        keep = set()
+        for entry in sorted(first_bad, key=first_bad.__getitem__):
+            if limit >= 0 and kept_so_far >= limit:
+                break
+            kept_so_far += 1
+            keep.add(entry)
+        full = limit < 0 or kept_so_far < limit
+        return [r for r in records if r.entry in keep or (r.is_nonfinite and full)], kept_so_far
 
     # -- record level -------------------------------------------------------------------------
     def keep_record(self, direction: str, role: str) -> bool:

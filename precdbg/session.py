@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from typing import Any, Dict, Hashable, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
 from .runinfo import RunInfo
+from .protocols import Adapter, TensorOps
 from .stacks import StackTable
 from .arguments import tensor_results
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
@@ -37,30 +38,6 @@ _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NO
 _BATCH_TENSORS = 256            # statistics cross to the host once per this many distinct tensors
 _BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
 _MAX_LOGGED_FAILURES = 5
-
-
-class TensorOps(Protocol):
-    """The tensor questions only the framework can answer (a module of functions)."""
-
-    def describe(self, tensor: Any) -> Tuple[str, Tuple[int, ...], int]: ...
-    def identity(self, tensor: Any) -> Optional[Tuple[Hashable, Hashable]]: ...
-    def summarize(self, tensor: Any) -> Any: ...
-    def resolve(self, handles: Sequence[Any]) -> np.ndarray: ...
-    def to_host(self, tensor: Any) -> Any: ...
-    def finish_host(self, handles: Sequence[Any]) -> List[np.ndarray]: ...
-    def nbytes(self, tensor: Any) -> int: ...
-
-
-class Adapter(Protocol):
-    """What a framework adapter provides to the core."""
-    framework: str
-    tensors: TensorOps
-    internal_dirs: Tuple[str, ...]     # frames skipped when recording call stacks
-
-    def environment(self) -> Dict[str, Any]: ...
-    def rank_and_world(self) -> Tuple[int, int]: ...
-    def install(self, session: "Session", model: Any) -> None: ...
-    def uninstall(self) -> None: ...
 
 
 @dataclasses.dataclass
@@ -441,32 +418,15 @@ class Session:
                 rec.nan_count, rec.inf_count = int(v[4]), int(v[5])
             records.append(rec)
         if self._overflow:
-            records, payloads = self._overflow_only(records, payloads)
+            records, self._overflow_kept = self.filter.overflow_only(records,
+                                                                      self._overflow_kept)
+            ids = {r.tensor_id for r in records}
+            payloads = [p for p in payloads if p.tensor_id in ids]
         self._handles, self._batch_stats, self._pending, self._copies = [], [], [], []
         self._held_bytes = 0
         if records or payloads:
             self.writer.submit(records, payloads)
 
-    def _overflow_only(self, records: List[Record], payloads: List[Payload]):
-        """Overflow task: keep every non-finite record, and every record of the entries whose
-        outputs are non-finite (what led to them). `overflow_nums` counts those entries in the
-        order their first non-finite output appeared."""
-        first_bad: Dict[str, int] = {}
-        for r in records:
-            if r.is_nonfinite and r.role in (Role.OUTPUT.value, Role.GRAD_INPUT.value,
-                                             Role.PARAM_GRAD.value):
-                first_bad.setdefault(r.entry, r.seq)
-        limit = self.config.overflow_nums
-        keep = set()
-        for entry in sorted(first_bad, key=first_bad.__getitem__):
-            if limit >= 0 and self._overflow_kept >= limit:
-                break
-            self._overflow_kept += 1
-            keep.add(entry)
-        full = limit < 0 or self._overflow_kept < limit
-        kept = [r for r in records if r.entry in keep or (r.is_nonfinite and full)]
-        ids = {r.tensor_id for r in kept}
-        return kept, [p for p in payloads if p.tensor_id in ids]
 
     def _stack_id(self) -> int:
         return self._stacks.current(3) if self.config.stack else -1
