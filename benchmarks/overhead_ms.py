@@ -27,11 +27,10 @@ import json
 import os
 import platform
 import sys
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_torch import _share, measure_mode  # noqa: E402  (shared helpers)
+from overhead_torch import _share, measure_mode, measure_modes  # noqa: E402  (shared helpers)
 
 MODES: Tuple[Tuple[str, str], ...] = (("statistics", "mix"), ("statistics", "api"),
                                       ("statistics", "module"), ("tensor", "mix"))
@@ -188,27 +187,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     for _ in range(6):   # the first iterations compile the optimizer and allocate (~3x slower)
         sync(step_fn(*batch))
 
-    rows = []
-    for mode in args.modes:
-        task, _, level = mode.partition("/")
-        t0 = time.perf_counter()
-        row = None
-        for attempt in range(1, args.retries + 2):
-            got = bench_mode(task, level or "mix", model, step_fn, batch, args.repeats,
-                             args.warmup)
-            got["attempts"] = attempt
-            if row is None or (got["other_cpu"] or 0.0) < (row["other_cpu"] or 0.0):
-                row = dict(got)
-            if (got["other_cpu"] or 0.0) <= args.max_other:
-                break
-            print(f"{task}/{got['level']}: other processes used {_share(got['other_cpu'])} of "
-                  f"the CPU meanwhile; measuring again", flush=True)
-        assert row is not None
-        rows.append(row)
-        print(f"{task}/{row['level']}: plain {row['plain_ms']:.1f} ms, dumped "
-              f"{row['dumped_ms']:.1f} ms ({row['ratio']:.2f}×), drain {row['drain_ms']:.1f} ms, "
-              f"{row['mb_per_step']:.2f} MB/step, other processes' CPU {_share(row['other_cpu'])}"
-              f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
+    rows = measure_modes(args.modes, lambda task, level: bench_mode(
+        task, level, model, step_fn, batch, args.repeats, args.warmup),
+        args.retries, args.max_other)
 
     print()
     print(table(rows), end="")

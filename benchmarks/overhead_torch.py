@@ -188,6 +188,33 @@ def bench_mode(task: str, level: str, model: Any, optimizer: Any, batch: Tuple[A
                         lambda: train_step(model, optimizer, x, y), repeats, warmup)
 
 
+def measure_modes(modes: List[str], bench: Any, retries: int, max_other: float
+                  ) -> List[Dict[str, Any]]:
+    """Each task/level mode via `bench(task, level)`, measured again (up to `retries` times)
+    while other processes used more than `max_other` of the CPU; the quietest run is kept."""
+    rows = []
+    for mode in modes:
+        task, _, level = mode.partition("/")
+        t0 = time.perf_counter()
+        row = None
+        for attempt in range(1, retries + 2):
+            got = bench(task, level or "mix")
+            got["attempts"] = attempt
+            if row is None or (got["other_cpu"] or 0.0) < (row["other_cpu"] or 0.0):
+                row = dict(got)
+            if (got["other_cpu"] or 0.0) <= max_other:
+                break
+            print(f"{task}/{got['level']}: other processes used {_share(got['other_cpu'])} of "
+                  f"the CPU meanwhile; measuring again", flush=True)
+        assert row is not None
+        rows.append(row)
+        print(f"{task}/{row['level']}: plain {row['plain_ms']:.1f} ms, dumped "
+              f"{row['dumped_ms']:.1f} ms ({row['ratio']:.2f}×), drain {row['drain_ms']:.1f} ms, "
+              f"{row['mb_per_step']:.2f} MB/step, other processes' CPU {_share(row['other_cpu'])}"
+              f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
+    return rows
+
+
 def table(rows: List[Dict[str, Any]]) -> str:
     head = ("| task / level | plain ms | dumped ms | ratio | per-round | drain ms | +drain "
             "| MB/step | records | close ms | other CPU |\n"
@@ -268,27 +295,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     for _ in range(3):   # first iterations allocate; keep them out of every mode
         train_step(model, optimizer, *batch)
 
-    rows = []
-    for mode in args.modes:
-        task, _, level = mode.partition("/")
-        t0 = time.perf_counter()
-        row = None
-        for attempt in range(1, args.retries + 2):
-            got = bench_mode(task, level or "mix", model, optimizer, batch, args.repeats,
-                             args.warmup)
-            got["attempts"] = attempt
-            if row is None or (got["other_cpu"] or 0.0) < (row["other_cpu"] or 0.0):
-                row = dict(got)
-            if (got["other_cpu"] or 0.0) <= args.max_other:
-                break
-            print(f"{task}/{got['level']}: other processes used {_share(got['other_cpu'])} of "
-                  f"the CPU meanwhile; measuring again", flush=True)
-        assert row is not None
-        rows.append(row)
-        print(f"{task}/{row['level']}: plain {row['plain_ms']:.1f} ms, dumped "
-              f"{row['dumped_ms']:.1f} ms ({row['ratio']:.2f}×), drain {row['drain_ms']:.1f} ms, "
-              f"{row['mb_per_step']:.2f} MB/step, other processes' CPU {_share(row['other_cpu'])}"
-              f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
+    rows = measure_modes(args.modes, lambda task, level: bench_mode(
+        task, level, model, optimizer, batch, args.repeats, args.warmup),
+        args.retries, args.max_other)
 
     print()
     print(table(rows), end="")

@@ -72,58 +72,23 @@ def _sniff(path: str) -> Optional[str]:
     return None
 
 
-def _load_pytorch(path: str) -> Tuple[Dict[str, np.ndarray], int]:
-    import torch
+def _adapter_loader(module: str, what: str, path: str) -> Tuple[Dict[str, np.ndarray], int]:
+    """Framework checkpoints are read by the adapter package (the core imports no framework)."""
+    import importlib
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure means an unusable file
-        raise DumpError(f"{path}: not a loadable PyTorch checkpoint "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                        ) from None
-    if isinstance(obj, Mapping):
-        for key in ("state_dict", "model", "module"):
-            inner = obj.get(key)
-            if isinstance(inner, Mapping) and any(isinstance(v, torch.Tensor)
-                                                  for v in inner.values()):
-                obj = inner
-                break
-    elif isinstance(obj, torch.nn.Module):
-        obj = obj.state_dict()
-    if not isinstance(obj, Mapping):
-        raise DumpError(f"{path}: holds a {type(obj).__name__}, not a state dict")
-    out: Dict[str, np.ndarray] = {}
-    skipped = 0
-    for name, value in obj.items():
-        if not isinstance(value, torch.Tensor):
-            skipped += 1
-            continue
-        t = value.detach().cpu()
-        if t.dtype == torch.bfloat16 or (t.is_floating_point() and t.dtype not in
-                                         (torch.float16, torch.float32, torch.float64)):
-            t = t.float()
-        out[str(name)] = t.numpy()
-    return out, skipped
+        loader = importlib.import_module(module)
+    except ImportError as exc:
+        raise DumpError(f"{path}: reading a {what} checkpoint needs {module.split('.')[0]} "
+                        f"and its framework installed ({exc})") from None
+    return loader.load_state(path)
+
+
+def _load_pytorch(path: str) -> Tuple[Dict[str, np.ndarray], int]:
+    return _adapter_loader("precdbg_pt.checkpoint", "PyTorch", path)
 
 
 def _load_mindspore(path: str) -> Tuple[Dict[str, np.ndarray], int]:
-    import mindspore
-    try:
-        params = mindspore.load_checkpoint(path)
-    except Exception as exc:  # noqa: BLE001
-        raise DumpError(f"{path}: not a loadable MindSpore checkpoint "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                        ) from None
-    out: Dict[str, np.ndarray] = {}
-    skipped = 0
-    for name, value in params.items():
-        try:
-            out[str(name)] = value.asnumpy()
-        except Exception:  # noqa: BLE001 - dtypes numpy cannot hold (bf16 in some versions)
-            try:
-                out[str(name)] = value.astype(mindspore.float32).asnumpy()
-            except Exception:  # noqa: BLE001
-                skipped += 1
-    return out, skipped
+    return _adapter_loader("precdbg_ms.checkpoint", "MindSpore", path)
 
 
 def _load_safetensors(path: str) -> Tuple[Dict[str, np.ndarray], int]:
