@@ -27,6 +27,8 @@ def _inspect(args: argparse.Namespace) -> int:
     out.write(f"steps     {dump.steps}\nranks     {dump.ranks}\n")
     if dump.partial:
         out.write(f"incomplete (skipped): {', '.join(dump.partial)}\n")
+    for warning in dump.warnings():
+        out.write(f"warning   {warning}\n")
     for step in dump.steps:
         if args.step is not None and step != args.step:
             continue

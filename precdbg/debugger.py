@@ -1,9 +1,11 @@
 """The user-facing debugger object, shared by every adapter: an ordinary object and a context
 manager around one `Session`. `start/stop/step` are safe to repeat and never raise into training
-except for invalid arguments (a `PrecdbgError` with a one-line reason)."""
+except for invalid arguments (a `PrecdbgError` with a one-line reason).
+
+`close()` is optional: every stopped step is written however the process ends, and whether or
+not the user keeps a reference to the debugger (see `precdbg.lifetime`)."""
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import weakref
@@ -18,12 +20,6 @@ __all__ = ["BaseDebugger"]
 log = logging.getLogger("precdbg")
 
 
-def _close_at_exit(ref: "weakref.ref[BaseDebugger]") -> None:
-    debugger = ref()
-    if debugger is not None:
-        debugger.close()
-
-
 class BaseDebugger:
     """`PrecisionDebugger(config_path=None, **settings)`; settings override the file."""
 
@@ -32,11 +28,15 @@ class BaseDebugger:
         self.config: DumpConfig = load_config(config_path, **settings)
         self._session = Session(self.config, adapter_factory())
         self._closed = False
-        atexit.register(_close_at_exit, weakref.ref(self))
+        # Garbage-collected (a local of main() that returned): the writer finishes what is
+        # queued and its thread ends; a capture still running is stopped at exit.
+        finalizer = weakref.finalize(self, self._session.writer.retire)
+        finalizer.atexit = False
 
     # -- the four lines ----------------------------------------------------------------------
     def start(self, model: Any = None) -> bool:
         """Start capturing (no-op on steps/ranks not selected). Returns whether it captures."""
+        self._closed = False
         try:
             return self._session.start(model)
         except PrecdbgError:
@@ -80,8 +80,9 @@ class BaseDebugger:
 
     # -- lifetime ------------------------------------------------------------------------------
     def close(self, timeout: Optional[float] = 120.0) -> bool:
-        """Stop, then wait until every step file is written. Safe to repeat."""
-        if self._closed:
+        """Stop, then wait until every step file is written and end the writer thread.
+        Optional (the same happens at exit); safe to repeat; a later start() works again."""
+        if self._closed and not self._session.active:
             return True
         self._closed = True
         try:

@@ -196,6 +196,22 @@ class Dump:
     def steps(self) -> List[int]:
         return sorted({s for s, _ in self._files})
 
+    def warnings(self) -> List[str]:
+        """Step files that are complete on disk but not a whole step: captured while the
+        process ended (no stop() ran), or with failures inside precdbg while capturing."""
+        out: List[str] = []
+        for (step, rank), parts in sorted(self._files.items()):
+            for sf in parts:
+                where = f"step {step} rank {rank}" + (f" part {sf.part}" if sf.part else "")
+                if sf.attrs.get("interrupted"):
+                    out.append(f"{where}: interrupted (the process ended before stop()); "
+                               "the step is incomplete")
+                failures = int(sf.attrs.get("failures", 0) or 0)
+                if failures:
+                    out.append(f"{where}: {failures} failure(s) inside precdbg while capturing; "
+                               "some records may be missing")
+        return out
+
     @property
     def ranks(self) -> List[int]:
         return sorted({r for _, r in self._files})

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import tempfile
 import weakref
 from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import __version__
+from . import __version__, lifetime
 from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
@@ -28,7 +30,7 @@ from .naming import (api_entry, canonical_op, module_entry, param_alias, param_e
 from .schema import Direction, Phase, Record, RecordKind, Role, Task
 from .writer import DumpWriter, Payload
 
-__all__ = ["Adapter", "TensorOps", "Call", "Session"]
+__all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
 
 log = logging.getLogger("precdbg")
 
@@ -37,7 +39,13 @@ _INPUT, _FORWARD = Role.INPUT.value, Direction.FORWARD.value
 _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NONE.value
 _BATCH_TENSORS = 256            # statistics cross to the host once per this many distinct tensors
 _BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
-_MAX_LOGGED_FAILURES = 5
+_MAX_REPORTED_FAILURES = 20     # distinct failures reported; the rest are only counted
+
+
+def one_line(exc: BaseException, limit: int = 240) -> str:
+    """An exception's message on one line, shortened."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclasses.dataclass
@@ -89,6 +97,9 @@ class Session:
         self.active = False
         self.phase = Phase.FORWARD.value
         self.failures = 0
+        self._reported: set = set()
+        self._window_failures = 0
+        self.forked = False
         self.rank = 0
         self.world_size = 1
         self.run = RunInfo(config, adapter.framework)
@@ -99,6 +110,7 @@ class Session:
         self._overflow_kept = 0
         self._reset_step_counters()
         self._reset_window()
+        lifetime.track_session(self)
 
     # ------------------------------------------------------------------ lifecycle
     def _reset_step_counters(self) -> None:
@@ -121,6 +133,7 @@ class Session:
         self._module_cls: Dict[str, str] = {}
         self._calls_seen = 0
         self._module_stack: List[Tuple[str, bool]] = []
+        self._window_failures = 0
 
     def selected(self) -> bool:
         cfg = self.config
@@ -136,6 +149,7 @@ class Session:
             return False
         self._reset_window()
         if not self.run.written:
+            self._check_dump_path()
             earlier = self.writer.existing_files(self.rank)
             if earlier:
                 raise ConfigError(f"dump_path: {self.config.dump_path} already holds a dump of "
@@ -157,7 +171,29 @@ class Session:
             raise
         return True
 
-    def stop(self) -> None:
+    def _check_dump_path(self) -> None:
+        """One clear error at the first start() when the dump folder cannot be written."""
+        path = self.config.dump_path
+        try:
+            os.makedirs(path, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".precdbg-probe-", dir=path)
+            os.close(fd)
+            os.remove(probe)
+        except OSError as exc:
+            raise ConfigError(f"dump_path: {path} is not a writable folder "
+                              f"({exc.strerror or exc})") from None
+
+    def stop_at_exit(self) -> None:
+        """The interpreter is exiting while this session still captures (no stop() ran: an
+        exception, sys.exit or Ctrl-C in the step): write what was captured, marked interrupted."""
+        if not self.active or self.forked:
+            return
+        log.warning("precdbg: step %d was still being captured when the process ended (stop() "
+                    "did not run); what was captured is written, marked interrupted",
+                    self.current_step)
+        self.stop(interrupted=True)
+
+    def stop(self, interrupted: bool = False) -> None:
         """Remove every hook, flush statistics, close the step file; repeat calls are no-ops."""
         if not self.active:
             return
@@ -166,41 +202,44 @@ class Session:
             log.warning("precdbg: step %d: no API or module call ran between start() and stop(); "
                         "%s", self.current_step, getattr(self.adapter, "empty_capture_hint",
                                                          "nothing was captured"))
+        # each stage on its own: a failing one is reported and the rest still run, so hooks
+        # are gone, the step file is closed and the counters move on whatever fails
+        self._guarded(self.adapter.uninstall, "stop(): removing hooks")
+        self._guarded(self.flush_batch, "stop(): flushing statistics")
+        self._guarded(lambda: self.writer.close_step(
+            self._modules, self._stacks.texts,
+            {"interrupted": interrupted, "failures": self._window_failures}),
+            "stop(): closing the step file")
+        self._guarded(self._note_first_batch, "stop(): recording the first batch")
+        self._reset_window()
+        if self.run.dirty:
+            self._guarded(lambda: self.run.write(self.adapter, self.rank, self.world_size),
+                          "stop(): updating run.json")
+
+    def _guarded(self, stage: Any, where: str) -> None:
         try:
-            self.adapter.uninstall()
-        finally:
-            try:
-                self.flush_batch()
-            except Exception as exc:  # noqa: BLE001 - never raise into training
-                self.hook_failed(exc, "flushing statistics")
-            self.writer.close_step(self._modules, self._stacks.texts)
-            self._note_first_batch()
-            self._reset_window()
-            if self.run.dirty:
-                try:
-                    self.run.write(self.adapter, self.rank, self.world_size)
-                except OSError as exc:
-                    self.hook_failed(exc, "updating run.json")
+            stage()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            self.hook_failed(exc, where)
 
     def step(self) -> None:
         """End the current iteration: stop if capturing, then count the step."""
-        self.stop()
-        self.current_step += 1
-        self._reset_step_counters()
+        try:
+            self.stop()
+        finally:
+            self.current_step += 1
+            self._reset_step_counters()
 
     def close(self, timeout: Optional[float] = 120.0) -> bool:
+        """Stop, write everything, end the writer thread (a later start() starts a new one)."""
         self.stop()
-        return self.writer.flush(timeout)
+        return self.writer.flush(timeout) and self.writer.shutdown()
 
     def _note_first_batch(self) -> None:
         parts, self._first_batch_parts = self._first_batch_parts, []
         if self.run.first_batch_done or not parts:
             return
-        try:
-            arrays = self.tensors.finish_host([handle for _, handle in parts])
-        except Exception as exc:  # noqa: BLE001
-            self.hook_failed(exc, "recording the first batch")
-            return
+        arrays = self.tensors.finish_host([handle for _, handle in parts])
         self.run.first_batch(self.current_step, parts, arrays)
 
     def note_optimizer(self, info: Dict[str, Any]) -> None:
@@ -213,13 +252,22 @@ class Session:
 
     # ------------------------------------------------------------------ failures
     def hook_failed(self, exc: BaseException, where: str) -> None:
-        """Log and count a failure inside a hook; training goes on."""
+        """Count a failure inside precdbg (a hook, statistics, start/stop/step); training goes
+        on. Each distinct failure (type and message) is reported once, in one line naming the
+        step and the stage; its traceback goes to the `precdbg` logger at DEBUG level."""
         self.failures += 1
-        if self.failures <= _MAX_LOGGED_FAILURES:
-            log.warning("precdbg: %s failed (%s: %s); training continues", where,
-                        type(exc).__name__, exc, exc_info=self.failures == 1)
-        elif self.failures == _MAX_LOGGED_FAILURES + 1:
-            log.warning("precdbg: further hook failures are counted, not logged")
+        self._window_failures += 1
+        text = one_line(exc)
+        key = (type(exc).__name__, text)
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        if len(self._reported) <= _MAX_REPORTED_FAILURES:
+            log.warning("precdbg: step %d: %s failed (%s: %s); training continues (counted in "
+                        "debugger.failures)", self.current_step, where, type(exc).__name__, text)
+            log.debug("precdbg: traceback of that failure", exc_info=exc)
+        elif len(self._reported) == _MAX_REPORTED_FAILURES + 1:
+            log.warning("precdbg: further kinds of failure are counted, not reported")
 
     # ------------------------------------------------------------------ modules
     def set_module_tree(self, modules: Sequence[Tuple[str, str, str]]) -> None:
@@ -400,17 +448,26 @@ class Session:
         """One host sync: statistics (and host copies) of the pending batch, then to the writer."""
         if not self._pending and not self._handles:
             return
-        if self._handles:
-            values = self.tensors.resolve(self._handles)
-            for stats in self._batch_stats:
+        # take the batch first: a failure below drops this batch, never the next ones
+        handles, batch_stats, pending, copies = (self._handles, self._batch_stats,
+                                                 self._pending, self._copies)
+        self._handles, self._batch_stats, self._pending, self._copies = [], [], [], []
+        self._held_bytes = 0
+        if handles:
+            try:
+                values = self.tensors.resolve(handles)
+            except Exception:
+                self._forget_stats(batch_stats)
+                raise
+            for stats in batch_stats:
                 stats.values = values[stats.slot]
         payloads: List[Payload] = []
-        if self._copies:
-            arrays = self.tensors.finish_host([handle for _, handle, _ in self._copies])
-            for (seen, _, store), array in zip(self._copies, arrays):
+        if copies:
+            arrays = self.tensors.finish_host([handle for _, handle, _ in copies])
+            for (seen, _, store), array in zip(copies, arrays):
                 payloads.append(Payload(seen.tensor_id, array, store, self._checksum))
         records: List[Record] = []
-        for rec, seen in self._pending:
+        for rec, seen in pending:
             if seen is not None and seen.stats.values is not None:
                 v = seen.stats.values
                 rec.min, rec.max, rec.mean, rec.norm = float(v[0]), float(v[1]), float(v[2]), \
@@ -422,11 +479,15 @@ class Session:
                                                                       self._overflow_kept)
             ids = {r.tensor_id for r in records}
             payloads = [p for p in payloads if p.tensor_id in ids]
-        self._handles, self._batch_stats, self._pending, self._copies = [], [], [], []
-        self._held_bytes = 0
         if records or payloads:
             self.writer.submit(records, payloads)
 
+
+    def _forget_stats(self, lost: Sequence[_Stats]) -> None:
+        """Statistics that could not be computed: later records of the same tensors retry."""
+        dead = {id(stats) for stats in lost}
+        self._stats_seen = {k: v for k, v in self._stats_seen.items() if id(v) not in dead}
+        self._seen = {k: v for k, v in self._seen.items() if id(v.stats) not in dead}
 
     def _stack_id(self) -> int:
         return self._stacks.current(3) if self.config.stack else -1

@@ -238,15 +238,19 @@ def test_hook_failures_never_reach_training(tmp_path, caplog):
     assert one_row(t, entry="Functional.embedding.0.forward", role="output")["shape"] == (4, 3)
 
 
-def test_unwritable_dump_path_never_reaches_training(tmp_path, gpt, optimizer, batches):
+def test_unwritable_dump_path_is_one_clear_error_at_start(tmp_path, gpt, optimizer, batches):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     dbg = PrecisionDebugger(dump_path=str(blocker / "dump"))
-    losses = run_steps(dbg, gpt, optimizer, batches, 2, close=False)
-    dbg.close()
-    assert len(losses) == 2 and all(torch.isfinite(l) for l in losses)
-    assert dbg.failures > 0
-    assert torch_hooks_left(gpt) == []
+    with pytest.raises(precdbg.ConfigError) as info:
+        dbg.start(gpt)
+    message = str(info.value)
+    assert message.startswith("dump_path: ") and str(blocker / "dump") in message
+    assert "\n" not in message and "Not a directory" in message
+    assert not dbg.capturing and torch_hooks_left(gpt) == []
+    # the refused start installed nothing: training goes on as if no debugger were there
+    losses = run_steps(None, gpt, optimizer, batches[:1], 1)
+    assert len(losses) == 1 and torch.isfinite(losses[0]) and dbg.close()
 
 
 def test_start_rejects_what_is_not_a_model(tmp_path):

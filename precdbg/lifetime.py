@@ -1,0 +1,131 @@
+"""What happens to precdbg when the process ends, however it ends.
+
+Users write the guides' four lines and never call `close()`; the debugger is often a local of
+`main()` that is garbage-collected long before the interpreter exits. So nothing here depends on
+the user keeping a reference:
+
+- every writer with a running thread is held (strongly) in `_writers` until its thread ends;
+- every session is known (weakly) in `_sessions`;
+- the first writer thread installs one shutdown hook with `threading._register_atexit`, which
+  CPython runs in `threading._shutdown()` — after the main module has finished (normally, by
+  `sys.exit`, an uncaught exception or KeyboardInterrupt) and *before* non-daemon threads are
+  joined, `atexit` handlers run and modules are torn down. The hook stops every session still
+  capturing (its step is written, marked interrupted), then drains every writer and joins its
+  thread while the interpreter, h5py and the frameworks are all still intact.
+
+The writer threads are daemons so that a disk that stops answering can never keep the process
+alive; the hook waits for them as long as they make progress and gives up only after
+`_STALL_SECONDS` without any. SIGKILL and SIGTERM's default action end the process without
+Python running anything: every step already renamed from `.partial` was fsynced first, and the
+reader never takes a `.partial` for a step.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Set
+
+__all__ = ["track_writer", "untrack_writer", "track_session", "shutting_down",
+           "drain_at_exit"]
+
+log = logging.getLogger("precdbg")
+
+_STALL_SECONDS = 60.0           # give up on a writer that wrote nothing for this long
+
+_lock = threading.Lock()
+_writers: Set[Any] = set()
+_sessions: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_installed = False
+_shutting_down = False
+
+
+def shutting_down() -> bool:
+    """True once the interpreter's shutdown has begun (no new writer threads then)."""
+    return _shutting_down
+
+
+def _install() -> None:
+    """Register the shutdown hook once, on first use (importing precdbg registers nothing)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    register: Callable[[Callable[[], None]], None] = getattr(threading, "_register_atexit",
+                                                             atexit.register)
+    try:
+        register(drain_at_exit)
+    except RuntimeError:            # already shutting down: atexit still runs before teardown
+        atexit.register(drain_at_exit)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a DataLoader worker) has none of its parent's threads: drain nothing."""
+    global _lock
+    _lock = threading.Lock()
+    _writers.clear()
+    for session in list(_sessions):
+        session.forked = True
+    _sessions.clear()
+
+
+def track_writer(writer: Any) -> None:
+    with _lock:
+        _install()
+        _writers.add(writer)
+
+
+def untrack_writer(writer: Any) -> None:
+    with _lock:
+        _writers.discard(writer)
+
+
+def track_session(session: Any) -> None:
+    with _lock:
+        _sessions.add(session)
+
+
+def drain_at_exit() -> None:
+    """Stop what is still capturing, then write out everything queued. Never raises."""
+    global _shutting_down
+    _shutting_down = True
+    try:
+        for session in list(_sessions):
+            try:
+                session.stop_at_exit()
+            except BaseException as exc:  # noqa: BLE001 - never break the interpreter's exit
+                log.warning("precdbg: stopping the capture at exit failed (%s: %s)",
+                            type(exc).__name__, exc)
+        with _lock:
+            writers = list(_writers)
+        for writer in writers:
+            try:
+                writer.shutdown(stall_seconds=_STALL_SECONDS)
+            except KeyboardInterrupt:
+                log.warning("precdbg: interrupted while writing %s; what was not written yet "
+                            "is lost (finished steps are complete)", writer.dump_path)
+                return
+            except BaseException as exc:  # noqa: BLE001
+                log.warning("precdbg: finishing the writer of %s failed (%s: %s)",
+                            writer.dump_path, type(exc).__name__, exc)
+    except BaseException:  # noqa: BLE001 - e.g. a second Ctrl-C: exit as Python would
+        pass
+
+
+def wait_while_progressing(alive: Callable[[], bool], progress: Callable[[], int],
+                           join: Callable[[float], None], stall_seconds: float) -> bool:
+    """Join a thread for as long as it keeps making progress; False if it stalled."""
+    last, last_change = progress(), time.monotonic()
+    while alive():
+        join(0.2)
+        now = progress()
+        if now != last:
+            last, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change > stall_seconds:
+            return False
+    return True

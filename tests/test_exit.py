@@ -1,0 +1,235 @@
+"""The guides' four lines, no close(), in real processes that end every way a training script
+ends: each stopped step is complete on disk, nothing hangs, and the exit code is the script's.
+
+Each variant runs PRECDBG_EXIT_REPEATS times (default 20), two processes at a time, because the
+failure it guards against (the writer thread racing the interpreter's shutdown) was a race.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import pytest
+
+import precdbg
+
+from conftest import PYTHON, REPO
+
+GUIDE = os.path.join(REPO, "tests", "exit_guide.py")
+REPEATS = int(os.environ.get("PRECDBG_EXIT_REPEATS", "20"))
+TIMEOUT = 240                       # seconds one run may take before it counts as a hang
+CRASH_MARKS = ("Segmentation fault", "Fatal Python error", "precdbg: writing",
+               "dropped:", "Failed to extract", "Operation not defined")
+
+
+class Run:
+    def __init__(self, rc: int, stdout: str, stderr: str, dump: str) -> None:
+        self.rc, self.stdout, self.stderr, self.dump = rc, stdout, stderr, dump
+
+    def __repr__(self) -> str:
+        return f"rc={self.rc}\nstdout:\n{self.stdout[-1500:]}\nstderr:\n{self.stderr[-3000:]}"
+
+
+def _config(folder: str, task: str) -> str:
+    path = os.path.join(folder, "config.json")
+    with open(path, "w") as handle:
+        json.dump({"task": task, "level": "mix", "dump_path": os.path.join(folder, "dump")},
+                  handle)
+    return path
+
+
+def _env() -> Dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
+                GLOG_v="3")          # MindSpore: errors only
+
+
+def run_guide(folder: str, framework: str, variant: str, task: str = "statistics",
+              command: Optional[List[str]] = None) -> Run:
+    os.makedirs(folder, exist_ok=True)
+    config = _config(folder, task)
+    argv = (command or [PYTHON]) + [GUIDE, framework, variant, config]
+    try:
+        proc = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True,
+                              timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{framework} {variant}: hung (no exit in {TIMEOUT} s); stderr: "
+                             f"{(exc.stderr or b'')[-2000:]!r}") from None
+    return Run(proc.returncode, proc.stdout, proc.stderr, os.path.join(folder, "dump"))
+
+
+def partial_files(dump: str) -> List[str]:
+    found = []
+    for root, _, files in os.walk(dump):
+        found.extend(os.path.join(root, f) for f in files if f.endswith(".partial"))
+    return found
+
+
+def check_dump(run: Run, steps: Sequence[int], ranks: Sequence[int] = (0,),
+               interrupted: Sequence[int] = ()) -> None:
+    """Every expected step file is there, complete and readable; nothing else is."""
+    assert not partial_files(run.dump), (partial_files(run.dump), run)
+    for mark in CRASH_MARKS:
+        assert mark not in run.stderr, (mark, run)
+    with precdbg.open_dump(run.dump) as dump:
+        assert dump.steps == list(steps), (dump.steps, run)
+        assert dump.ranks == list(ranks), (dump.ranks, run)
+        for step in steps:
+            for rank in ranks:
+                table = dump.records(step=step, rank=rank)
+                assert len(table) > 100, (step, rank, len(table), run)
+                if step not in interrupted:     # a whole step: forward, backward and dw
+                    assert "param_grad" in set(table["kind"].tolist()), (step, run)
+        warned = [w for w in dump.warnings()]
+        assert len(warned) == len(interrupted) * len(ranks), (warned, run)
+        assert all("interrupted" in w for w in warned), (warned, run)
+
+
+def repeat(tmp_path, name: str, once) -> None:
+    """Run `once(folder)` REPEATS times, two at a time; the first failure fails the test."""
+    folders = [str(tmp_path / f"{name}{i}") for i in range(REPEATS)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for future in [pool.submit(once, folder) for folder in folders]:
+            future.result()
+
+
+# --------------------------------------------------------------------------- variants
+def _local(framework: str):
+    def once(folder: str) -> None:
+        run = run_guide(folder, framework, "local")
+        assert run.rc == 0, run
+        assert run.stdout.splitlines()[-1] == "main done", run
+        check_dump(run, steps=[0, 1])
+    return once
+
+
+def _sys_exit(framework: str):
+    def once(folder: str) -> None:
+        run = run_guide(folder, framework, "sys_exit")
+        assert run.rc == 3, run
+        check_dump(run, steps=[0, 1, 2], interrupted=[2])
+        assert "Traceback" not in run.stderr, run
+    return once
+
+
+def _exception(framework: str):
+    def once(folder: str) -> None:
+        run = run_guide(folder, framework, "exception")
+        assert run.rc == 1, run
+        # Python's own traceback, of the user's error
+        assert "Traceback (most recent call last)" in run.stderr, run
+        assert "RuntimeError: boom in forward" in run.stderr.splitlines(), run
+        check_dump(run, steps=[0, 1, 2], interrupted=[2])
+    return once
+
+
+def check_killed(dump: str) -> List[int]:
+    """A process ended by a signal that Python never saw: the steps written before it are
+    complete and readable, from step 0 on; a .partial is listed as incomplete, never a step."""
+    with precdbg.open_dump(dump) as opened:
+        steps = opened.steps
+        assert steps[0] == 0 and steps == list(range(len(steps))), steps
+        for step in steps:
+            table = opened.records(step=step, rank=0)
+            assert "param_grad" in set(table["kind"].tolist())
+        for path in opened.partial:
+            assert path.endswith(".partial")
+            assert int(os.path.basename(os.path.dirname(path))[4:]) not in steps
+        assert not opened.warnings()
+    return steps
+
+
+def _keyboard_interrupt(framework: str):
+    def once(folder: str) -> None:
+        run = run_guide(folder, framework, "keyboard_interrupt")
+        if framework == "mindspore":
+            # MindSpore's runtime installs its own SIGINT handler (in C++), which ends the
+            # process with SIGTERM: no Python code runs, as for a scheduler's SIGTERM
+            assert run.rc == -signal.SIGTERM, run
+            assert "stopped 1" in run.stdout.splitlines(), run
+            assert check_killed(run.dump) in ([0], [0, 1]), run
+            return
+        # Python ends an uncaught KeyboardInterrupt by re-raising SIGINT
+        assert run.rc in (-signal.SIGINT, 128 + signal.SIGINT), run
+        assert "KeyboardInterrupt" in run.stderr, run
+        check_dump(run, steps=[0, 1, 2], interrupted=[2])
+    return once
+
+
+def _gc_exit(framework: str):
+    def once(folder: str) -> None:
+        run = run_guide(folder, framework, "gc_exit", task="tensor")
+        assert run.rc == 0, run
+        check_dump(run, steps=[0, 1, 2])
+    return once
+
+
+def _gc_retire(framework: str):
+    def once(folder: str) -> None:
+        run = run_guide(folder, framework, "gc_retire", task="tensor")
+        assert run.rc == 0, run
+        assert "writer alive after gc: False" in run.stdout, run
+        check_dump(run, steps=[0, 1, 2])
+    return once
+
+
+VARIANTS = {"local": _local, "sys_exit": _sys_exit, "exception": _exception,
+            "keyboard_interrupt": _keyboard_interrupt, "gc_exit": _gc_exit,
+            "gc_retire": _gc_retire}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_torch_guide_pattern_exits_cleanly(tmp_path, variant):
+    repeat(tmp_path, variant, VARIANTS[variant]("torch"))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_mindspore_guide_pattern_exits_cleanly(tmp_path, variant):
+    pytest.importorskip("mindspore")
+    repeat(tmp_path, variant, VARIANTS[variant]("mindspore"))
+
+
+def test_torchrun_two_ranks_without_close(tmp_path):
+    def once(folder: str) -> None:
+        run = run_guide(folder, "torch", "torchrun", command=[
+            PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "--no-python", PYTHON])
+        assert run.rc == 0, run
+        check_dump(run, steps=[0, 1], ranks=[0, 1])
+    repeat(tmp_path, "torchrun", once)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs SIGTERM")
+def test_sigterm_keeps_every_written_step_readable(tmp_path):
+    """What a job scheduler sends first: the process dies at once (default action); steps
+    already renamed are complete, the one being written stays a .partial the reader skips."""
+    def once(folder: str) -> None:
+        os.makedirs(folder)
+        config = _config(folder, "statistics")
+        dump = os.path.join(folder, "dump")
+        proc = subprocess.Popen([PYTHON, GUIDE, "torch", "sigterm", config], cwd=REPO,
+                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            deadline = time.time() + TIMEOUT
+            while time.time() < deadline:
+                line = proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"ended early: {proc.wait()} {proc.stderr.read()}")
+                iteration = int(line.split()[-1]) if line.startswith("stopped ") else -1
+                if iteration >= 3 and os.path.exists(os.path.join(dump, "step0", "rank0.h5")):
+                    break
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == -signal.SIGTERM
+        assert check_killed(dump)
+    repeat(tmp_path, "sigterm", once)

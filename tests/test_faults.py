@@ -1,0 +1,307 @@
+"""Failures inside precdbg, made to happen for real: each is counted in `debugger.failures`,
+reported once on stderr in one line naming the step and the stage, leaves the debugger usable
+for the next selected step, and never stops training, loses a written step or leaves a
+`.partial` behind."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import textwrap
+from typing import List
+
+import pytest
+import torch
+from torch import nn
+
+import precdbg
+
+from conftest import (PYTHON, REPO, make_batch_list, make_model, make_optimizer, run_steps,
+                      torch_hooks_left)
+from precdbg_pt import PrecisionDebugger
+
+
+def precdbg_lines(stderr: str) -> List[str]:
+    return [line for line in stderr.splitlines() if line.startswith("precdbg: ")]
+
+
+def reported(caplog) -> List[str]:
+    """What precdbg reported (in-process; pytest routes the logger to caplog, a process
+    without logging set up prints the same lines on stderr - the subprocess tests check that)."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "precdbg" and r.levelno >= logging.WARNING]
+
+
+def partial_files(root: str) -> List[str]:
+    return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files
+            if f.endswith(".partial")]
+
+
+# --------------------------------------------------------------------------- statistics, hooks
+class SparseEmbeddingLM(nn.Module):
+    """A real model whose embedding has sparse gradients: torch has no `aminmax` for sparse
+    tensors, so the statistics kernel raises for that weight's gradient (dw)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 16, sparse=True)
+        self.proj = nn.Linear(16, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.relu(self.embed(x)))
+
+
+def test_statistics_kernel_failure_is_contained(tmp_path, caplog):
+    torch.manual_seed(0)
+    model = SparseEmbeddingLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dump_path = str(tmp_path / "dump")
+    dbg = PrecisionDebugger(dump_path=dump_path)
+    losses = []
+    for step in range(3):
+        x = torch.randint(0, 64, (4, 8))
+        dbg.start(model)
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, 64), x.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        dbg.stop()
+        dbg.step()
+        losses.append(float(loss.detach()))
+    assert dbg.close()
+    assert all(l == l for l in losses)
+    assert dbg.failures >= 3                  # the sparse dw, in every step
+    lines = reported(caplog)
+    assert len(lines) == 1, lines             # reported once, in one line
+    assert lines[0].startswith("precdbg: step 0: ") and "aminmax" in lines[0]
+    assert "training continues" in lines[0] and "SparseCPU" in lines[0]
+    with precdbg.open_dump(dump_path) as dump:
+        assert dump.steps == [0, 1, 2]
+        for step in dump.steps:
+            table = dump.records(step=step)
+            grads = set(table["entry"][table["kind"] == "param_grad"].tolist())
+            # every other record of the step is there, the dense dw included
+            assert "Param.proj.weight.grad" in grads
+            assert "Param.embed.weight.grad" not in grads
+        assert all("failure(s) inside precdbg" in w for w in dump.warnings())
+        assert len(dump.warnings()) == 3
+    assert not partial_files(dump_path)
+    assert torch_hooks_left(model) == []
+
+
+class FlakyModel(nn.Module):
+    """A user's wrapper whose module walk fails the first time (as a half-built model can)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = make_model()
+        self.fail_next_walk = False
+
+    def named_modules(self, *args, **kwargs):
+        if self.fail_next_walk:
+            self.fail_next_walk = False
+            raise RuntimeError("model is not ready")
+        return super().named_modules(*args, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_start_failure_is_contained_and_the_next_step_is_dumped(tmp_path, caplog):
+    model = FlakyModel()
+    opt = make_optimizer(model)
+    dump_path = str(tmp_path / "dump")
+    dbg = PrecisionDebugger(dump_path=dump_path)
+    model.fail_next_walk = True
+    losses = run_steps(dbg, model, opt, make_batch_list(2), 2, close=False)
+    assert dbg.close()
+    assert len(losses) == 2 and all(torch.isfinite(l) for l in losses)
+    assert dbg.failures == 1
+    lines = reported(caplog)
+    assert lines == ["precdbg: step 0: start() failed (RuntimeError: model is not ready); "
+                     "training continues (counted in debugger.failures)"]
+    with precdbg.open_dump(dump_path) as dump:
+        assert dump.steps == [1]               # step 0 left nothing behind; step 1 is whole
+        assert "param_grad" in set(dump.records(step=1)["kind"].tolist())
+        assert dump.warnings() == []
+    assert not partial_files(dump_path)
+    assert torch_hooks_left(model) == []
+
+
+# --------------------------------------------------------------------------- in subprocesses
+UNIMPORTABLE = r"""
+import json, sys
+sys.modules["xxhash"] = None            # an optional module that cannot be imported
+import torch
+from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
+from precdbg_pt import PrecisionDebugger
+
+torch.manual_seed(0)
+cfg = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=8, vocab_size=64)
+model = GPT(cfg)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+debugger = PrecisionDebugger(config_path=CONFIG)
+for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=3, seed=0)):
+    debugger.start(model)
+    train_step(model, opt, x, y)
+    if i == 0:
+        debugger.step()                  # step() without stop(): step() runs the stop
+    else:
+        debugger.stop(); debugger.step()
+    if i == 0:
+        debugger.flush()                 # (the writer has met the missing module too)
+        del sys.modules["xxhash"]        # the module is back (installed) for later steps
+print(json.dumps({"failures": debugger.failures}))
+"""
+
+
+def _write_config(folder, **settings) -> str:
+    path = os.path.join(folder, "config.json")
+    with open(path, "w") as handle:
+        json.dump(dict({"dump_path": os.path.join(folder, "dump")}, **settings), handle)
+    return path
+
+
+def _run_script(folder, code: str, config: str, timeout: float = 180
+                ) -> subprocess.CompletedProcess:
+    script = os.path.join(folder, "train.py")
+    with open(script, "w") as handle:
+        handle.write(f"CONFIG = {config!r}\n" + textwrap.dedent(code))
+    return subprocess.run([PYTHON, script], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def test_unimportable_module_fails_step_and_writer_then_recovers(tmp_path):
+    config = _write_config(str(tmp_path), summary_mode="checksum")
+    proc = _run_script(str(tmp_path), UNIMPORTABLE, config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failures = json.loads(proc.stdout.splitlines()[-1])["failures"]
+    lines = precdbg_lines(proc.stderr)
+    # the stop run by step() could not record the first batch; the writer could not hash
+    assert any(l.startswith("precdbg: step 0: stop(): recording the first batch failed "
+                            "(ModuleNotFoundError: import of xxhash halted")
+               for l in lines), lines
+    dropped = [l for l in lines if "dropped: writing" in l]
+    assert len(dropped) == 1 and "step0" in dropped[0] and "xxhash" in dropped[0]
+    assert "free on its disk" in dropped[0]
+    assert failures == len(lines) == 2, (failures, lines)
+    dump_path = str(tmp_path / "dump")
+    assert not partial_files(dump_path)
+    with precdbg.open_dump(dump_path) as dump:
+        assert dump.steps == [1, 2]            # step 0 dropped whole; the next ones complete
+        table = dump.records(step=1)
+        assert "param_grad" in set(table["kind"].tolist())
+        assert all(len(c) == 16 for c in table["checksum"][table["dtype"] == "float32"])
+
+
+DISK_FULL = r"""
+import json, resource, signal
+import torch
+from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
+from precdbg_pt import PrecisionDebugger
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a full quota: writes fail with EFBIG
+torch.manual_seed(0)
+cfg = GPTConfig(n_layer=2, d_model=64, n_head=2, seq_len=16, vocab_size=128)
+model = GPT(cfg)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+debugger = PrecisionDebugger(config_path=CONFIG)
+losses = []
+for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=3, seed=0)):
+    if i == 1:
+        debugger.flush()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, resource.RLIM_INFINITY))
+    debugger.start(model)
+    losses.append(float(train_step(model, opt, x, y)))
+    debugger.stop(); debugger.step()
+    if i == 1:
+        debugger.flush()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+print(json.dumps({"failures": debugger.failures, "losses": losses}))
+"""
+
+
+def _check_dropped_step_1(proc: subprocess.CompletedProcess, dump_path: str) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert len(result["losses"]) == 3 and result["failures"] == 1
+    lines = precdbg_lines(proc.stderr)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("precdbg: step 1 rank 0 dropped: writing ")
+    assert os.path.join(dump_path, "step1", "rank0.h5") in lines[0]
+    assert "free on its disk" in lines[0] and "training continues" in lines[0]
+    assert not partial_files(dump_path)
+    with precdbg.open_dump(dump_path) as dump:
+        assert dump.steps == [0, 2]
+        for step in (0, 2):
+            assert "param_grad" in set(dump.records(step=step)["kind"].tolist())
+            assert dump.tensor("Functional.linear.0.forward.output.0", step=step).size > 0
+
+
+def test_file_size_limit_drops_one_step_and_training_continues(tmp_path):
+    config = _write_config(str(tmp_path), task="tensor")
+    proc = _run_script(str(tmp_path), f"LIMIT = {1 << 20}\n" + DISK_FULL, config)
+    _check_dropped_step_1(proc, str(tmp_path / "dump"))
+
+
+def _mount_tmpfs(path: str, options: str) -> bool:
+    os.makedirs(path, exist_ok=True)
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", path],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def _unmount(path: str) -> None:
+    subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
+
+
+def test_full_tmpfs_drops_one_step_and_training_continues(tmp_path):
+    mount = str(tmp_path / "small")
+    if not _mount_tmpfs(mount, "size=6m"):
+        pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
+    try:
+        folder = os.path.join(mount, "run")
+        os.makedirs(folder)
+        config = _write_config(folder, task="tensor")
+        # fill the disk after step 0 so that step 1 cannot fit; free it again for step 2
+        code = DISK_FULL.replace(
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, resource.RLIM_INFINITY))",
+            "open(FILLER, 'wb').write(b'0' * (FREE() - (256 << 10)))").replace(
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)",
+            "os.remove(FILLER)")
+        prelude = (f"import os, shutil\nFILLER = {os.path.join(mount, 'filler')!r}\n"
+                   f"FREE = lambda: shutil.disk_usage({mount!r}).free\n")
+        proc = _run_script(folder, prelude + code, config)
+        _check_dropped_step_1(proc, os.path.join(folder, "dump"))
+    finally:
+        _unmount(mount)
+
+
+def test_read_only_dump_path_is_one_clear_error_at_start(tmp_path):
+    target = str(tmp_path / "readonly")
+    if os.geteuid() != 0:
+        os.makedirs(target)
+        os.chmod(target, 0o555)
+    elif not _mount_tmpfs(target, "size=1m,ro"):
+        pytest.skip("as root, a read-only folder needs a read-only mount, which failed here")
+    try:
+        dump_path = os.path.join(target, "dump")
+        config = _write_config(str(tmp_path), task="statistics", dump_path=dump_path)
+        proc = _run_script(str(tmp_path), UNIMPORTABLE.replace(
+            'sys.modules["xxhash"] = None', "").replace('del sys.modules["xxhash"]', "pass"),
+            config)
+        assert proc.returncode == 1
+        last = proc.stderr.rstrip().splitlines()[-1]
+        assert last.startswith(f"precdbg.errors.ConfigError: dump_path: {dump_path} is not a "
+                               "writable folder ("), last
+        assert "Read-only file system" in last or "Permission denied" in last
+        assert "precdbg: " not in proc.stderr     # nothing failed later: it never started
+    finally:
+        if os.geteuid() == 0:
+            _unmount(target)
+        else:
+            os.chmod(target, 0o755)
