@@ -37,6 +37,7 @@ def _row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndar
     ra, rb = ta.row(i), tb.row(j)
     row = {"step": ra["step"], "rank": ra["rank"], "name_a": ra["entry"], "name_b": rb["entry"],
            "kind": ra["kind"], "direction": ra["direction"], "module": ra["module"],
+           "module_b": rb["module"],
            "op": ra["op"], "role": ra["role"], "arg_index": ra["arg_index"],
            "dtype_a": ra["dtype"], "dtype_b": rb["dtype"], "shape_a": list(ra["shape"]),
            "shape_b": list(rb["shape"]), "order": ra["order"], "seq": ra["seq"],

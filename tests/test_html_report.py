@@ -1,0 +1,203 @@
+"""The HTML report of `precdbg compare --html`: the data embedded in the page against the JSON
+report of the same compare, the module trees against the dumps, and the page as a real browser
+draws it (headless Chromium when `chromium` is on PATH: the culprit's node is open, visible,
+highlighted and selected; the screenshot shows it in the culprit's colour).
+
+Dumps: the tiny seeded GPT of compare_support, a clean baseline against the GELU-tanh defect,
+each with its rank-0 files also copied as rank 1 (the same records under another rank), so the
+page has two ranks to choose from.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from typing import Any, Dict, List, Tuple
+
+import h5py
+import pytest
+
+import compare_support as cs
+from precdbg import open_dump
+from precdbg.compare.html_report import ROW_NUMBER_COLUMNS, ROW_STRING_COLUMNS
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CULPRIT = "Functional.gelu.1.forward"    # the second GELU call: blocks.1
+CULPRIT_MODULE = "blocks.1.mlp.act"
+
+
+def _with_rank_1(root: str) -> str:
+    """Copy every step's rank0.h5 to rank1.h5 (its rank attribute rewritten): a 2-rank dump."""
+    for path in glob.glob(os.path.join(root, "step*", "rank0.h5")):
+        copy = os.path.join(os.path.dirname(path), "rank1.h5")
+        shutil.copyfile(path, copy)
+        with h5py.File(copy, "r+") as handle:
+            handle.attrs["rank"] = 1
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Dict[str, Any]:
+    """`precdbg compare base gelu_tanh --json --html` run once: the paths and both outputs."""
+    root = tmp_path_factory.mktemp("html")
+    base = _with_rank_1(cs.dump_gpt(str(root / "base")))
+    cand = _with_rank_1(cs.dump_gpt(str(root / "gelu"), defect="gelu_tanh"))
+    out = {"json": str(root / "report.json"), "html": str(root / "report.html")}
+    proc = cs.run_cli("compare", base, cand, "--json", out["json"], "--html", out["html"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    with open(out["json"], encoding="utf-8") as handle:
+        result = json.load(handle)
+    with open(out["html"], encoding="utf-8") as handle:
+        page = handle.read()
+    return {"root": str(root), "base": base, "cand": cand, "result": result, "page": page,
+            "html": out["html"]}
+
+
+def _embedded(page: str) -> Dict[str, Any]:
+    found = re.search(r'<script type="application/json" id="precdbg-data">(.*?)</script>', page,
+                      re.S)
+    assert found, "the page holds no #precdbg-data element"
+    return json.loads(found.group(1))
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(float(a), float(b), rel_tol=1e-5, abs_tol=1e-300)
+
+
+# =========================================================================== plain checks
+def test_page_is_self_contained(report):
+    page = report["page"]
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert "http://" not in page and "https://" not in page
+    assert not re.search(r"<(script|img|iframe)[^>]*\ssrc=|<link\b", page), \
+        "the page loads something from outside itself"
+
+
+def test_embedded_rows_are_the_json_report_rows(report):
+    data, result = _embedded(report["page"]), report["result"]
+    strings, rows = data["strings"], data["rows"]
+    assert rows["count"] == len(result["rows"]) > 0
+    assert {r["rank"] for r in result["rows"]} == {0, 1}
+    for k, row in enumerate(result["rows"]):
+        for column in ROW_STRING_COLUMNS:
+            got = strings[rows[column][k]]
+            if column.startswith("shape_"):
+                want = "x".join(map(str, row[column])) if row[column] else "scalar"
+            elif column == "module_b":
+                want = row.get("module_b", row["module"])
+            else:
+                want = str(row[column])
+            assert got == want, (k, column, got, want)
+        for column in ROW_NUMBER_COLUMNS:
+            assert _same_number(rows[column][k], row.get(column)), \
+                (k, column, rows[column][k], row.get(column))
+
+
+def test_embedded_verdict_culprit_and_setup_are_the_json_report(report):
+    data, result = _embedded(report["page"]), report["result"]
+    assert data["verdict"] == result["verdict"] == "diverged"
+    assert data["first_divergence"] == result["first_divergence"]
+    assert data["first_divergence"]["name_a"] == CULPRIT
+    assert data["first_divergence"]["module"] == CULPRIT_MODULE
+    assert data["setup"] == result["setup"]
+    assert data["consequences"] == result["consequences"]
+    assert data["unmatched_count"] == result["unmatched_count"]
+    assert data["unmatched"]["count"] == len(result["unmatched"])
+
+
+def test_embedded_module_trees_are_the_dumps(report):
+    data = _embedded(report["page"])
+    for side, path in (("a", report["base"]), ("b", report["cand"])):
+        with open_dump(path) as dump:
+            for rank in (0, 1):
+                tree = data["trees"][data["tree_of"][side][f"0/{rank}"]]
+                want = dump.modules(step=0, rank=rank)
+                assert list(zip(tree["path"], tree["cls"], tree["parent"])) == want
+    # both runs have the same tree, so the page stores it once
+    assert len(data["trees"]) == 1
+
+
+def test_page_without_its_dumps_still_renders_from_the_records(report, tmp_path):
+    from precdbg.compare.html_report import page_data, render_html
+    moved = dict(report["result"], baseline={"path": str(tmp_path / "gone"), "framework": ""})
+    page = render_html(moved, trees={})
+    data = _embedded(page)
+    assert data["trees"] == [] and data["rows"]["count"] == len(moved["rows"])
+    assert page_data(moved, {})["first_divergence"]["name_a"] == CULPRIT
+
+
+# =========================================================================== in a browser
+class _Nodes(HTMLParser):
+    """Every tree node (div.node) of a dumped DOM, and the body's attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: List[Dict[str, str]] = []
+        self.body: Dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: List[Tuple[str, Any]]) -> None:
+        found = {k: v or "" for k, v in attrs}
+        if tag == "body":
+            self.body = found
+        elif tag == "div" and "node" in found.get("class", "").split():
+            self.nodes.append(found)
+
+
+def _chromium(profile: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--no-first-run", "--hide-scrollbars", f"--user-data-dir={profile}",
+         "--window-size=1400,1100", "--virtual-time-budget=5000", *args],
+        capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_opens_the_tree_at_the_culprit(report, tmp_path):
+    url = "file://" + os.path.abspath(report["html"])
+    proc = _chromium(str(tmp_path / "profile"), "--dump-dom", url)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = _Nodes()
+    dom.feed(proc.stdout)
+    assert dom.body.get("data-culprit") == "visible", \
+        f"the page reports the culprit's node as {dom.body.get('data-culprit')!r}"
+    culprits = [n for n in dom.nodes if n.get("data-status") == "culprit"]
+    assert [n["data-name"] for n in culprits] == [CULPRIT], culprits
+    assert {"st-culprit", "selected"} <= set(culprits[0]["class"].split())
+    assert culprits[0]["data-path"] == CULPRIT_MODULE
+    # the path from the root to the culprit is open: every enclosing module is drawn, marked
+    drawn = {n["data-path"]: n["data-status"] for n in dom.nodes if not n.get("data-name")}
+    for path in ("", "blocks", "blocks.1", "blocks.1.mlp", CULPRIT_MODULE):
+        assert drawn.get(path) == "contains", (path, drawn.get(path))
+    # lazily drawn: what lies under a closed node is not in the DOM (blocks.0 is closed)
+    assert drawn.get("blocks.0") == "consequence"
+    assert not [n for n in dom.nodes if n["data-path"].startswith("blocks.0.")]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_screenshot_shows_the_culprit_highlighted(report, tmp_path):
+    image = pytest.importorskip("PIL.Image")
+    shot = str(tmp_path / "report.png")
+    proc = _chromium(str(tmp_path / "profile"), f"--screenshot={shot}",
+                     "file://" + os.path.abspath(report["html"]))
+    assert proc.returncode == 0 and os.path.isfile(shot), proc.stderr[-2000:]
+    with image.open(shot) as img:
+        pixels = img.convert("RGB")
+        width, height = pixels.size
+        colours = pixels.getcolors(width * height)
+    counts = {rgb: n for n, rgb in colours}
+    highlight = counts.get((0xfd, 0xe2, 0xe2), 0)   # the culprit node's background
+    red = sum(n for rgb, n in counts.items()
+              if abs(rgb[0] - 0xd6) < 12 and abs(rgb[1] - 0x27) < 12 and abs(rgb[2] - 0x28) < 12)
+    assert highlight > 1000, f"culprit highlight: {highlight} pixels"
+    assert red > 100, f"culprit red: {red} pixels"
+    keep = os.environ.get("PRECDBG_SCREENSHOT_DIR")
+    if keep:   # for a person to look at
+        os.makedirs(keep, exist_ok=True)
+        shutil.copyfile(shot, os.path.join(keep, "report.png"))
