@@ -249,6 +249,54 @@ def test_cli_exit_2_on_absent_step(dumps):
     assert len(lines) == 1 and lines[0].startswith("precdbg:"), proc.stderr
 
 
+def _compare_on_terminal(args, after: str) -> Dict[str, str]:
+    """`python -m precdbg compare ARGS` with stderr on a pseudo-terminal; stdout, stderr."""
+    import os
+    import pty
+    master, slave = pty.openpty()
+    env = dict(os.environ, PRECDBG_PROGRESS_AFTER=after)
+    try:
+        proc = subprocess.run([cs.PYTHON, "-m", "precdbg", "compare", *args], cwd=cs.REPO,
+                              stdout=subprocess.PIPE, stderr=slave, env=env, timeout=120)
+    finally:
+        os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:         # EIO: the terminal is closed and drained
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return {"stdout": proc.stdout.decode(), "stderr": b"".join(chunks).decode(),
+            "code": proc.returncode}
+
+
+def test_cli_progress_on_a_terminal(dumps):
+    args = (dumps("base"), dumps("gelu_tanh"))
+    shown = _compare_on_terminal(args, after="0")
+    assert shown["code"] == 1, shown
+    assert "step 0 rank 0: " in shown["stderr"] and \
+        "records aligned and compared" in shown["stderr"], shown["stderr"]
+    assert shown["stderr"].endswith("\r"), "the progress line is erased at the end"
+    assert "\n" not in shown["stderr"].replace("\r\n", ""), shown["stderr"]
+    piped = cs.run_cli("compare", *args)
+    assert shown["stdout"] == piped.stdout, "progress never goes to stdout"
+
+
+def test_cli_no_progress_when_quick_or_not_a_terminal(dumps):
+    import os
+    args = (dumps("base"), dumps("gelu_tanh"))
+    quick = _compare_on_terminal(args, after="30")
+    assert quick["code"] == 1 and quick["stderr"] == "", quick["stderr"]
+    piped = subprocess.run([cs.PYTHON, "-m", "precdbg", "compare", *args], cwd=cs.REPO,
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PRECDBG_PROGRESS_AFTER="0"))
+    assert piped.returncode == 1 and piped.stderr == "", piped.stderr
+
+
 # =========================================================================== mapping files
 def test_mapping_renamed_attribute(dumps, tmp_path):
     # blocks -> layers: without a mapping the parameter inventories disagree
