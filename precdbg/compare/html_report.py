@@ -11,7 +11,8 @@ Data format (`page_data`), version 1:
   {"format": "precdbg-report", "version": 1, "verdict", "first_divergence", "consequences",
    "setup", "notes", "baseline", "candidate", "unmatched_count", "summary_text",
    "strings": [...],                                  every string column indexes this table
-   "rows": {"count": N, "<column>": [...], ...},      ROW_STRING_COLUMNS index "strings"
+   "rows": {"count": N, "<column>": [...], ...},      ROW_STRING_COLUMNS index "strings"; a
+                                                      column of one value throughout is that value
    "unmatched": {"count": M, "side": [...], ...},     same encoding
    "trees": [{"path": [...], "cls": [...], "parent": [...]}, ...],   distinct module trees
    "tree_of": {"a": {"<step>/<rank>": k}, "b": {...}}}              which tree each file holds
@@ -88,19 +89,30 @@ def _shape_text(shape: Any) -> str:
     return "" if shape is None else str(shape)
 
 
+def _string_value(item: Dict[str, Any], column: str) -> str:
+    if column.startswith("shape_"):
+        return _shape_text(item.get(column))
+    if column == "module_b":    # the candidate's module path, where compare recorded it
+        return str(item.get("module_b", item.get("module")))
+    value = item.get(column)
+    return "" if value is None else str(value)
+
+
 def _columns(items: Sequence[Dict[str, Any]], strings: _Strings, string_columns: Sequence[str],
              number_columns: Sequence[str]) -> Dict[str, Any]:
+    """Columns of `items`; a column holding one value throughout is stored as that value."""
     out: Dict[str, Any] = {"count": len(items)}
-    for column in string_columns:
-        if column.startswith("shape_"):
-            out[column] = [strings(_shape_text(item.get(column))) for item in items]
-        elif column == "module_b":   # the candidate's module path, where compare recorded it
-            out[column] = [strings(item.get("module_b", item.get("module"))) for item in items]
-        else:
-            out[column] = [strings(item.get(column)) for item in items]
+    texts = {column: [_string_value(item, column) for item in items] for column in string_columns}
+    # columns of few distinct values first: their strings get the short (small) indices
+    for column in sorted(string_columns, key=lambda c: len(set(texts[c]))):
+        out[column] = [strings(text) for text in texts[column]]
     for column in number_columns:
         out[column] = [_number(item.get(column)) for item in items]
-    return out
+    for column in (*string_columns, *number_columns):
+        values = out[column]
+        if values and all(v == values[0] and type(v) is type(values[0]) for v in values):
+            out[column] = values[0]
+    return {"count": out["count"], **{c: out[c] for c in (*string_columns, *number_columns)}}
 
 
 def module_trees(result: Dict[str, Any]) -> Dict[str, Dict[Tuple[int, int], Tree]]:

@@ -5,6 +5,11 @@
   'use strict';
   var D = JSON.parse(document.getElementById('precdbg-data').textContent);
   var S = D.strings, R = D.rows, U = D.unmatched, F = D.first_divergence;
+  [R, U].forEach(function (t) {       // a column of one value throughout is stored as the value
+    Object.keys(t).forEach(function (c) {
+      if (c !== 'count' && !Array.isArray(t[c])) { var v = t[c]; t[c] = new Array(t.count).fill(v); }
+    });
+  });
   var STATES = [['match', 'matches'], ['culprit', 'first divergence'],
     ['contains', 'contains the first divergence'], ['consequence', 'diverges after it'],
     ['only', 'only on one side'], ['none', 'not compared']];
