@@ -204,3 +204,61 @@ def test_browser_screenshot_shows_the_culprit_highlighted(report, tmp_path):
     if keep:   # for a person to look at
         os.makedirs(keep, exist_ok=True)
         shutil.copyfile(shot, os.path.join(keep, "report.png"))
+
+
+def _dom_of(url: str, profile: str) -> _Nodes:
+    proc = _chromium(profile, "--dump-dom", url)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = _Nodes()
+    dom.feed(proc.stdout)
+    dom.text = proc.stdout
+    return dom
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_opens_another_rank_from_the_address(report, tmp_path):
+    dom = _dom_of("file://" + os.path.abspath(report["html"]) + "#step=0&rank=1",
+                  str(tmp_path / "profile"))
+    assert dom.body.get("data-file") == "0/1"
+    # the first divergence is named on rank 0; rank 1 shows the same records as later ones
+    assert dom.body.get("data-culprit") == "elsewhere"
+    statuses = {n["data-path"]: n["data-status"] for n in dom.nodes if not n.get("data-name")}
+    assert "culprit" not in statuses.values() and statuses.get("blocks") == "consequence"
+    assert re.search(r'<option value="1" selected', dom.text) or \
+        re.search(r'id="rank-select"', dom.text)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_shows_the_chain_that_led_to_the_culprit(report, tmp_path):
+    from precdbg.compare.html_report import write_html
+    result = json.loads(json.dumps(report["result"]))
+    first = result["first_divergence"]
+    first["chain"] = [
+        {"name_a": "Tensor.add.4.forward", "name_b": "Tensor.add.4.forward", "step": 0, "rank": 0,
+         "text": "reads the output of blocks.1.mlp.proj, which differs while its inputs agree"},
+        {"name_a": first["name_a"], "name_b": first["name_b"], "step": 0, "rank": 0,
+         "text": "differs while its inputs agree <b>here</b>"}]
+    page = str(tmp_path / "chain.html")
+    write_html(result, page)
+    dom = _dom_of("file://" + page, str(tmp_path / "profile"))
+    assert dom.body.get("data-culprit") == "visible"
+    drawn = re.sub(r"<script\b.*?</script>", "", dom.text, flags=re.S)
+    for link in first["chain"]:
+        # drawn as text (escaped), in the summary and in the culprit's details
+        assert drawn.count(link["text"].replace("<", "&lt;").replace(">", "&gt;")) == 2, \
+            link["text"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_draws_a_match_all_green(report, tmp_path):
+    from precdbg.compare import compare_dumps
+    from precdbg.compare.html_report import write_html
+    result = compare_dumps(report["base"], report["base"])
+    assert result["verdict"] == "match"
+    page = str(tmp_path / "match.html")
+    write_html(result, page)
+    dom = _dom_of("file://" + page, str(tmp_path / "profile"))
+    assert dom.body.get("data-culprit") == "none"
+    statuses = {n["data-status"] for n in dom.nodes}
+    assert statuses <= {"match", "none"} and "match" in statuses, statuses
+    assert ">MATCH<" in dom.text

@@ -149,7 +149,8 @@
       else if (n.bad) n.status = 'consequence';
       else if (n.rows.length) n.status = 'match';
       else if (n.unmatched.length || n.side) n.status = 'only';
-      else n.status = 'none';
+      else if (n.subBad) n.status = 'consequence';     // a container: as what it holds
+      else n.status = n.children.some(function (c) { return c.status === 'match'; }) ? 'match' : 'none';
     })(root);
     if (F && F.kind === 'module' && culprit && culprit.leaf) culprit = culprit.parent;
     for (var p = culprit && culprit.parent; p; p = p.parent) {
@@ -224,14 +225,14 @@
     }));
     var t = el('table', { cls: 'recs' }, [head]);
     rows.slice().sort(function (a, b) { return R.seq[a] - R.seq[b]; }).forEach(function (i) {
-      var bad = s(R, 'status', i) === 'diverged';
+      var bad = s(R, 'status', i) === 'diverged', arg = s(R, 'dtype_a', i).slice(0, 3) === 'py.';
       t.appendChild(el('tr', { cls: isCulpritRow(i) && bad ? 'culprit' : (bad ? 'bad' : '') }, [
         el('td', { cls: 'l mono', title: s(R, 'name_b', i) }, [s(R, 'name_a', i)]),
         el('td', { cls: 'l', text: s(R, 'role', i) + ' ' + R.arg_index[i] }),
         el('td', { cls: 'l' }, [s(R, 'dtype_a', i), el('br'), el('span', { cls: 'b', text: s(R, 'dtype_b', i) })]),
         el('td', { cls: 'l' }, [s(R, 'shape_a', i), el('br'), el('span', { cls: 'b', text: s(R, 'shape_b', i) })]),
         statsCell(i, 'min'), statsCell(i, 'max'), statsCell(i, 'mean'), statsCell(i, 'norm'),
-        el('td', { text: fmt(R.err[i]) }), el('td', { text: fmt(R.tol[i]) }),
+        el('td', { text: arg ? '' : fmt(R.err[i]) }), el('td', { text: arg ? '' : fmt(R.tol[i]) }),
         el('td', { text: bad ? 'differs' : 'ok' })]));
     });
     return t;
@@ -432,6 +433,9 @@
   }
   function setFile(step, rank) {
     state.step = step; state.rank = rank; state.selected = null;
+    if (window.history && history.replaceState) {
+      try { history.replaceState(null, '', '#step=' + step + '&rank=' + rank); } catch (e) { /* file:// in some browsers */ }
+    }
     document.getElementById('step-select').value = String(step);
     document.getElementById('rank-select').value = String(rank);
     state.model = buildModel(step, rank);
@@ -478,12 +482,16 @@
     main.appendChild(el('details', { cls: 'text' }, [el('summary', { text: 'Text report' + (notes.length ? ' and notes' : '') }),
       el('pre', { text: D.summary_text })]));
     if (!steps.length) { document.getElementById('tree').appendChild(el('p', { text: 'Nothing was compared.' })); return; }
-    setFile(F ? F.step : steps[0], F ? F.rank : ranks[0]);
+    var asked = /step=(\d+)&rank=(\d+)/.exec(location.hash || ''), start = F ? [F.step, F.rank] : [steps[0], ranks[0]];
+    if (asked && byFile[asked[1] + '/' + asked[2]]) start = [+asked[1], +asked[2]];
+    setFile(start[0], start[1]);
+    document.body.setAttribute('data-file', state.step + '/' + state.rank);
     if (state.model.culprit) {
       reveal(state.model.culprit);
       document.body.setAttribute('data-culprit', inView(state.model.culprit.el, document.getElementById('tree')) ? 'visible' : 'hidden');
     } else {
-      document.body.setAttribute('data-culprit', F ? 'missing' : 'none');
+      document.body.setAttribute('data-culprit', !F ? 'none' :
+        (state.step === F.step && state.rank === F.rank ? 'missing' : 'elsewhere'));
     }
   }
   page();
