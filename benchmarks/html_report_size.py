@@ -94,8 +94,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                  "--dump-dom", "file://" + os.path.abspath(report_html)],
                 capture_output=True, text=True, timeout=300)
             state = re.search(r'data-culprit="(\w+)"', page.stdout)
-            print(f"  headless chromium: loaded and drawn in {time.perf_counter() - began:.1f} s "
-                  f"(browser start included); culprit {state.group(1) if state else 'not reported'}")
+            drawn = re.search(r'data-render-ms="(\d+)"', page.stdout)
+            print(f"  headless chromium: {time.perf_counter() - began:.1f} s with the browser's "
+                  f"start; the page's script took {drawn.group(1) if drawn else '?'} ms; culprit "
+                  f"{state.group(1) if state else 'not reported'}")
         print(f"  files in {out}" if args.keep or args.out else "")
     finally:
         if not (args.keep or args.out):

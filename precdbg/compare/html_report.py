@@ -5,7 +5,9 @@ step and direction, and the set-up findings.
 The page is rendered in the browser from data embedded as JSON (element `#precdbg-data`): the
 compare result (the JSON report's contract) with its rows stored as columns over one table of
 strings, and the module trees of both dumps. The script and style live beside this module in
-`report_assets/` and are inlined, so the file opens from a `file://` URL offline.
+`report_assets/` and are inlined (the scripts, in the order of _SCRIPTS, in one function scope:
+no libraries, no globals), so the file opens from a `file://` URL offline. The tree's nodes are
+built per (step, rank) when chosen and put in the DOM only when opened.
 
 Data format (`page_data`), version 1:
   {"format": "precdbg-report", "version": 1, "verdict", "first_divergence", "consequences",
@@ -36,6 +38,7 @@ ROW_NUMBER_COLUMNS = ("step", "rank", "arg_index", "seq", "order", "err", "tol",
                       "inf_a", "inf_b", "cosine", "max_abs", "max_rel", "rel_rmse")
 _UNMATCHED_STRING_COLUMNS = ("side", "name", "kind", "module", "op", "role")
 _UNMATCHED_NUMBER_COLUMNS = ("step", "rank", "arg_index")
+_SCRIPTS = ("model.js", "view.js", "timeline.js", "page.js")
 _DIGITS = 6           # significant digits kept for floats in the page (the JSON report keeps all)
 Tree = List[Tuple[str, str, str]]
 
@@ -204,7 +207,8 @@ def render_html(result: Dict[str, Any],
         '<div id="app"></div>\n'
         f'<script type="application/json" id="{DATA_ELEMENT_ID}">{_embed(page_data(result, trees))}'
         "</script>\n"
-        f"<script>\n{_asset('report.js')}</script>\n</body></html>\n")
+        "<script>\n(function () {\n'use strict';\n"
+        + "".join(_asset(name) for name in _SCRIPTS) + "})();\n</script>\n</body></html>\n")
 
 
 def write_html(result: Dict[str, Any], path: str,
