@@ -6,7 +6,9 @@
     box.textContent = '';
     var rows = byFile[state.model.key] || [];
     DIRS.forEach(function (d) {
-      var pts = rows.filter(function (i) { return s(R, 'direction', i) === d[0] && R.err[i] !== null; })
+      var pts = rows.filter(function (i) {   // tensors only: a non-tensor argument has no error to plot
+        return s(R, 'direction', i) === d[0] && R.err[i] !== null && s(R, 'dtype_a', i).slice(0, 3) !== 'py.';
+      })
         .sort(function (a, b) { return R.seq[a] - R.seq[b]; });
       if (!pts.length) return;
       var bad = pts.filter(function (i) { return s(R, 'status', i) === 'diverged'; }).length;
@@ -38,17 +40,10 @@
     }
     g.fillText('execution order \u2192', L, H - 6);
     var cx = null, cy = null, cls = [];
+    var band = Math.max(1.5, Math.min(4, PW / pts.length));
     pts.forEach(function (i, k) {                 // consequences: shaded bands
-      if (s(R, 'status', i) === 'diverged' && !isCulpritRow(i)) { g.fillStyle = 'rgba(255,159,28,0.13)'; g.fillRect(X(k) - 2, T, 4, PH); }
+      if (s(R, 'status', i) === 'diverged' && !isCulpritRow(i)) { g.fillStyle = 'rgba(255,159,28,0.09)'; g.fillRect(X(k) - band / 2, T, band, PH); }
     });
-    g.strokeStyle = '#555'; g.setLineDash([5, 4]); g.beginPath();   // tolerance of each record
-    var pen = false, lastTol = null;     // exact records (integers: tolerance 0) break the line
-    pts.forEach(function (i, k) {
-      if (!R.tol[i]) { pen = false; return; }
-      var y = Y(R.tol[i]); if (pen) g.lineTo(X(k), y); else g.moveTo(X(k), y); pen = true; lastTol = R.tol[i];
-    });
-    g.stroke(); g.setLineDash([]);
-    if (lastTol !== null) { g.fillStyle = '#555'; g.fillText('tolerance', L + PW - 52, Y(lastTol) - 4); }
     var xs = pts.map(function (i, k) { return X(k); }), ys = pts.map(function (i) { return Y(R.err[i]); });
     pts.forEach(function (i, k) {
       var badRow = s(R, 'status', i) === 'diverged';
@@ -56,6 +51,14 @@
       g.fillStyle = badRow ? '#ff9f1c' : '#2e86c1';
       g.beginPath(); g.arc(xs[k], ys[k], badRow ? 2.6 : 1.8, 0, 7); g.fill();
     });
+    g.strokeStyle = 'rgba(60,60,60,0.85)'; g.lineWidth = 1.2; g.setLineDash([5, 4]); g.beginPath();   // tolerance of each record
+    var pen = false, lastTol = null;     // exact records (integers: tolerance 0) are stepped over
+    pts.forEach(function (i, k) {
+      if (!R.tol[i]) return;
+      var y = Y(R.tol[i]); if (pen) g.lineTo(X(k), y); else g.moveTo(X(k), y); pen = true; lastTol = R.tol[i];
+    });
+    g.stroke(); g.setLineDash([]);
+    if (lastTol !== null) { g.fillStyle = '#555'; g.fillText('tolerance', L + PW - 52, Y(lastTol) - 4); }
     cls.forEach(function (k) {
       cx = xs[k]; cy = ys[k];
       g.fillStyle = '#d62728'; g.strokeStyle = '#fff'; g.lineWidth = 1.5;
@@ -64,8 +67,9 @@
     if (cx !== null) {
       var label = 'first divergence: ' + (F.name_a || F.name_b);
       g.font = 'bold 12px sans-serif'; g.fillStyle = '#b00020';
-      var tw = g.measureText(label).width, lx = Math.min(Math.max(cx + 8, L), L + PW - tw);
-      g.fillText(label, lx, cy > T + 16 ? cy - 9 : cy + 18);
+      var tw = g.measureText(label).width, lx = Math.min(Math.max(cx + 8, L), L + PW - tw), ly = cy > T + 16 ? cy - 9 : cy + 18;
+      g.fillStyle = 'rgba(255,255,255,0.85)'; g.fillRect(lx - 3, ly - 11, tw + 6, 15);
+      g.fillStyle = '#b00020'; g.fillText(label, lx, ly);
     }
     function nearest(ev) {
       var rect = canvas.getBoundingClientRect(), mx = ev.clientX - rect.left, my = ev.clientY - rect.top;
