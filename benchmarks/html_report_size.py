@@ -72,7 +72,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             shutil.rmtree(path, ignore_errors=True)
             _dump(path, args.layers, defect)
             _more_ranks(path, args.ranks)
-        report_json, report_html = os.path.join(out, "report.json"), os.path.join(out, "report.html")
+        report_json = os.path.join(out, "report.json")
+        report_html = os.path.join(out, "report.html")
         began = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "precdbg", "compare", base, cand, "--json",
                                report_json, "--html", report_html], capture_output=True, text=True)

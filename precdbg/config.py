@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 from .schema import DataMode, Level, SummaryMode, Task
 
-__all__ = ["DumpConfig", "load_config"]
+__all__ = ["DumpConfig", "load_config", "unknown_key_message"]
 
 _LEVEL_ALIASES = {"l0": Level.MODULE, "l1": Level.API, "module": Level.MODULE, "api": Level.API,
                   "mix": Level.MIX}
@@ -206,7 +206,7 @@ _MS_STAT_ITEMS = {"max", "min", "mean", "l2norm", "norm", "nan count", "negative
                   "positive zero count", "zero count", "inf count", "-inf count", "hash", "md5"}
 
 
-def _unknown_key(key: str, known: Any, what: str = "key") -> str:
+def unknown_key_message(key: str, known: Any, what: str = "key") -> str:
     """"unknown key — did you mean step?" (for "stpe"), or the known keys when none is close."""
     close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
     if close:
@@ -251,7 +251,7 @@ def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
                                   "captured when they dispatch through torch")
         else:
             raise ConfigError(f"{where}: {key}: "
-                              + _unknown_key(key, _MSPROBE_TOP_KNOWN, "msprobe key"))
+                              + unknown_key_message(key, _MSPROBE_TOP_KNOWN, "msprobe key"))
     section_name = _MSPROBE_TASK_SECTIONS.get(task)
     section = raw.get(section_name, {}) if section_name else {}
     if section is None:
@@ -285,7 +285,7 @@ def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
                 raise ConfigError(f"{where}: {path}: remote/online dumping is not supported")
         else:
             raise ConfigError(f"{where}: {path}: "
-                              + _unknown_key(key, _MSPROBE_SECTION_KNOWN)
+                              + unknown_key_message(key, _MSPROBE_SECTION_KNOWN)
                               + f" (task {task!r})")
     return flat
 
@@ -309,7 +309,8 @@ def _msprobe_summary(value: Any, where: str, path: str) -> str:
     if isinstance(value, list):
         unknown = [v for v in value if str(v).lower() not in _MS_STAT_ITEMS]
         if unknown:
-            raise ConfigError(f"{where}: {path}: unknown statistic {unknown[0]!r}")
+            raise ConfigError(f"{where}: {path}: {unknown[0]!r}: "
+                              + unknown_key_message(unknown[0], _MS_STAT_ITEMS, "statistic"))
         return "checksum" if any(str(v).lower() in ("hash", "md5") for v in value) \
             else "statistics"
     if str(value).lower() == "xor":
@@ -353,7 +354,7 @@ def _pydantic_message(exc: ValidationError, where: str) -> str:
         key = "list"
     msg = err.get("msg", "invalid value")
     if err.get("type") == "extra_forbidden":
-        msg = _unknown_key(key, {f.alias or n for n, f in
+        msg = unknown_key_message(key, {f.alias or n for n, f in
                                          DumpConfig.model_fields.items()})
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]

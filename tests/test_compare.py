@@ -314,6 +314,16 @@ def test_mapping_renamed_attribute(dumps, tmp_path):
         "Module.layers.1.mlp.fc.Linear.forward.0" in mapped
 
 
+def test_mapping_file_unknown_key_suggests_the_closest(dumps, tmp_path):
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("modles:\n  layers: blocks\n", encoding="utf-8")
+    proc = cs.run_cli("compare", dumps("base"), dumps("rerun"), "--map", str(mapping))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"precdbg: {mapping}: modles: unknown key — did you mean modules? (a mapping file "
+        "holds only 'modules' and 'ops' mappings)"], proc.stderr
+
+
 def test_mapping_wrapped_model_prefix(dumps, tmp_path):
     # the candidate's GPT is held by a wrapper as `model`: its paths are model.<baseline path>,
     # and the candidate's `model` is the baseline's root module ("")

@@ -353,3 +353,11 @@ def test_msprobe_unknown_key_suggests_the_closest(tmp_path, change, expected):
     data.update(change)
     path = _write(tmp_path / "config.json", data)
     assert _error(load_config, path) == f"{path}: {expected}"
+
+
+def test_msprobe_unknown_statistic_suggests_the_closest(tmp_path):
+    data = dict(MSPROBE)
+    data["statistics"] = {"summary_mode": ["max", "mn"]}
+    path = _write(tmp_path / "config.json", data)
+    assert _error(load_config, path) == \
+        f"{path}: statistics.summary_mode: 'mn': unknown statistic — did you mean min?"
