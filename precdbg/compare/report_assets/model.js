@@ -1,5 +1,6 @@
-/* precdbg compare report: the data and the model of one step/rank file. Inlined by precdbg/compare/html_report.py into one
-   function scope together with the other report_assets/*.js, in the order html_report._SCRIPTS lists. */
+/* precdbg compare report: the data and the model of one step/rank file.
+   Inlined by precdbg/compare/html_report.py into one function scope with the other
+   report_assets/*.js, in the order of html_report._SCRIPTS. */
 /* The page is drawn from the JSON in #precdbg-data (see html_report.py). No libraries, no
    network. Tree nodes are built per (step, rank) on demand and their children are put in the DOM
    only when expanded, so a 10,000-record, 8-rank compare stays responsive. */

@@ -1,5 +1,6 @@
-/* precdbg compare report: the page, the step/rank selectors; starts everything. Inlined by precdbg/compare/html_report.py into one
-   function scope together with the other report_assets/*.js, in the order html_report._SCRIPTS lists. */
+/* precdbg compare report: the page, the step/rank selectors; starts everything.
+   Inlined by precdbg/compare/html_report.py into one function scope with the other
+   report_assets/*.js, in the order of html_report._SCRIPTS. */
   // ------------------------------------------------------------------ page
   function drawTree() {
     var box = document.getElementById('tree');
@@ -9,6 +10,10 @@
     box.appendChild(ul);
   }
   function setFile(step, rank) {
+    if (!byFile[step + '/' + rank]) {    // this step was not compared on this rank: its first rank
+      var other = ranks.filter(function (r) { return byFile[step + '/' + r]; });
+      if (other.length) rank = other[0];
+    }
     state.step = step; state.rank = rank; state.selected = null;
     if (window.history && history.replaceState) {
       try { history.replaceState(null, '', '#step=' + step + '&rank=' + rank); } catch (e) { /* file:// in some browsers */ }
@@ -43,6 +48,12 @@
       })));
     }
     if (F) { main.appendChild(el('h2', { text: 'First divergence' })); main.appendChild(culpritBox(true)); }
+    var notes = (D.notes || []).concat(D.setup_notes || []);
+    if (notes.length) {
+      main.appendChild(el('ul', { cls: 'notes', id: 'notes' }, notes.map(function (n) {
+        return el('li', {}, [el('span', { cls: 'sev sev-info', text: 'note' }), String(n)]);
+      })));
+    }
     var stepSel = el('select', { id: 'step-select', onchange: function () { setFile(+stepSel.value, state.rank); } },
       steps.map(function (v) { return el('option', { value: String(v), text: String(v) }); }));
     var rankSel = el('select', { id: 'rank-select', onchange: function () { setFile(state.step, +rankSel.value); } },
@@ -55,8 +66,7 @@
     main.appendChild(el('div', { cls: 'panes' }, [el('div', { cls: 'tree', id: 'tree' }), el('div', { cls: 'details', id: 'details' })]));
     main.appendChild(el('h2', { text: 'Relative error along execution order (log scale)' }));
     main.appendChild(el('div', { cls: 'timeline', id: 'timeline' }));
-    var notes = (D.notes || []).concat(D.setup_notes || []);
-    main.appendChild(el('details', { cls: 'text' }, [el('summary', { text: 'Text report' + (notes.length ? ' and notes' : '') }),
+    main.appendChild(el('details', { cls: 'text' }, [el('summary', { text: 'Text report (as precdbg compare prints it)' }),
       el('pre', { text: D.summary_text })]));
     if (!steps.length) { document.getElementById('tree').appendChild(el('p', { text: 'Nothing was compared.' })); return; }
     var asked = /step=(\d+)&rank=(\d+)/.exec(location.hash || ''), start = F ? [F.step, F.rank] : [steps[0], ranks[0]];

@@ -1,5 +1,6 @@
-/* precdbg compare report: the timeline of errors per direction. Inlined by precdbg/compare/html_report.py into one
-   function scope together with the other report_assets/*.js, in the order html_report._SCRIPTS lists. */
+/* precdbg compare report: the timeline of errors per direction.
+   Inlined by precdbg/compare/html_report.py into one function scope with the other
+   report_assets/*.js, in the order of html_report._SCRIPTS. */
   // ------------------------------------------------------------------ timeline
   function drawTimeline() {
     var box = document.getElementById('timeline');

@@ -1,5 +1,6 @@
-/* precdbg compare report: the tree view and a node's details. Inlined by precdbg/compare/html_report.py into one
-   function scope together with the other report_assets/*.js, in the order html_report._SCRIPTS lists. */
+/* precdbg compare report: the tree view and a node's details.
+   Inlined by precdbg/compare/html_report.py into one function scope with the other
+   report_assets/*.js, in the order of html_report._SCRIPTS. */
   // ------------------------------------------------------------------ tree view
   var CHUNK = 400;
   function nodeLabel(n) {
