@@ -262,3 +262,24 @@ def test_browser_draws_a_match_all_green(report, tmp_path):
     statuses = {n["data-status"] for n in dom.nodes}
     assert statuses <= {"match", "none"} and "match" in statuses, statuses
     assert ">MATCH<" in dom.text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_shows_the_candidates_names_beside(report, tmp_path):
+    # the candidate holds its blocks as `layers`; a mapping file pairs them
+    cand = cs.dump_gpt(str(tmp_path / "layers"), model="layers")
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("modules:\n  layers: blocks\n", encoding="utf-8")
+    page = str(tmp_path / "mapped.html")
+    proc = cs.run_cli("compare", report["base"], cand, "--map", str(mapping), "--step", "0",
+                      "--rank", "0", "--html", page)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dom = _dom_of("file://" + page, str(tmp_path / "profile"))
+    drawn = re.sub(r"<script\b.*?</script>", "", dom.text, flags=re.S)
+    beside = dict(re.findall(r'<div class="node[^"]*"[^>]*data-path="([^"]*)" data-name=""[^>]*>'
+                             r'(?:(?!</div>).)*?<span class="alt">([^<]*)</span>', drawn))
+    assert beside.get("blocks") == "\u2194 layers" and beside.get("") == "\u2194 LayersGPT", beside
+    statuses = {n["data-path"]: n["data-status"] for n in dom.nodes if not n["data-name"]}
+    # the root's records pair with nothing (GPT vs LayersGPT): one side each; the rest match
+    assert statuses.pop("") == "only"
+    assert set(statuses.values()) == {"match"}, statuses

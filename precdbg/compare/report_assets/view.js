@@ -17,7 +17,8 @@
     if (!n.leaf && n.side === 'b') alt = 'candidate only';
     else if (!n.leaf && n.side === 'a') alt = 'baseline only';
     else if (!n.leaf && ((n.pathB !== null && n.pathB !== n.path) || (n.clsB && n.clsB !== n.cls)))
-      alt = '\u2194 ' + (n.pathB !== null && n.pathB !== n.path ? (n.pathB || '(root)') + ' ' : '') + (n.clsB || '');
+      alt = '\u2194 ' + [n.pathB !== null && n.pathB !== n.path ? (n.pathB || '(root)') : '',
+        n.clsB && n.clsB !== n.cls ? n.clsB : ''].filter(Boolean).join(' ');
     var badge = (hasKids && !n.expanded && n.subBad) ? el('span', { cls: 'badge', text: n.subBad + ' differ inside', title: n.subBad + ' records in this subtree are beyond tolerance' }) : null;
     var row = el('div', { cls: 'node st-' + n.status + (n.leaf ? ' leaf' : '') + (state.selected === n ? ' selected' : ''),
       title: (n.leaf ? n.name : (n.path || '(root)')) + ' \u2014 ' + stateText(n.status),
