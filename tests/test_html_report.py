@@ -1,7 +1,9 @@
 """The HTML report of `precdbg compare --html`: the data embedded in the page against the JSON
 report of the same compare, the module trees against the dumps, and the page as a real browser
-draws it (headless Chromium when `chromium` is on PATH: the culprit's node is open, visible,
-highlighted and selected; the screenshot shows it in the culprit's colour).
+draws it (headless Chromium when `chromium` is on PATH, skipped otherwise: the culprit's node is
+open, visible, highlighted and selected; the screenshot shows it in the culprit's colour; driven
+through tests/browser_support.py, a click lists a node's records, the rank selector redraws the
+tree, hovering the timeline names its records). PRECDBG_SCREENSHOT_DIR=DIR keeps the screenshot.
 
 Dumps: the tiny seeded GPT of compare_support, a clean baseline against the GELU-tanh defect,
 each with its rank-0 files also copied as rank 1 (the same records under another rank), so the
@@ -283,3 +285,73 @@ def test_browser_shows_the_candidates_names_beside(report, tmp_path):
     # the root's records pair with nothing (GPT vs LayersGPT): one side each; the rest match
     assert statuses.pop("") == "only"
     assert set(statuses.values()) == {"match"}, statuses
+
+
+# =========================================================================== clicking and hovering
+@pytest.fixture
+def browser(report, tmp_path):
+    from browser_support import Browser
+    with Browser(str(tmp_path / "profile")) as live:
+        live.open("file://" + os.path.abspath(report["html"]),
+                  ready="document.body.dataset.culprit")
+        yield live
+
+
+_NODE = "document.querySelector('#tree .node[data-path=\"{}\"][data-name=\"{}\"]')"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_click_shows_a_modules_records(browser):
+    fc = _NODE.format("blocks.1.mlp.fc", "")
+    assert browser.js(f"{fc}.dataset.status") == "consequence"
+    browser.js(f"{fc}.click()")
+    assert browser.js("document.querySelector('#details h3').textContent") == "blocks.1.mlp.fc"
+    rows = browser.js("Array.from(document.querySelectorAll('#details table.recs tr'))"
+                      ".slice(1).map(r => Array.from(r.cells).map(c => c.innerText))")
+    entries = {row[0] for row in rows}
+    assert entries == {"Module.blocks.1.mlp.fc.Linear.forward.0",
+                       "Module.blocks.1.mlp.fc.Linear.backward.0"}, entries
+    roles = {row[1].split()[0] for row in rows}
+    assert roles == {"input", "output", "grad_output", "grad_input"}, roles
+    # both runs' statistics: baseline above, candidate below, in each statistics cell
+    norm = rows[0][7].split("\n")
+    assert len(norm) == 2 and all(float(v) > 0 for v in norm), rows[0]
+    # a second click on the selected node opens it: its calls and parameters appear
+    browser.js(f"{fc}.click()")
+    names = browser.js("Array.from(document.querySelectorAll("
+                       "'#tree .node[data-path=\"blocks.1.mlp.fc\"]')).map(n => n.dataset.name)")
+    assert "Param.blocks.1.mlp.fc.weight.grad" in names, names
+    assert any(n.startswith("Functional.linear.") for n in names), names
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_rank_selector_redraws_the_tree(browser):
+    assert browser.js("document.querySelectorAll('#tree .node.st-culprit').length") == 1
+    browser.js("(s => { s.value = '1'; s.dispatchEvent(new Event('change')); })"
+               "(document.getElementById('rank-select'))")
+    assert browser.js("document.querySelectorAll('#tree .node.st-culprit').length") == 0
+    assert browser.js("location.hash") == "#step=0&rank=1"
+    assert browser.js("document.querySelector('#timeline h3').textContent") \
+        .startswith("Step 0, rank 1")
+    browser.js("document.querySelector('#culprit-summary button.link').click()")
+    assert browser.js("document.getElementById('rank-select').value") == "0"
+    assert browser.js("document.querySelector('#tree .node.selected').dataset.name") == CULPRIT
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_hover_names_the_records_of_the_timeline(browser):
+    # sweep the mouse along the forward plot: the tooltip names the records it passes
+    names = browser.js("""(() => {
+        const canvas = document.querySelector('#timeline canvas');
+        const tip = canvas.parentNode.querySelector('.tip');
+        const box = canvas.getBoundingClientRect(), seen = new Set();
+        for (let x = box.left; x < box.right; x += 1) {
+          for (const y of [box.top + 20, box.top + box.height / 2, box.bottom - 25]) {
+            canvas.dispatchEvent(new MouseEvent('mousemove', {clientX: x, clientY: y}));
+            if (tip.style.display === 'block') seen.add(tip.textContent.split('  ')[0]);
+          }
+        }
+        return Array.from(seen);
+    })()""")
+    assert CULPRIT in names, sorted(names)[:20]
+    assert len(names) > 50, len(names)
