@@ -310,9 +310,13 @@ def test_browser_click_shows_a_modules_records(browser):
                       ".slice(1).map(r => Array.from(r.cells).map(c => c.innerText))")
     entries = {row[0] for row in rows}
     assert entries == {"Module.blocks.1.mlp.fc.Linear.forward.0",
-                       "Module.blocks.1.mlp.fc.Linear.backward.0"}, entries
+                       "Module.blocks.1.mlp.fc.Linear.backward.0",
+                       "Param.blocks.1.mlp.fc.weight", "Param.blocks.1.mlp.fc.bias",
+                       "Param.blocks.1.mlp.fc.weight.grad", "Param.blocks.1.mlp.fc.bias.grad"}, \
+        entries
+    # inputs, outputs, dy, dx, the parameters at the start and their gradients (dw)
     roles = {row[1].split()[0] for row in rows}
-    assert roles == {"input", "output", "grad_output", "grad_input"}, roles
+    assert roles == {"input", "output", "grad_output", "grad_input", "param", "param_grad"}, roles
     # both runs' statistics: baseline above, candidate below, in each statistics cell
     norm = rows[0][7].split("\n")
     assert len(norm) == 2 and all(float(v) > 0 for v in norm), rows[0]

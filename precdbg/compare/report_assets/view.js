@@ -127,9 +127,13 @@
     if (n.subBad) pair('records beyond tolerance', n.bad + ' here, ' + n.subBad + ' in this subtree');
     box.appendChild(kv);
     if (n.status === 'culprit') box.appendChild(culpritBox(false));
-    if (n.rows.length) {
+    var own = n.rows;
+    if (!n.leaf) {   // a module's parameters (value at the start, dw) belong with its records
+      n.children.forEach(function (c) { if (c.leaf && (c.kind === 'param' || c.kind === 'param_grad')) own = own.concat(c.rows); });
+    }
+    if (own.length) {
       box.appendChild(el('h4', { text: 'Records (baseline above, candidate below)' }));
-      box.appendChild(recordsTable(n.rows));
+      box.appendChild(recordsTable(own));
     } else if (!n.unmatched.length) {
       box.appendChild(el('p', { cls: 'muted', text: n.leaf ? 'No compared records.' :
         'No records of this module itself (containers are not hooked, or the dump level leaves modules out); open it for its calls.' }));
