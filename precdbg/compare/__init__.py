@@ -15,8 +15,11 @@ from ..reader import Dump, RecordTable, open_dump
 from .align import align, load_mapping
 from .localize import INPUT_ROLES, Entry, locate
 from .metrics import stat_errors, tensor_metrics
+from .progress import CompareProgress
 
-__all__ = ["compare_dumps", "load_mapping"]
+__all__ = ["compare_dumps", "load_mapping", "CompareProgress"]
+
+Progress = Optional[Callable[[CompareProgress], None]]
 
 _PHASE_OF = {"none": "setup", "forward": "forward", "backward": "backward"}
 _MAX_CONSEQUENCES = 20
@@ -37,6 +40,7 @@ def _row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndar
     ra, rb = ta.row(i), tb.row(j)
     row = {"step": ra["step"], "rank": ra["rank"], "name_a": ra["entry"], "name_b": rb["entry"],
            "kind": ra["kind"], "direction": ra["direction"], "module": ra["module"],
+           "module_b": rb["module"],
            "op": ra["op"], "role": ra["role"], "arg_index": ra["arg_index"],
            "dtype_a": ra["dtype"], "dtype_b": rb["dtype"], "shape_a": list(ra["shape"]),
            "shape_b": list(rb["shape"]), "order": ra["order"], "seq": ra["seq"],
@@ -74,8 +78,12 @@ def _evidence(row: Dict[str, Any]) -> Dict[str, Any]:
 
 def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                   rows: List[Dict[str, Any]], unmatched: List[Dict[str, Any]],
-                  progress: Optional[Callable[[int, int], None]]) -> Dict[str, List[Entry]]:
+                  progress: Progress, files: Tuple[int, int]) -> Dict[str, List[Entry]]:
+    def report(done: int, total: int, phase: str) -> None:
+        if progress is not None:
+            progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
     ta, tb = a.records(step, rank), b.records(step, rank)
+    report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
@@ -91,8 +99,8 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
         row = _row(ta, tb, i, j, st, p, tm)
         rows.append(row)
         _add_to_entry(entries, row, ta, tb, i, j, bool(st["diverged"][p]))
-        if progress is not None and p % 500 == 0:
-            progress(p, total)
+        if p % 200 == 0:
+            report(p, total, "comparing")
     for side, table, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
         for i in idx.tolist():
             r = table.row(i)
@@ -159,8 +167,9 @@ def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]
 
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
-                  progress: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
-    """Compare two dumps (roots, step folders or step files). Baseline is `a`."""
+                  progress: Progress = None) -> Dict[str, Any]:
+    """Compare two dumps (roots, step folders or step files). Baseline is `a`. `progress`, when
+    given, is called with a CompareProgress as the compare goes (see compare/progress.py)."""
     mapping = load_mapping(mapping_file) if mapping_file else None
     a, b = open_dump(baseline), open_dump(candidate)
     try:
@@ -172,11 +181,14 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         rows: List[Dict[str, Any]] = []
         unmatched: List[Dict[str, Any]] = []
         per_step: Dict[int, Dict[str, List[Entry]]] = {}
-        for s, r in pairs:
-            phases = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress)
+        for k, (s, r) in enumerate(pairs):
+            phases = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
+                                   (k, len(pairs)))
             merged = per_step.setdefault(s, {})
             for phase, items in phases.items():
                 merged.setdefault(phase, []).extend(items)
+        if progress is not None:
+            progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
         stats_only = not any(("rel_rmse" in row) or row["checksum_equal"] for row in rows)
         first = locate([per_step[s] for s in sorted(per_step)], stats_only)
         notes = []

@@ -110,8 +110,14 @@ def load_mapping(path: str) -> Dict[str, Dict[str, str]]:
         raise ConfigError(f"{path}: cannot read mapping file ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict) or set(data) - {"modules", "ops"}:
+    if not isinstance(data, dict):
         raise ConfigError(f"{path}: a mapping file holds only 'modules' and 'ops' mappings")
+    extra = sorted(set(map(str, data)) - {"modules", "ops"})
+    if extra:
+        from ..config import unknown_key_message
+        raise ConfigError(f"{path}: {extra[0]}: "
+                          + unknown_key_message(extra[0], {"modules", "ops"})
+                          + " (a mapping file holds only 'modules' and 'ops' mappings)")
     out: Dict[str, Dict[str, str]] = {}
     for section in ("modules", "ops"):
         value = data.get(section) or {}
