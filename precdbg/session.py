@@ -21,6 +21,7 @@ from .errors import ConfigError
 from .filters import CaptureFilter
 from .runinfo import RunInfo
 from .protocols import Adapter, TensorOps
+from .provenance import Provenance
 from .stacks import StackTable
 from .arguments import tensor_results
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
@@ -97,6 +98,7 @@ class Session:
         self._checksum = config.checksums
         self._overflow = config.task is Task.OVERFLOW
         self._overflow_kept = 0
+        self.provenance = Provenance(adapter.tensors)
         self._reset_step_counters()
         self._reset_window()
 
@@ -105,6 +107,7 @@ class Session:
         self._order = 0
         self._seq = 0
         self._counts: Dict[Tuple[str, str], int] = {}
+        self.provenance.reset()
         self.filter.reset_step()
 
     def _reset_window(self) -> None:
@@ -341,6 +344,7 @@ class Session:
                      alias=call.alias)
         if direction == _NONE:
             rec.phase = _SETUP
+        self.provenance.note(rec, tensor)
         self._pending.append((rec, seen))
         if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:
@@ -348,6 +352,10 @@ class Session:
         if (call.store or self._checksum) and not seen.copied:
             seen.copied = True
             self._copies.append((seen, self.tensors.to_host(tensor), call.store))
+
+    def grad_produced(self, path: str, tensor: Any) -> None:
+        """`tensor` holds parameter `path`'s gradient after backward (`.grad`, `main_grad`)."""
+        self.provenance.grad_of(path, tensor)
 
     def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any,
                       role: str = Role.INPUT.value) -> None:

@@ -1,0 +1,76 @@
+"""Dataflow provenance at dump time: which record of the step produced the tensor a record reads.
+
+A tensor is known by its storage and the storage's write count (version): every view of a tensor
+shares both, and an in-place write makes a new version. The first record that writes a
+(storage, version) is its producer; later records of the same bytes (the module that returns
+its last op's output, a view, a no-op cast) only pass it through. A parameter's dw record
+produces the gradient, and what holds it after backward (`.grad`, `main_grad`) is linked to it
+by the adapter through `grad_of`; a later read of those elements at another version (changed by
+something not captured, e.g. a collective inside DDP) still names the dw record, and the compare
+sees that the bytes changed in between.
+
+Only framework-neutral bookkeeping lives here; the adapter answers `storage(tensor)` (keys) and
+`storage_ref(tensor)` (is that storage still alive: a freed storage's key may come back).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+
+from .protocols import TensorOps
+from .schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, Record, Role
+
+__all__ = ["Provenance"]
+
+_PARAM_GRAD = Role.PARAM_GRAD.value
+_Entry = Tuple[int, Callable[[], bool]]          # (producing record's seq, storage alive?)
+
+
+class Provenance:
+    """Producers of the tensors of one step, by storage and version."""
+
+    def __init__(self, tensors: TensorOps) -> None:
+        self.tensors = tensors
+        self.reset()
+
+    def reset(self) -> None:
+        self._by_version: Dict[Tuple[Hashable, int], _Entry] = {}
+        self._grads: Dict[Tuple[Hashable, Hashable], _Entry] = {}
+        self._last_dw: Dict[str, int] = {}
+
+    def _lookup(self, store: Hashable, view: Hashable, version: int) -> int:
+        hit = self._by_version.get((store, version))
+        if hit is not None and hit[1]():
+            return hit[0]
+        hit = self._grads.get((store, view))
+        if hit is not None and hit[1]():
+            return hit[0]
+        return NO_PRODUCER
+
+    def note(self, rec: Record, tensor: Any) -> None:
+        """Set `rec.producer` for a record that reads its tensor; register a producing record."""
+        key = self.tensors.storage(tensor)
+        if key is None:
+            return
+        store, view, version = key
+        role = rec.role
+        dw = role == _PARAM_GRAD
+        if role in READ_ROLES or dw:        # a dw may be a dx passed through unchanged
+            rec.producer = self._lookup(store, view, version)
+        if role in WRITE_ROLES:
+            have = self._by_version.get((store, version))
+            if dw or have is None or not have[1]():
+                self._by_version[(store, version)] = (rec.seq, self.tensors.storage_ref(tensor))
+            if dw:
+                self._last_dw[rec.api] = rec.seq
+
+    def grad_of(self, path: str, tensor: Any) -> None:
+        """`tensor` holds the gradient of parameter `path` (its `.grad`, `main_grad`): its
+        producer is that parameter's latest dw record."""
+        seq: Optional[int] = self._last_dw.get(path)
+        key = self.tensors.storage(tensor) if seq is not None else None
+        if key is None:
+            return
+        store, view, version = key
+        entry = (seq, self.tensors.storage_ref(tensor))
+        self._by_version[(store, version)] = entry
+        self._grads[(store, view)] = entry

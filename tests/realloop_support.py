@@ -1,0 +1,166 @@
+"""Helpers of tests/test_realloop.py: dumps of real training loops that touch gradients after
+backward, each with one defect, made in fresh processes.
+
+The model is a transformers GPT-2 (tiny config, random init, built offline). A loop is one of
+  clip       forward, backward, clip_grad_norm_, AdamW step (the whole step captured)
+  recompute  the same with activation recompute (torch.utils.checkpoint, non-reentrant)
+  accum      two micro-batches accumulated into .grad, then clip_grad_norm_ and AdamW
+  ddp        clip under DistributedDataParallel (gloo, two processes, one batch per rank)
+A defect is one change to the candidate (see DEFECTS). Run as a script it makes one dump:
+
+    python tests/realloop_support.py DUMP_PATH --loop clip [--defect dw] [--defect-rank 1]
+
+(the ddp loop starts its two ranks itself, each a process running this file with --rank).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from typing import Callable, Dict, List, Optional, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+THIS = os.path.abspath(__file__)
+VOCAB, SEQ, BATCH = 128, 16, 2
+DW_WEIGHT = "transformer.h.1.mlp.c_fc.weight"       # the dw-only defect's parameter
+ACT_MODULE = "transformer.h.1.mlp.act"               # the swapped activation
+
+
+def _model(recompute: bool):
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB,
+                                     n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config)
+    if recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def _batches(count: int, seed: int) -> List:
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen) for _ in range(count)]
+
+
+# --------------------------------------------------------------------------- defects
+def _dw(model, batches) -> None:
+    """Scale one weight's gradient by 1.001 inside backward (a dw-only difference)."""
+    model.get_parameter(DW_WEIGHT).register_hook(lambda g: g * 1.001)
+
+
+def _act(model, batches) -> None:
+    """Layer 1's activation is exact GELU where the baseline has GPT-2's tanh approximation."""
+    import torch
+    model.get_submodule(ACT_MODULE.rpartition(".")[0]).act = torch.nn.GELU()
+
+
+def _data2(model, batches) -> None:
+    """The second micro-batch holds other tokens."""
+    x = batches[1].clone()
+    x[0, 3] = (x[0, 3] + 1) % VOCAB
+    batches[1] = x
+
+
+DEFECTS: Dict[str, Callable] = {"dw": _dw, "act": _act, "data2": _data2}
+
+
+# --------------------------------------------------------------------------- one run
+def train(path: str, loop: str, defect: Optional[str], rank: int = 0,
+          defect_rank: Optional[int] = None) -> int:
+    """Dump one training step of `loop`; returns the debugger's failure count."""
+    import torch
+    from precdbg_pt import PrecisionDebugger
+    torch.set_num_threads(1)
+    model = _model(recompute=loop == "recompute")
+    batches = _batches(2 if loop == "accum" else 1, seed=100 + rank)
+    if defect is not None and (defect_rank is None or defect_rank == rank):
+        DEFECTS[defect](model, batches)
+    net = model
+    if loop == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        net = DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dbg = PrecisionDebugger(dump_path=path, level="mix")
+    dbg.start(net)
+    for ids in batches:
+        loss = net(input_ids=ids, labels=ids).loss / len(batches)
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    dbg.stop()
+    dbg.step()
+    if not dbg.close():
+        raise RuntimeError("the dump writer did not finish")
+    return dbg.failures
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dump(path: str, loop: str, defect: Optional[str] = None,
+         defect_rank: Optional[int] = None, timeout: float = 300) -> str:
+    """Dump in fresh process(es): one for a single-process loop, two ranks for ddp."""
+    ranks = 2 if loop == "ddp" else 1
+    port = str(_free_port())
+    procs = []
+    for rank in range(ranks):
+        args = [PYTHON, THIS, path, "--loop", loop]
+        if defect is not None:
+            args += ["--defect", defect]
+        if defect_rank is not None:
+            args += ["--defect-rank", str(defect_rank)]
+        env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   RANK=str(rank), WORLD_SIZE=str(ranks))
+        procs.append(subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outputs: List[Tuple[str, str]] = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (out, err) in zip(procs, outputs):
+        if proc.returncode != 0:
+            raise RuntimeError(f"dump of {loop}/{defect} failed:\n{out}\n{err[-4000:]}")
+    return path
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path")
+    parser.add_argument("--loop", required=True, choices=("clip", "recompute", "accum", "ddp"))
+    parser.add_argument("--defect", default=None, choices=sorted(DEFECTS))
+    parser.add_argument("--defect-rank", type=int, default=None)
+    args = parser.parse_args(argv)
+    rank = 0
+    if args.loop == "ddp":
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+    failures = train(args.path, args.loop, args.defect, rank, args.defect_rank)
+    if args.loop == "ddp":
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+    if failures:
+        print(f"precdbg capture failures: {failures}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
