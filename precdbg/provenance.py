@@ -14,7 +14,7 @@ Only framework-neutral bookkeeping lives here; the adapter answers `storage(tens
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from .protocols import TensorOps
 from .schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, Record, Role
@@ -36,6 +36,7 @@ class Provenance:
         self._by_version: Dict[Tuple[Hashable, int], _Entry] = {}
         self._grads: Dict[Tuple[Hashable, Hashable], _Entry] = {}
         self._last_dw: Dict[str, int] = {}
+        self._held: List[Any] = []
 
     def _lookup(self, store: Hashable, view: Hashable, version: int) -> int:
         hit = self._by_version.get((store, version))
@@ -60,17 +61,42 @@ class Provenance:
             have = self._by_version.get((store, version))
             if dw or have is None or not have[1]():
                 self._by_version[(store, version)] = (rec.seq, self.tensors.storage_ref(tensor))
+            else:                            # passed through: alive while either holder is
+                self._hold(store, version, have, tensor)
             if dw:
                 self._last_dw[rec.api] = rec.seq
 
-    def grad_of(self, path: str, tensor: Any) -> None:
+    def alias(self, original: Any, copy: Any) -> None:
+        """`copy` is a copy of `original` made outside any captured call: same producer."""
+        key = self.tensors.storage(original)
+        seq = self._lookup(*key) if key is not None else NO_PRODUCER
+        dst = self.tensors.storage(copy) if seq != NO_PRODUCER else None
+        if dst is None:
+            return
+        have = self._by_version.get((dst[0], dst[2]))
+        if have is not None and have[1]():
+            self._hold(dst[0], dst[2], have, copy)
+        else:
+            self._by_version[(dst[0], dst[2])] = (seq, self.tensors.storage_ref(copy))
+
+    def _hold(self, store: Hashable, version: int, have: _Entry, tensor: Any) -> None:
+        """Another object holds the same memory (a framework that wraps tensors in new objects
+        without copying): the producer stays known while any of them lives."""
+        first, second = have[1], self.tensors.storage_ref(tensor)
+        self._by_version[(store, version)] = (have[0], lambda: first() or second())
+
+    def grad_of(self, path: str, tensor: Any, hold: bool = False) -> None:
         """`tensor` holds the gradient of parameter `path` (its `.grad`, `main_grad`): its
-        producer is that parameter's latest dw record."""
+        producer is that parameter's latest dw record. `hold`: keep the tensor until the step
+        ends (a framework that hands the same memory back in another object, so that no weak
+        reference tells whether the memory is still the gradient's)."""
         seq: Optional[int] = self._last_dw.get(path)
         key = self.tensors.storage(tensor) if seq is not None else None
         if key is None:
             return
         store, view, version = key
-        entry = (seq, self.tensors.storage_ref(tensor))
+        if hold:
+            self._held.append(tensor)
+        entry = (seq, (lambda: True) if hold else self.tensors.storage_ref(tensor))
         self._by_version[(store, version)] = entry
         self._grads[(store, view)] = entry

@@ -353,9 +353,14 @@ class Session:
             seen.copied = True
             self._copies.append((seen, self.tensors.to_host(tensor), call.store))
 
-    def grad_produced(self, path: str, tensor: Any) -> None:
-        """`tensor` holds parameter `path`'s gradient after backward (`.grad`, `main_grad`)."""
-        self.provenance.grad_of(path, tensor)
+    def grad_produced(self, path: str, tensor: Any, hold: bool = False) -> None:
+        """`tensor` holds parameter `path`'s gradient after backward (`.grad`, `main_grad`);
+        `hold` keeps it (not its copy) until the step ends, see Provenance.grad_of."""
+        self.provenance.grad_of(path, tensor, hold)
+
+    def alias_of(self, original: Any, copy: Any) -> None:
+        """`copy` holds `original`'s values, made by the framework outside any captured call."""
+        self.provenance.alias(original, copy)
 
     def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any,
                       role: str = Role.INPUT.value) -> None:

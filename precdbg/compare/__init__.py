@@ -72,6 +72,8 @@ class _StepCompare:
                                           row.order, row.seq)
         self.entry_of_a[i], self.entry_of_b[j] = e, e
         e.seq = min(e.seq, row.seq)
+        if row.diverged:
+            e.first_bad = min(e.first_bad, row.seq)
         if row.kind == _PARAM and bool(ta["trainable"][i]) != bool(tb["trainable"][j]):
             e.trainable_differs = True
         is_read = row.role in READ_ROLES
@@ -98,6 +100,7 @@ class _StepCompare:
                                                r["entry"] if side == "a" else "",
                                                r["entry"] if side == "b" else "",
                                                r["module"], r["op"], 0, int(r["seq"])))
+        e.first_bad = min(e.first_bad, int(r["seq"]))
         e.outputs_bad.append(Evidence(r["role"], 0, "", True, {},
                                       only_in="baseline" if side == "a" else "candidate"))
 

@@ -4,9 +4,10 @@ A step is a dataflow. Each record that reads a tensor knows the record of the st
 it (`producer`, recorded at dump time), so a divergence is traced back, not guessed from order:
 
 1. Per step, the parameter inventory first (values at start).
-2. Then each rank's timeline, the entries in the order they ran (forward, backward as the
+2. Then each rank's timeline, the records in the order they ran (forward, backward as the
    gradients appeared, dw, then what ran after backward: clipping, norms, collectives, the
-   optimizer). The walk starts at the first entry that differs (lowest rank first).
+   optimizer). The walk starts at the entry of the first record that differs (lowest rank
+   first).
 3. From there it follows the tensors that differ to their producers: an entry whose input
    differs is a consequence of the entry that produced it. The walk stops at an entry whose
    tensor inputs agree while its outputs (or a non-tensor argument) do not - a module there
@@ -54,6 +55,7 @@ class Entry:
     op: str
     order: int
     seq: int                       # position in the step's timeline (first record emitted)
+    first_bad: int = 1 << 62       # when it was first seen to differ (its first differing record)
     inputs_bad: List[Evidence] = dataclasses.field(default_factory=list)
     outputs_bad: List[Evidence] = dataclasses.field(default_factory=list)
     args_bad: List[ArgDiff] = dataclasses.field(default_factory=list)
@@ -348,9 +350,10 @@ def locate(steps: List[StepEntries]) -> Tuple[Optional[Dict[str, Any]], List[Ent
         if found:
             return found, []
         for rank in step.ranks():
-            start = next((e for e in step.timeline(rank) if e.diverged), None)
-            if start is None:
+            bad = [e for e in step.timeline(rank) if e.diverged]
+            if not bad:
                 continue
+            start = min(bad, key=lambda e: e.first_bad)
             links = _walk(start, step)
             first, culprit = _root_verdict(links[-1], step)
             first["chain"] = _chain(links, culprit, first)
