@@ -102,6 +102,32 @@ def train(path: str, loop: str, defect: Optional[str], rank: int = 0,
     return dbg.failures
 
 
+def dump_mindspore(path: str, defect: bool) -> str:
+    """The MindSpore twin of `clip` (bundled GPT, value_and_grad, clip_by_global_norm, AdamW),
+    in this process; `defect`: blocks.1.mlp.fc.weight's gradient x1.001 through
+    `Parameter.register_hook`."""
+    import mindspore as ms
+    from mindspore import ops
+
+    import ms_support
+    from precdbg_ms import PrecisionDebugger
+    model = ms_support.make_model()
+    opt = ms_support.make_optimizer(model)
+    if defect:
+        model.blocks[1].mlp.fc.weight.register_hook(lambda g: g * 1.001)
+    grad_fn = ms.value_and_grad(ms_support.loss_fn(model), None, model.trainable_params())
+    x, y = ms_support.as_tensors(ms_support.make_batches(1)[0])
+    dbg = PrecisionDebugger(dump_path=path, level="mix")
+    dbg.start(model)
+    _, grads = grad_fn(x, y)
+    opt(ops.clip_by_global_norm(grads, 1.0))
+    dbg.stop()
+    dbg.step()
+    if not dbg.close() or dbg.failures:
+        raise RuntimeError(f"MindSpore dump failed ({dbg.failures} capture failures)")
+    return path
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
