@@ -47,19 +47,20 @@ class Provenance:
             return hit[0]
         return NO_PRODUCER
 
-    def note(self, rec: Record, tensor: Any) -> None:
-        """Set `rec.producer` for a record that reads its tensor; register a producing record."""
+    def note(self, rec: Record, tensor: Any, written: bool = False) -> None:
+        """Set `rec.producer` for a record that reads its tensor; register a producing record
+        (`written`: it wrote the bytes in place without a new version, so it produced them)."""
         key = self.tensors.storage(tensor)
         if key is None:
             return
         store, view, version = key
         role = rec.role
         dw = role == _PARAM_GRAD
-        if role in READ_ROLES or dw:        # a dw may be a dx passed through unchanged
+        if (role in READ_ROLES or dw) and not written:   # a dw may be a dx passed through
             rec.producer = self._lookup(store, view, version)
         if role in WRITE_ROLES:
             have = self._by_version.get((store, version))
-            if dw or have is None or not have[1]():
+            if dw or written or have is None or not have[1]():
                 self._by_version[(store, version)] = (rec.seq, self.tensors.storage_ref(tensor))
             else:                            # passed through: alive while either holder is
                 self._hold(store, version, have, tensor)

@@ -328,12 +328,15 @@ class Session:
 
     # ------------------------------------------------------------------ records
     def capture(self, call: Call, direction: str, role: str, arg_index: int, arg_key: str,
-                tensor: Any, trainable: bool = False, entry: Optional[str] = None) -> None:
-        """Record one framework tensor of a call."""
+                tensor: Any, trainable: bool = False, entry: Optional[str] = None,
+                written: bool = False) -> None:
+        """Record one framework tensor of a call. `written`: the call wrote the tensor in place
+        without the framework counting a new version (a collective): nothing earlier about
+        these bytes still holds."""
         if not self.filter.keep_record(direction, role):
             return
         dtype, shape, numel = self.tensors.describe(tensor)
-        seen = self._seen_tensor(tensor)
+        seen = self._seen_tensor(tensor, written)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
         self._seq += 1
@@ -344,7 +347,7 @@ class Session:
                      alias=call.alias)
         if direction == _NONE:
             rec.phase = _SETUP
-        self.provenance.note(rec, tensor)
+        self.provenance.note(rec, tensor, written)
         self._pending.append((rec, seen))
         if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:
@@ -382,12 +385,12 @@ class Session:
         rec.text = repr(value) if not isinstance(value, str) else value
         self._pending.append((rec, None))
 
-    def _seen_tensor(self, tensor: Any) -> _Seen:
+    def _seen_tensor(self, tensor: Any, written: bool = False) -> _Seen:
         """The distinct tensor this one is (same storage bytes, order and version), reusing the
-        statistics of any live view of exactly the same elements."""
+        statistics of any live view of exactly the same elements (not when `written`)."""
         keys = self.tensors.identity(tensor)
         stats_key, data_key = keys if keys is not None else (None, None)
-        if data_key is not None:
+        if data_key is not None and not written:
             seen = self._seen.get(data_key)
             if seen is not None and seen.ref() is not None:
                 return seen
@@ -396,7 +399,7 @@ class Session:
         except TypeError:
             ref = (lambda: None)
         stats = self._stats_seen.get(stats_key) if stats_key is not None else None
-        if stats is None or stats.ref() is None:
+        if stats is None or stats.ref() is None or written:
             stats = _Stats(ref, len(self._handles))
             self._handles.append(self.tensors.summarize(tensor))
             self._held_bytes += self.tensors.nbytes(tensor)

@@ -13,6 +13,7 @@ import torch
 import precdbg
 from precdbg.errors import PrecdbgError
 from precdbg.manifest import jsonable
+from precdbg.naming import is_collective
 from precdbg.schema import Phase, RecordKind
 
 from . import tensors
@@ -265,6 +266,10 @@ class TorchAdapter:
             with _Guard(self):
                 for index, key, t in outputs:
                     session.capture(call, "forward", "output", index, key, t)
+                if not outputs and is_collective(call.op):
+                    # torch.distributed writes its tensor arguments in place, unversioned
+                    for index, key, t in inputs:
+                        session.capture(call, "forward", "output", index, key, t, written=True)
                 if grad_on:
                     self._watch(call, targets, outputs, _API_NODE_LIMIT)
                 session.end_call()

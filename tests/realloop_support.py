@@ -6,11 +6,12 @@ The model is a transformers GPT-2 (tiny config, random init, built offline). A l
   recompute  the same with activation recompute (torch.utils.checkpoint, non-reentrant)
   accum      two micro-batches accumulated into .grad, then clip_grad_norm_ and AdamW
   ddp        clip under DistributedDataParallel (gloo, two processes, one batch per rank)
+  allreduce  two ranks averaging gradients with torch.distributed.all_reduce themselves
 A defect is one change to the candidate (see DEFECTS). Run as a script it makes one dump:
 
     python tests/realloop_support.py DUMP_PATH --loop clip [--defect dw] [--defect-rank 1]
 
-(the ddp loop starts its two ranks itself, each a process running this file with --rank).
+(dump() starts the two ranks of ddp and allreduce, each a process running this file).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ THIS = os.path.abspath(__file__)
 VOCAB, SEQ, BATCH = 128, 16, 2
 DW_WEIGHT = "transformer.h.1.mlp.c_fc.weight"       # the dw-only defect's parameter
 ACT_MODULE = "transformer.h.1.mlp.act"               # the swapped activation
+DISTRIBUTED = ("ddp", "allreduce")                    # loops run by two ranks
 
 
 def _model(recompute: bool):
@@ -92,6 +94,11 @@ def train(path: str, loop: str, defect: Optional[str], rank: int = 0,
     for ids in batches:
         loss = net(input_ids=ids, labels=ids).loss / len(batches)
         loss.backward()
+    if loop == "allreduce":
+        import torch.distributed as dist
+        for param in model.parameters():
+            dist.all_reduce(param.grad)
+            param.grad.div_(dist.get_world_size())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -137,7 +144,7 @@ def _free_port() -> int:
 def dump(path: str, loop: str, defect: Optional[str] = None,
          defect_rank: Optional[int] = None, timeout: float = 300) -> str:
     """Dump in fresh process(es): one for a single-process loop, two ranks for ddp."""
-    ranks = 2 if loop == "ddp" else 1
+    ranks = 2 if loop in DISTRIBUTED else 1
     port = str(_free_port())
     procs = []
     for rank in range(ranks):
@@ -168,17 +175,17 @@ def dump(path: str, loop: str, defect: Optional[str] = None,
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path")
-    parser.add_argument("--loop", required=True, choices=("clip", "recompute", "accum", "ddp"))
+    parser.add_argument("--loop", required=True, choices=("clip", "recompute", "accum") + DISTRIBUTED)
     parser.add_argument("--defect", default=None, choices=sorted(DEFECTS))
     parser.add_argument("--defect-rank", type=int, default=None)
     args = parser.parse_args(argv)
     rank = 0
-    if args.loop == "ddp":
+    if args.loop in DISTRIBUTED:
         import torch.distributed as dist
         dist.init_process_group("gloo")
         rank = dist.get_rank()
     failures = train(args.path, args.loop, args.defect, rank, args.defect_rank)
-    if args.loop == "ddp":
+    if args.loop in DISTRIBUTED:
         import torch.distributed as dist
         dist.barrier()
         dist.destroy_process_group()

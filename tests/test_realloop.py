@@ -4,7 +4,8 @@ on the timeline that ran, across ranks.
 
 Dumps are made by tests/realloop_support.py in fresh processes (a transformers GPT-2, tiny
 config, random init): clip_grad_norm_ after backward, activation recompute, two accumulated
-micro-batches, and DistributedDataParallel over gloo with two processes. The compare runs as
+micro-batches, DistributedDataParallel over gloo with two processes, and two processes that
+average gradients with torch.distributed.all_reduce themselves. The compare runs as
 `python -m precdbg compare ... --json` in a subprocess. The MindSpore twin (bundled GPT,
 value_and_grad, clip_by_global_norm) is dumped in this process.
 """
@@ -32,6 +33,7 @@ SPECS: Dict[str, Tuple[str, Any, Any]] = {
     "recompute_dw": ("recompute", "dw", None),
     "accum": ("accum", None, None), "accum_data2": ("accum", "data2", None),
     "ddp": ("ddp", None, None), "ddp_dw_rank1": ("ddp", "dw", 1),
+    "allreduce": ("allreduce", None, None), "allreduce_dw_rank1": ("allreduce", "dw", 1),
 }
 CHAIN_KEYS = {"name_a", "name_b", "step", "rank", "text"}
 DW = f"Param.{rl.DW_WEIGHT}.grad"
@@ -109,6 +111,24 @@ def test_ddp_defect_on_rank_1_is_named_on_rank_1(dumps, tmp_path):
     # rank 0 sees the difference first, after DDP's all-reduce: a consequence of rank 1
     chain = first["chain"]
     assert chain[0]["rank"] == 0 and "collective" in chain[0]["text"], chain
+
+
+def test_captured_all_reduce_leads_to_the_rank_whose_input_differs(dumps, tmp_path):
+    result, _ = _compare(dumps, "allreduce", "allreduce_dw_rank1", tmp_path)
+    first = cs.assert_first(result, step=0, direction="backward", kind="param_grad",
+                            module="transformer.h.1.mlp.c_fc", op="weight", reason=["dw-only"])
+    assert first["rank"] == 1 and first["name_a"] == DW, cs.describe(result)
+    chain = first["chain"]
+    assert chain[0]["rank"] == 0 and chain[0]["name_a"].startswith("Torch.all_reduce."), chain
+    # all_reduce writes the gradient in place without a new version: what reads it afterwards
+    # sees the reduced values (not statistics cached from before) and names all_reduce
+    rows = {(r["rank"], r["name_a"], r["role"]): r for r in result["rows"]}
+    reduce_name = chain[0]["name_a"]
+    div = next(r for r in result["rows"] if r["rank"] == 0 and r["role"] == "input"
+               and r["producer_a"] == reduce_name)
+    assert div["status"] == "diverged", div
+    assert rows[(0, reduce_name, "input")]["status"] == "match"
+    assert rows[(0, reduce_name, "output")]["norm_a"] != rows[(0, reduce_name, "input")]["norm_a"]
 
 
 def test_recompute_swapped_activation_is_not_input_data(dumps, tmp_path):
