@@ -12,7 +12,8 @@ import os
 import re
 from typing import Any, Dict, Iterable
 
-__all__ = ["is_collective", "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
+__all__ = ["COLLECTIVE_OPS", "is_collective",
+           "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
            "normalize_api_name", "param_alias", "torch_param_leaf"]
 
 _NAMES_DIR = os.path.join(os.path.dirname(__file__), "names")

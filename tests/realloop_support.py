@@ -132,6 +132,11 @@ def dump_mindspore(path: str, defect: bool) -> str:
     dbg.step()
     if not dbg.close() or dbg.failures:
         raise RuntimeError(f"MindSpore dump failed ({dbg.failures} capture failures)")
+    from precdbg_ms.aliasing import AliasingHook
+    left = [name for name, cell in model.cells_and_names()
+            if isinstance(cell.__dict__.get("_cell_backward_hook"), AliasingHook)]
+    if left:
+        raise RuntimeError(f"stop() left precdbg's hook wrapper in cells {left[:3]}")
     return path
 
 
@@ -175,7 +180,8 @@ def dump(path: str, loop: str, defect: Optional[str] = None,
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path")
-    parser.add_argument("--loop", required=True, choices=("clip", "recompute", "accum") + DISTRIBUTED)
+    parser.add_argument("--loop", required=True,
+                        choices=("clip", "recompute", "accum") + DISTRIBUTED)
     parser.add_argument("--defect", default=None, choices=sorted(DEFECTS))
     parser.add_argument("--defect-rank", type=int, default=None)
     args = parser.parse_args(argv)

@@ -3,6 +3,10 @@
 `compare_dumps(baseline, candidate)` returns the JSON-ready result of the compare contract:
 `{"verdict", "first_divergence", "consequences", "unmatched", "notes", "rows", "setup"}`, where
 "setup" lists the set-up differences `precdbg check` finds (run first, see precdbg/check.py).
+`first_divergence["chain"]` is the producer chain the verdict was found through (see
+localize.py): from the first differing entry seen in execution order to the culprit, each link
+with `name_a`, `name_b`, `step`, `rank`, `text`. Each row (`rows.Row`) names the entries that
+produced the tensor it reads (`producer_a`, `producer_b`; "" when nothing captured did).
 """
 from __future__ import annotations
 
