@@ -63,6 +63,13 @@ def _act(model, batches) -> None:
     model.get_submodule(ACT_MODULE.rpartition(".")[0]).act = torch.nn.GELU()
 
 
+def _data(model, batches) -> None:
+    """The (first) batch holds other tokens."""
+    x = batches[0].clone()
+    x[0, 3] = (x[0, 3] + 1) % VOCAB
+    batches[0] = x
+
+
 def _data2(model, batches) -> None:
     """The second micro-batch holds other tokens."""
     x = batches[1].clone()
@@ -70,7 +77,7 @@ def _data2(model, batches) -> None:
     batches[1] = x
 
 
-DEFECTS: Dict[str, Callable] = {"dw": _dw, "act": _act, "data2": _data2}
+DEFECTS: Dict[str, Callable] = {"dw": _dw, "act": _act, "data": _data, "data2": _data2}
 
 
 # --------------------------------------------------------------------------- one run

@@ -33,6 +33,7 @@ SPECS: Dict[str, Tuple[str, Any, Any]] = {
     "recompute_dw": ("recompute", "dw", None),
     "accum": ("accum", None, None), "accum_data2": ("accum", "data2", None),
     "ddp": ("ddp", None, None), "ddp_dw_rank1": ("ddp", "dw", 1),
+    "ddp_data_rank1": ("ddp", "data", 1),
     "allreduce": ("allreduce", None, None), "allreduce_dw_rank1": ("allreduce", "dw", 1),
 }
 CHAIN_KEYS = {"name_a", "name_b", "step", "rank", "text"}
@@ -111,6 +112,19 @@ def test_ddp_defect_on_rank_1_is_named_on_rank_1(dumps, tmp_path):
     # rank 0 sees the difference first, after DDP's all-reduce: a consequence of rank 1
     chain = first["chain"]
     assert chain[0]["rank"] == 0 and "collective" in chain[0]["text"], chain
+
+
+def test_ddp_data_on_rank_1_is_input_data_on_rank_1(dumps, tmp_path):
+    # rank 0 only sees averaged gradients differ; the chain leads through rank 1's dw, its
+    # backward and its forward to the tokens
+    result, _ = _compare(dumps, "ddp", "ddp_data_rank1", tmp_path)
+    first = cs.assert_first(result, step=0, direction="forward", kind=("api", "module"),
+                            module=None, reason=["input data"])
+    assert first["rank"] == 1 and first["role"] == "input", cs.describe(result)
+    assert first["op"] in ("embedding", "reshape", "view", "gpt2_lm_head_model"), \
+        cs.describe(result)
+    chain = first["chain"]
+    assert chain[0]["rank"] == 0 and {link["rank"] for link in chain[1:]} == {1}, chain
 
 
 def test_captured_all_reduce_leads_to_the_rank_whose_input_differs(dumps, tmp_path):

@@ -27,6 +27,7 @@ __all__ = ["compare_dumps", "load_mapping"]
 _MAX_CONSEQUENCES = 20
 _PARAM = RecordKind.PARAM.value
 _MODULE = RecordKind.MODULE.value
+_PARAM_GRAD = RecordKind.PARAM_GRAD.value
 
 
 def _framework(dump: Dump) -> str:
@@ -89,7 +90,7 @@ class _StepCompare:
         if row.diverged:
             ev = Evidence.of(row)
             (e.inputs_bad if is_read else e.outputs_bad).append(ev)
-            if is_read:
+            if is_read or row.kind == _PARAM_GRAD:     # a dw may pass a dx on unchanged
                 self.reads.append((ev, i, j))
         elif is_read:
             e.inputs_ok += 1

@@ -89,6 +89,13 @@ class StepEntries:
 
     def __post_init__(self) -> None:
         self._ranks = sorted({e.rank for e in self.entries})
+        self._forward = {(e.rank, e.kind, e.order): e for e in self.entries
+                         if e.direction == Direction.FORWARD.value and e.order > 0}
+
+    def forward_of(self, entry: Entry) -> Optional[Entry]:
+        """The forward call whose backward `entry` is (its saved tensors feed the backward)."""
+        return self._forward.get((entry.rank, entry.kind, entry.order)) \
+            if entry.direction == _BACKWARD else None
 
     def ranks(self) -> List[int]:
         return self._ranks
@@ -130,6 +137,17 @@ def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], _Step]:
     def _where(x: Entry, other: Optional[Entry] = None) -> str:
         return f" on rank {x.rank}" if several and (other is None or x.rank != other.rank) \
             else ""
+    fwd = step.forward_of(e)
+    if fwd is not None and fwd.diverged:       # forward ran first: its difference comes first
+        return fwd, _Step(e, f"{e.name}{_where(e)} differentiates {fwd.name}, whose forward "
+                          "already differs")
+    if e.kind == _PARAM_GRAD:                   # a dw that is a dx passed on unchanged
+        src = next((ev.producer.entry for ev in e.outputs_bad if ev.producer is not None
+                    and ev.producer.entry is not None and ev.producer.entry is not e
+                    and ev.producer.entry.diverged), None)
+        if src is not None:
+            return src, _Step(e, f"{e.name}{_where(e)} is the gradient {src.name} produced, "
+                              "which differs")
     if e.inputs_bad:
         ranked = sorted(e.inputs_bad, key=lambda ev: (ev.producer.entry.seq if ev.producer and
                                                       ev.producer.entry else 1 << 62))
