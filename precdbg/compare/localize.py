@@ -173,15 +173,15 @@ def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], _Step]:
                                         f"agrees on rank {e.rank} but was changed after it by a "
                                         f"collective across ranks; on rank {other.rank} it "
                                         "differs")
-                return None, _Step(e, f"{e.name} reads the output of {p.entry.name}, which "
-                                   "agrees; something not captured changed it in between",
+                return None, _Step(e, f"{e.name}{_where(e)} reads the output of {p.entry.name}, "
+                                   "which agrees; something not captured changed it in between",
                                    Cause.CHANGED_AFTER, p, ev)
         ev = ranked[0]
         if ev.role == Role.GRAD_OUTPUT.value:
-            return None, _Step(e, f"the gradient arriving at {e.name} differs and no captured "
-                               "call produced it", Cause.ARRIVING_GRAD, None, ev)
-        return None, _Step(e, f"{e.name} reads input data that differs (nothing captured in "
-                           "the step produced it)", Cause.INPUT_DATA, None, ev)
+            return None, _Step(e, f"the gradient arriving at {e.name}{_where(e)} differs and no "
+                               "captured call produced it", Cause.ARRIVING_GRAD, None, ev)
+        return None, _Step(e, f"{e.name}{_where(e)} reads input data that differs (nothing "
+                           "captured in the step produced it)", Cause.INPUT_DATA, None, ev)
     if is_collective(e.op) and e.outputs_bad:
         other = next((c for c in step.counterparts(e) if c.inputs_bad), None)
         if other is not None:
