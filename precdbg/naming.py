@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any, Dict, Iterable
 
-__all__ = ["COLLECTIVE_OPS", "is_collective",
+__all__ = ["COLLECTIVE_OPS", "is_collective", "writes_arguments",
            "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
            "normalize_api_name", "param_alias", "torch_param_leaf"]
 
@@ -34,6 +34,12 @@ COLLECTIVE_OPS = frozenset({
 
 def is_collective(op: str) -> bool:
     return op in COLLECTIVE_OPS
+
+
+def writes_arguments(api: str, op: str) -> bool:
+    """A call that returns nothing writes its tensor arguments: an in-place API (`add_`,
+    `_foreach_mul_`) or a collective (`all_reduce`)."""
+    return is_collective(op) or (api.endswith("_") and not api.endswith("__"))
 
 
 def _join(*parts: Any) -> str:

@@ -13,7 +13,7 @@ import torch
 import precdbg
 from precdbg.errors import PrecdbgError
 from precdbg.manifest import jsonable
-from precdbg.naming import is_collective
+from precdbg.naming import writes_arguments
 from precdbg.schema import Phase, RecordKind
 
 from . import tensors
@@ -266,8 +266,9 @@ class TorchAdapter:
             with _Guard(self):
                 for index, key, t in outputs:
                     session.capture(call, "forward", "output", index, key, t)
-                if not outputs and is_collective(call.op):
-                    # torch.distributed writes its tensor arguments in place, unversioned
+                if not outputs and writes_arguments(call.api, call.op):
+                    # what it wrote are its outputs (collectives and AMP's unscale count no
+                    # new version: their statistics are taken afresh)
                     for index, key, t in inputs:
                         session.capture(call, "forward", "output", index, key, t, written=True)
                 if grad_on:

@@ -85,7 +85,7 @@ def storage(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
     which elements of it (start and count), and the storage's write count (views share it)."""
     try:
         return t.untyped_storage()._cdata, (t.data_ptr(), t.numel()), t._version
-    except (RuntimeError, NotImplementedError):   # no storage (sparse, fake, inference mode)
+    except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses, inference)
         return None
 
 

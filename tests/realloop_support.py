@@ -7,11 +7,14 @@ The model is a transformers GPT-2 (tiny config, random init, built offline). A l
   accum      two micro-batches accumulated into .grad, then clip_grad_norm_ and AdamW
   ddp        clip under DistributedDataParallel (gloo, two processes, one batch per rank)
   allreduce  two ranks averaging gradients with torch.distributed.all_reduce themselves
-A defect is one change to the candidate (see DEFECTS). Run as a script it makes one dump:
+  unscale    clip with a loss scale: torch.amp.GradScaler scales the loss and unscales the
+             gradients in place before clipping
+A defect is one change to the candidate (see DEFECTS). Run as a script it makes dumps of one
+loop, one after the other (`--run PATH::DEFECT::RANK`, defect and rank may be empty):
 
-    python tests/realloop_support.py DUMP_PATH --loop clip [--defect dw] [--defect-rank 1]
+    python tests/realloop_support.py --loop clip --run /tmp/base:::: --run /tmp/dw::dw::
 
-(dump() starts the two ranks of ddp and allreduce, each a process running this file).
+(dump_runs() starts the two ranks of ddp and allreduce, each a process running this file).
 """
 from __future__ import annotations
 
@@ -96,18 +99,21 @@ def train(path: str, loop: str, defect: Optional[str], rank: int = 0,
         from torch.nn.parallel import DistributedDataParallel
         net = DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=loop == "unscale")
     dbg = PrecisionDebugger(dump_path=path, level="mix")
     dbg.start(net)
     for ids in batches:
         loss = net(input_ids=ids, labels=ids).loss / len(batches)
-        loss.backward()
+        scaler.scale(loss).backward()
+    scaler.unscale_(opt)
     if loop == "allreduce":
         import torch.distributed as dist
         for param in model.parameters():
             dist.all_reduce(param.grad)
             param.grad.div_(dist.get_world_size())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    scaler.step(opt)
+    scaler.update()
     opt.zero_grad(set_to_none=True)
     dbg.stop()
     dbg.step()
@@ -153,18 +159,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def dump(path: str, loop: str, defect: Optional[str] = None,
-         defect_rank: Optional[int] = None, timeout: float = 300) -> str:
-    """Dump in fresh process(es): one for a single-process loop, two ranks for ddp."""
+Run = Tuple[str, Optional[str], Optional[int]]      # (dump path, defect, rank holding it)
+
+
+def dump_runs(loop: str, runs: List[Run], timeout: float = 600) -> None:
+    """Dump each run of `loop` in one fresh process (two for the distributed loops), one after
+    the other: the imports are paid once."""
     ranks = 2 if loop in DISTRIBUTED else 1
     port = str(_free_port())
     procs = []
     for rank in range(ranks):
-        args = [PYTHON, THIS, path, "--loop", loop]
-        if defect is not None:
-            args += ["--defect", defect]
-        if defect_rank is not None:
-            args += ["--defect-rank", str(defect_rank)]
+        args = [PYTHON, THIS, "--loop", loop]
+        for path, defect, defect_rank in runs:
+            args += ["--run", f"{path}::{defect or ''}::"
+                              f"{'' if defect_rank is None else defect_rank}"]
         env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                    RANK=str(rank), WORLD_SIZE=str(ranks))
         procs.append(subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
@@ -180,24 +188,35 @@ def dump(path: str, loop: str, defect: Optional[str] = None,
                 proc.wait()
     for proc, (out, err) in zip(procs, outputs):
         if proc.returncode != 0:
-            raise RuntimeError(f"dump of {loop}/{defect} failed:\n{out}\n{err[-4000:]}")
+            raise RuntimeError(f"dump of {loop} {runs} failed:\n{out}\n{err[-4000:]}")
+
+
+def dump(path: str, loop: str, defect: Optional[str] = None,
+         defect_rank: Optional[int] = None) -> str:
+    """One dump of `loop` in fresh process(es)."""
+    dump_runs(loop, [(path, defect, defect_rank)])
     return path
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("path")
     parser.add_argument("--loop", required=True,
-                        choices=("clip", "recompute", "accum") + DISTRIBUTED)
-    parser.add_argument("--defect", default=None, choices=sorted(DEFECTS))
-    parser.add_argument("--defect-rank", type=int, default=None)
+                        choices=("clip", "recompute", "accum", "unscale") + DISTRIBUTED)
+    parser.add_argument("--run", action="append", required=True,
+                        help="PATH::DEFECT::RANK (defect and rank may be empty)")
     args = parser.parse_args(argv)
     rank = 0
     if args.loop in DISTRIBUTED:
         import torch.distributed as dist
         dist.init_process_group("gloo")
         rank = dist.get_rank()
-    failures = train(args.path, args.loop, args.defect, rank, args.defect_rank)
+    failures = 0
+    for spec in args.run:
+        path, defect, defect_rank = spec.split("::")
+        if defect and defect not in DEFECTS:
+            parser.error(f"unknown defect {defect!r}")
+        failures += train(path, args.loop, defect or None, rank,
+                          int(defect_rank) if defect_rank else None)
     if args.loop in DISTRIBUTED:
         import torch.distributed as dist
         dist.barrier()

@@ -3,7 +3,8 @@ the earliest producer whose own inputs agree, found through the `producer` each 
 on the timeline that ran, across ranks.
 
 Dumps are made by tests/realloop_support.py in fresh processes (a transformers GPT-2, tiny
-config, random init): clip_grad_norm_ after backward, activation recompute, two accumulated
+config, random init): clip_grad_norm_ after backward (also behind GradScaler's unscale_),
+activation recompute, two accumulated
 micro-batches, DistributedDataParallel over gloo with two processes, and two processes that
 average gradients with torch.distributed.all_reduce themselves. The compare runs as
 `python -m precdbg compare ... --json` in a subprocess. The MindSpore twin (bundled GPT,
@@ -34,6 +35,7 @@ SPECS: Dict[str, Tuple[str, Any, Any]] = {
     "accum": ("accum", None, None), "accum_data2": ("accum", "data2", None),
     "ddp": ("ddp", None, None), "ddp_dw_rank1": ("ddp", "dw", 1),
     "ddp_data_rank1": ("ddp", "data", 1),
+    "unscale": ("unscale", None, None), "unscale_dw": ("unscale", "dw", None),
     "allreduce": ("allreduce", None, None), "allreduce_dw_rank1": ("allreduce", "dw", 1),
 }
 CHAIN_KEYS = {"name_a", "name_b", "step", "rank", "text"}
@@ -46,9 +48,11 @@ def dumps(tmp_path_factory) -> Callable[[str], str]:
     made: Dict[str, str] = {}
 
     def get(name: str) -> str:
-        if name not in made:
-            loop, defect, rank = SPECS[name]
-            made[name] = rl.dump(str(root / name), loop, defect, rank)
+        if name not in made:        # every dump of the same loop, in one process (per rank)
+            loop = SPECS[name][0]
+            group = [n for n, spec in SPECS.items() if spec[0] == loop]
+            rl.dump_runs(loop, [(str(root / n), SPECS[n][1], SPECS[n][2]) for n in group])
+            made.update({n: str(root / n) for n in group})
         return made[name]
     return get
 
@@ -100,6 +104,22 @@ def test_every_gradient_read_after_backward_has_its_dw_as_producer(dumps):
         & np.char.startswith(t["module"], "transformer.h.") & (t["dtype"] == "float32")
     assert inner.sum() > 50 and np.all(t["producer"][inner] >= 0), \
         t["entry"][inner & (t["producer"] < 0)][:5]
+
+
+def test_unscale_in_place_is_a_producer_and_the_dw_is_still_named(dumps, tmp_path):
+    # GradScaler.unscale_ rewrites the gradients in place (no new version): its outputs get
+    # their own statistics, and clipping reads what it produced
+    unscale = "Torch._amp_foreach_non_finite_check_and_unscale_.0.forward"
+    t = precdbg.open_dump(dumps("unscale")).records(step=0)
+    first_grad = (t["entry"] == unscale) & (t["arg_index"] == 0)
+    norm_in = float(t["norm"][first_grad & (t["role"] == "input")][0])
+    norm_out = float(t["norm"][first_grad & (t["role"] == "output")][0])
+    assert norm_out == pytest.approx(norm_in / 1024.0, rel=1e-6), (norm_in, norm_out)
+    assert set(_reads(dumps("unscale"), "Torch._foreach_norm.0.forward")) == {unscale}
+    result, _ = _compare(dumps, "unscale", "unscale_dw", tmp_path)
+    first = cs.assert_first(result, step=0, direction="backward", kind="param_grad",
+                            module="transformer.h.1.mlp.c_fc", op="weight", reason=["dw-only"])
+    assert first["name_a"] == DW, cs.describe(result)
 
 
 def test_ddp_defect_on_rank_1_is_named_on_rank_1(dumps, tmp_path):
