@@ -11,6 +11,9 @@ sees that the bytes changed in between.
 
 Only framework-neutral bookkeeping lives here; the adapter answers `storage(tensor)` (keys) and
 `storage_ref(tensor)` (is that storage still alive: a freed storage's key may come back).
+Each record also gets the number of its storage in the step (`storage`): when several tensors
+share one (a gradient buffer holding every parameter's `main_grad`), the compare can still
+find what else wrote into that memory.
 """
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ class Provenance:
         self._grads: Dict[Tuple[Hashable, Hashable], _Entry] = {}
         self._last_dw: Dict[str, int] = {}
         self._held: List[Any] = []
+        self._storages: Dict[Hashable, _Entry] = {}    # storage -> (its number, alive?)
+        self._next_storage = 0
 
     def _lookup(self, store: Hashable, view: Hashable, version: int) -> int:
         hit = self._by_version.get((store, version))
@@ -54,6 +59,11 @@ class Provenance:
         if key is None:
             return
         store, view, version = key
+        known = self._storages.get(store)
+        if known is None or not known[1]():
+            known = self._storages[store] = (self._next_storage, self.tensors.storage_ref(tensor))
+            self._next_storage += 1
+        rec.storage = known[0]
         role = rec.role
         dw = role == _PARAM_GRAD
         if (role in READ_ROLES or dw) and not written:   # a dw may be a dx passed through

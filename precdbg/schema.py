@@ -19,7 +19,7 @@ __all__ = [
     "is_scalar_dtype", "scalar_mask", "scalar_dtype",
 ]
 
-SCHEMA_VERSION = 2          # 2: the `producer` column (dataflow provenance)
+SCHEMA_VERSION = 2          # 2: the `producer` and `storage` columns (dataflow provenance)
 READ_SCHEMA_VERSIONS = (1, 2)
 NO_PRODUCER = -1            # `producer` of a tensor nothing captured in the step produced
 MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)
@@ -140,6 +140,7 @@ class Record:
     data_nbytes: int = 0
     tensor_id: int = -1            # distinct-tensor identity within the step (dedup key)
     producer: int = NO_PRODUCER    # seq of the record of this step that produced the tensor read
+    storage: int = -1              # which memory (storage) of the step the tensor lies in
 
     @property
     def is_nonfinite(self) -> bool:
@@ -158,6 +159,7 @@ RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (
     ("text", None), ("alias", None), ("trainable", np.dtype(np.bool_)), ("stack_id", np.dtype(np.int32)),
     ("data_offset", np.dtype(np.int64)), ("data_nbytes", np.dtype(np.int64)),
     ("tensor_id", np.dtype(np.int64)), ("producer", np.dtype(np.int64)),
+    ("storage", np.dtype(np.int64)),
 )
 # columns a file of an older schema version lacks, and the value they read as
-ADDED_COLUMNS = {"producer": NO_PRODUCER}
+ADDED_COLUMNS = {"producer": NO_PRODUCER, "storage": -1}

@@ -7,6 +7,8 @@ The model is a transformers GPT-2 (tiny config, random init, built offline). A l
   accum      two micro-batches accumulated into .grad, then clip_grad_norm_ and AdamW
   ddp        clip under DistributedDataParallel (gloo, two processes, one batch per rank)
   allreduce  two ranks averaging gradients with torch.distributed.all_reduce themselves
+  bucket     two ranks reducing one flat buffer holding two gradients (as a bucket of
+             Megatron's main_grad buffer): copied in, all_reduce, averaged, copied back
   unscale    clip with a loss scale: torch.amp.GradScaler scales the loss and unscales the
              gradients in place before clipping
 A defect is one change to the candidate (see DEFECTS). Run as a script it makes dumps of one
@@ -31,7 +33,7 @@ THIS = os.path.abspath(__file__)
 VOCAB, SEQ, BATCH = 128, 16, 2
 DW_WEIGHT = "transformer.h.1.mlp.c_fc.weight"       # the dw-only defect's parameter
 ACT_MODULE = "transformer.h.1.mlp.act"               # the swapped activation
-DISTRIBUTED = ("ddp", "allreduce")                    # loops run by two ranks
+DISTRIBUTED = ("ddp", "allreduce", "bucket")          # loops run by two ranks
 
 
 def _model(recompute: bool):
@@ -111,6 +113,22 @@ def train(path: str, loop: str, defect: Optional[str], rank: int = 0,
         for param in model.parameters():
             dist.all_reduce(param.grad)
             param.grad.div_(dist.get_world_size())
+    if loop == "bucket":
+        # one bucket of layer 1's MLP weights, the defect's weight first (each in its slice)
+        params = [model.get_parameter(DW_WEIGHT),
+                  model.get_parameter(DW_WEIGHT.replace("c_fc", "c_proj"))]
+        bucket = torch.zeros(sum(p.numel() for p in params))
+        start = 0
+        for param in params:
+            bucket[start:start + param.numel()].copy_(param.grad.view(-1))
+            start += param.numel()
+        import torch.distributed as dist
+        dist.all_reduce(bucket)
+        bucket.div_(dist.get_world_size())
+        start = 0
+        for param in params:
+            param.grad.copy_(bucket[start:start + param.numel()].view_as(param))
+            start += param.numel()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     scaler.step(opt)
     scaler.update()

@@ -36,6 +36,7 @@ SPECS: Dict[str, Tuple[str, Any, Any]] = {
     "ddp": ("ddp", None, None), "ddp_dw_rank1": ("ddp", "dw", 1),
     "ddp_data_rank1": ("ddp", "data", 1),
     "unscale": ("unscale", None, None), "unscale_dw": ("unscale", "dw", None),
+    "bucket": ("bucket", None, None), "bucket_dw_rank1": ("bucket", "dw", 1),
     "allreduce": ("allreduce", None, None), "allreduce_dw_rank1": ("allreduce", "dw", 1),
 }
 CHAIN_KEYS = {"name_a", "name_b", "step", "rank", "text"}
@@ -163,6 +164,16 @@ def test_captured_all_reduce_leads_to_the_rank_whose_input_differs(dumps, tmp_pa
     assert div["status"] == "diverged", div
     assert rows[(0, reduce_name, "input")]["status"] == "match"
     assert rows[(0, reduce_name, "output")]["norm_a"] != rows[(0, reduce_name, "input")]["norm_a"]
+
+
+def test_shared_gradient_buffer_leads_to_what_wrote_the_slice(dumps, tmp_path):
+    # all_reduce reads the whole bucket, whose last writer (the second weight's copy) agrees:
+    # what wrote the defect's slice earlier into the same memory is followed instead
+    result, _ = _compare(dumps, "bucket", "bucket_dw_rank1", tmp_path)
+    first = cs.assert_first(result, step=0, direction="backward", kind="param_grad",
+                            module="transformer.h.1.mlp.c_fc", op="weight", reason=["dw-only"])
+    assert first["rank"] == 1 and first["name_a"] == DW, cs.describe(result)
+    assert any("memory" in link["text"] for link in first["chain"]), first["chain"]
 
 
 def test_recompute_swapped_activation_is_not_input_data(dumps, tmp_path):

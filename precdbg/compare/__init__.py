@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import DumpError
 from ..reader import Dump, RecordTable, open_dump
-from ..schema import INVENTORY_ROLES, NO_PRODUCER, READ_ROLES, RecordKind, is_scalar_dtype
+from ..schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, RecordKind, is_scalar_dtype
 from .align import Alignment, align, load_mapping
 from .localize import Entry, StepEntries, contains, locate
 from .metrics import stat_errors, tensor_metrics
@@ -123,10 +123,30 @@ class _StepCompare:
                 if k is not None:
                     setattr(row, "producer_a" if side == 0 else "producer_b", str(entry[k]))
 
+    def _writers(self) -> Dict[int, List[Tuple[int, int]]]:
+        """Per storage of the baseline: (seq, row) of the paired records that wrote into it."""
+        ta = self.ta
+        out: Dict[int, List[Tuple[int, int]]] = {}
+        storage, seq, role = ta["storage"], ta["seq"], ta["role"]
+        for i in self.entry_of_a:
+            if storage[i] >= 0 and role[i] in WRITE_ROLES:
+                out.setdefault(int(storage[i]), []).append((int(seq[i]), i))
+        for rows in out.values():
+            rows.sort(reverse=True)
+        return out
+
     def resolve_reads(self) -> None:
         """Each differing read learns its producer: an entry of both runs, a record of one run
-        only, or nothing captured."""
+        only, or nothing captured; and what else wrote into the same memory before it."""
+        writers = self._writers() if self.reads else {}
         for ev, i, j in self.reads:
+            seq, store = int(self.ta["seq"][i]), int(self.ta["storage"][i])
+            seen = set()
+            for s, k in writers.get(store, ()):
+                e = self.entry_of_a[k]
+                if s < seq and e.diverged and id(e) not in seen:
+                    seen.add(id(e))
+                    ev.same_memory.append(e)
             ka, kb = self._producer_row(0, i), self._producer_row(1, j)
             entry = (self.entry_of_a.get(ka) if ka is not None else None) or \
                 (self.entry_of_b.get(kb) if kb is not None else None)

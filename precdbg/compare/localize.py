@@ -166,6 +166,13 @@ def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], _Step]:
                                    f"{how}", Cause.ONE_RUN, p, ev)
         for ev in ranked:
             p = ev.producer
+            earlier = next((w for w in ev.same_memory if w is not e and
+                            (p is None or w is not p.entry)), None)
+            if earlier is not None:   # a buffer shared by several tensors (a gradient bucket)
+                return earlier, _Step(e, f"{e.name}{_where(e)} reads memory that "
+                                      f"{earlier.name} wrote earlier, which differs")
+        for ev in ranked:
+            p = ev.producer
             if p is not None and p.source is Source.ENTRY and p.entry is not e:
                 other = next((c for c in step.counterparts(p.entry) if c.diverged), None)
                 if other is not None:

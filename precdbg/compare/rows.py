@@ -129,6 +129,8 @@ class Evidence:
     metrics: Dict[str, Any]
     only_in: str = ""          # "baseline" / "candidate": the record is in that run only
     producer: Optional[Producer] = None
+    # for a read: the entries that wrote into the same memory before it, latest first
+    same_memory: List["Entry"] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of(cls, row: Row) -> "Evidence":
