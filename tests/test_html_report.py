@@ -246,8 +246,8 @@ def test_browser_shows_the_chain_that_led_to_the_culprit(report, tmp_path):
     assert dom.body.get("data-culprit") == "visible"
     drawn = re.sub(r"<script\b.*?</script>", "", dom.text, flags=re.S)
     for link in first["chain"]:
-        # drawn as text (escaped), in the summary and in the culprit's details
-        assert drawn.count(link["text"].replace("<", "&lt;").replace(">", "&gt;")) == 2, \
+        # drawn as text (escaped): in the summary, the culprit's details and the text report
+        assert drawn.count(link["text"].replace("<", "&lt;").replace(">", "&gt;")) == 3, \
             link["text"]
 
 

@@ -15,6 +15,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ..reader import RecordTable
+from ..schema import scalar_mask
 
 __all__ = ["Alignment", "align", "load_mapping"]
 
@@ -75,8 +76,8 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
           mapping: Optional[Mapping[str, Mapping[str, str]]] = None) -> Alignment:
     """Pair records of a and b; scalar (non-tensor) records are paired only by name."""
     by_name = same_framework and not mapping
-    tensor_a = ~np.char.startswith(a["dtype"], "py.")
-    tensor_b = ~np.char.startswith(b["dtype"], "py.")
+    tensor_a = ~scalar_mask(a["dtype"])
+    tensor_b = ~scalar_mask(b["dtype"])
     ga = _occurrences(_keys(a, by_name, None), a["seq"])
     gb = _occurrences(_keys(b, by_name, mapping), b["seq"])
     pa, pb, oa, ob = [], [], [], []

@@ -42,6 +42,11 @@ def summary_text(result: Dict[str, Any]) -> str:
         lines.append(f"  {first['name_a'] or '-'}  <->  {first['name_b'] or '-'}")
         lines.append(f"  module '{first['module']}'  op '{first['op']}'  role {first['role']}")
         lines.append(f"  why: {first['reason']}")
+        chain = first.get("chain") or []
+        if chain:
+            lines.append("  producer chain (first difference seen -> culprit):")
+            for link in chain:
+                lines.append(f"    step {link['step']} rank {link['rank']}: {link['text']}")
         ev = first.get("evidence", {})
         for label, items in (("inputs that differ", ev.get("inputs_bad", [])),
                              ("outputs that differ", ev.get("outputs_bad", []))):
@@ -57,7 +62,8 @@ def summary_text(result: Dict[str, Any]) -> str:
         if cons:
             lines.append(f"consequences (first {min(len(cons), 5)} of {len(cons)}+):")
             for c in cons[:5]:
-                lines.append(f"  step {c['step']} {c['direction']:<8} {c['name_a']}  "
+                lines.append(f"  step {c['step']} rank {c.get('rank', 0)} {c['direction']:<8} "
+                             f"{c['name_a']}  "
                              f"({c['role']}, err {_fmt(c['err'])})")
     if result["unmatched_count"]:
         sides = {"a": "baseline", "b": "candidate"}
