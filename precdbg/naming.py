@@ -119,6 +119,12 @@ def canonical_op(name: str) -> str:
     return base
 
 
+def is_known_op(op: str) -> bool:
+    """Whether `op` is a canonical op of the table (a known layer or function), not merely a
+    normalised name of something precdbg does not know (a user's own module class)."""
+    return op in set(_alias_index().values())
+
+
 def matches_any(text: str, patterns: Iterable[str]) -> bool:
     """Glob match (fnmatch, case-sensitive) of `text` against any pattern."""
     import fnmatch

@@ -11,6 +11,7 @@ The model is a transformers GPT-2 (tiny config, random init, built offline). A l
              Megatron's main_grad buffer): copied in, all_reduce, averaged, copied back
   unscale    clip with a loss scale: torch.amp.GradScaler scales the loss and unscales the
              gradients in place before clipping
+  bf16       clip with the forward under CPU bfloat16 autocast
 A defect is one change to the candidate (see DEFECTS). Run as a script it makes dumps of one
 loop, one after the other (`--run PATH::DEFECT::RANK`, defect and rank may be empty):
 
@@ -105,7 +106,8 @@ def train(path: str, loop: str, defect: Optional[str], rank: int = 0,
     dbg = PrecisionDebugger(dump_path=path, level="mix")
     dbg.start(net)
     for ids in batches:
-        loss = net(input_ids=ids, labels=ids).loss / len(batches)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=loop == "bf16"):
+            loss = net(input_ids=ids, labels=ids).loss / len(batches)
         scaler.scale(loss).backward()
     scaler.unscale_(opt)
     if loop == "allreduce":
@@ -219,7 +221,7 @@ def dump(path: str, loop: str, defect: Optional[str] = None,
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loop", required=True,
-                        choices=("clip", "recompute", "accum", "unscale") + DISTRIBUTED)
+                        choices=("clip", "recompute", "accum", "unscale", "bf16") + DISTRIBUTED)
     parser.add_argument("--run", action="append", required=True,
                         help="PATH::DEFECT::RANK (defect and rank may be empty)")
     args = parser.parse_args(argv)

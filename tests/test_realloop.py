@@ -38,6 +38,8 @@ SPECS: Dict[str, Tuple[str, Any, Any]] = {
     "unscale": ("unscale", None, None), "unscale_dw": ("unscale", "dw", None),
     "bucket": ("bucket", None, None), "bucket_dw_rank1": ("bucket", "dw", 1),
     "allreduce": ("allreduce", None, None), "allreduce_dw_rank1": ("allreduce", "dw", 1),
+    "bf16": ("bf16", None, None), "bf16_act": ("bf16", "act", None),
+    "bf16_rerun": ("bf16", None, None),
 }
 CHAIN_KEYS = {"name_a", "name_b", "step", "rank", "text"}
 DW = f"Param.{rl.DW_WEIGHT}.grad"
@@ -243,3 +245,25 @@ def test_schema_1_files_still_read(dumps, tmp_path):
     # without provenance the timeline alone still names the weight gradient
     result = compare_dumps(dumps("clip"), str(old))
     assert result["first_divergence"]["name_a"] == DW, cs.describe(result)
+
+
+# --------------------------------------------------------------------------- structure (issue 10)
+def test_structural_swap_under_bf16_is_named_at_its_module(dumps, tmp_path):
+    """GPT-2's tanh GELU (seven elementwise calls) replaced by nn.GELU() in layer 1, forward
+    under CPU bf16 autocast: the change stays within bf16 rounding in the layer itself, and the
+    first record beyond a tolerance is a float32 residual add after it. The module whose class
+    and calls differ is named, with the calls."""
+    result, stdout = _compare(dumps, "bf16", "bf16_act", tmp_path)
+    first = cs.assert_first(result, step=0, direction="forward", kind="module",
+                            module=rl.ACT_MODULE, reason=["calls differ", "structural"])
+    assert "NewGELUActivation" in first["name_a"] and ".GELU." in first["name_b"]
+    structure = first["structure"]
+    assert (structure["class_a"], structure["class_b"]) == ("NewGELUActivation", "GELU")
+    assert "Torch.tanh" in structure["calls_a"] and structure["calls_b"] == ["Functional.gelu"]
+    assert "Functional.gelu" in first["reason"] and "Torch.tanh" in first["reason"]
+
+
+def test_clean_bf16_pair_has_no_structural_difference(dumps, tmp_path):
+    proc = cs.run_cli("compare", dumps("bf16"), dumps("bf16_rerun"), "--json",
+                      str(tmp_path / "same.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr

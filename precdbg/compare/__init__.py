@@ -19,6 +19,7 @@ from ..reader import Dump, RecordTable, open_dump
 from ..schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, RecordKind, is_scalar_dtype
 from .align import Alignment, align, load_mapping
 from .localize import Entry, StepEntries, contains, locate
+from .structure import StructuralDiff, structural_differences
 from .metrics import stat_errors, tensor_metrics
 from .progress import CompareProgress
 from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
@@ -189,13 +190,15 @@ class _StepCompare:
 
 def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                   rows: List[Row], unmatched: List[Dict[str, Any]],
-                  progress: Progress, files: Tuple[int, int]) -> List[Entry]:
+                  progress: Progress, files: Tuple[int, int],
+                  structural: List[StructuralDiff]) -> List[Entry]:
     def report(done: int, total: int, phase: str) -> None:
         if progress is not None:
             progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
     ta, tb = a.records(step, rank), b.records(step, rank)
     report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
+    structural.extend(structural_differences(ta, tb, step, rank, same, mapping))
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
     sc = _StepCompare(ta, tb, al)
@@ -256,15 +259,16 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         rows: List[Row] = []
         unmatched: List[Dict[str, Any]] = []
         per_step: Dict[int, List[Entry]] = {}
+        structural: List[StructuralDiff] = []
         for k, (s, r) in enumerate(pairs):
             per_step.setdefault(s, []).extend(
                 _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
-                              (k, len(pairs))))
+                              (k, len(pairs)), structural))
         if progress is not None:
             progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
         stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
-        first, involved = locate(steps)
+        first, involved = locate(steps, structural)
         notes = []
         if fa != fb:
             notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
@@ -274,7 +278,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
                          "to confirm a match bit for bit")
         consequences = _consequences(steps, first, involved)
-        if first is not None:
+        if first is not None and "structure" not in first:
             _note_extra_calls(first, unmatched)
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
                 "consequences": consequences, "unmatched": unmatched[:1000],

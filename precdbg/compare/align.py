@@ -17,7 +17,7 @@ import numpy as np
 from ..reader import RecordTable
 from ..schema import scalar_mask
 
-__all__ = ["Alignment", "align", "load_mapping"]
+__all__ = ["Alignment", "align", "load_mapping", "rename_module"]
 
 
 @dataclasses.dataclass
@@ -39,14 +39,14 @@ def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapp
         op = table["op"].tolist()
     if mapping:
         modules, ops = mapping.get("modules", {}), mapping.get("ops", {})
-        module = [_rename(m, modules) for m in module]
+        module = [rename_module(m, modules) for m in module]
         op = [ops.get(o, o) for o in op]
     kind, direction = table["kind"].tolist(), table["direction"].tolist()
     role, arg = table["role"].tolist(), table["arg_index"].tolist()
     return [(kind[i], direction[i], module[i], op[i], role[i], arg[i]) for i in range(n)]
 
 
-def _rename(path: str, modules: Mapping[str, str]) -> str:
+def rename_module(path: str, modules: Mapping[str, str]) -> str:
     """Longest matching prefix of a module path renamed by the user's mapping."""
     best = ""
     for src in modules:

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..naming import is_collective
 from ..schema import Direction, RecordKind, Role
 from .rows import ArgDiff, Evidence, Producer, Source
+from .structure import StructuralDiff
 
 __all__ = ["Entry", "StepEntries", "locate", "contains"]
 
@@ -366,19 +367,52 @@ def _inventory(entries: List[Entry], previous_matched: bool) -> Optional[Dict[st
     return verdict
 
 
-def locate(steps: List[StepEntries]) -> Tuple[Optional[Dict[str, Any]], List[Entry]]:
+def _structural_verdict(diff: StructuralDiff, step: StepEntries) -> Tuple[Dict[str, Any],
+                                                                          List[Entry]]:
+    """A module whose class or calls differ, named where it ran."""
+    entry = next((e for e in step.entries if e.rank == diff.rank and e.kind == _MODULE
+                  and e.direction == Direction.FORWARD.value and e.name_a == diff.name_a), None)
+    first = {"step": diff.step, "rank": diff.rank, "direction": "forward", "kind": _MODULE,
+             "name_a": diff.name_a, "name_b": diff.name_b, "module": diff.module, "op": diff.op,
+             "role": "", "metrics": {}, "reason": diff.reason(),
+             "evidence": {"inputs_bad": [], "outputs_bad": [], "arguments_bad": [],
+                          "inputs_agreeing": 0},
+             "structure": diff.as_json()}
+    if entry is not None:
+        first["evidence"] = _verdict(entry, "")["evidence"]
+        if entry.outputs_bad:          # the numbers differ too: say how
+            first["reason"] += "; " + _output_reason(entry)
+            first["role"] = entry.outputs_bad[0].role
+            first["metrics"] = entry.outputs_bad[0].metrics
+    first["chain"] = [{"name_a": diff.name_a, "name_b": diff.name_b, "step": diff.step,
+                       "rank": diff.rank, "kind": _MODULE, "direction": Direction.FORWARD.value,
+                       "module": diff.module,
+                       "text": f"{diff.name_a} and {diff.name_b} run different code (a "
+                               "structural difference)"}]
+    return first, [entry] if entry is not None else []
+
+
+def locate(steps: List[StepEntries], structural: Sequence[StructuralDiff] = ()
+           ) -> Tuple[Optional[Dict[str, Any]], List[Entry]]:
     """`steps` ascending. Returns the first divergence (None when the runs agree) and the
-    entries of its chain (whatever else differs is a consequence)."""
+    entries of its chain (whatever else differs is a consequence). A structural difference
+    (`structural`, see compare/structure.py) is named when it ran before the first record that
+    differs in number."""
     previous_matched = False
     for step in steps:
         found = _inventory([e for e in step.entries if e.is_inventory], previous_matched)
         if found:
             return found, []
-        for rank in step.ranks():
+        shapes = [d for d in structural if d.step == step.step]
+        for rank in sorted(set(step.ranks()) | {d.rank for d in shapes}):
             bad = [e for e in step.timeline(rank) if e.diverged]
-            if not bad:
+            shape = min((d for d in shapes if d.rank == rank), key=lambda d: d.seq,
+                        default=None)
+            start = min(bad, key=lambda e: e.first_bad) if bad else None
+            if shape is not None and (start is None or shape.seq <= start.first_bad):
+                return _structural_verdict(shape, step)
+            if start is None:
                 continue
-            start = min(bad, key=lambda e: e.first_bad)
             links = _walk(start, step)
             first, culprit = _root_verdict(links[-1], step)
             first["chain"] = _chain(links, culprit, first)

@@ -1,0 +1,196 @@
+"""Structural differences: a module whose class, or whose sequence of calls, differs between the
+two runs is a divergence of its own, whatever the numbers say.
+
+Under bf16 a swapped layer (GPT-2's tanh GELU, seven elementwise calls, replaced by one exact
+`gelu`) changes its output by less than the bf16 tolerance, and the first record that exceeds a
+tolerance is a float32 residual add after it: numbers alone blame the wrong place. The calls a
+module makes are in the dump (every API record names its innermost module), so the two runs'
+structure is compared directly:
+
+- a module's class: a layer the op table knows that became another (`NewGELUActivation`, a
+  gelu, vs `Linear`), compared by canonical op so that `Linear` and `Dense` are the same layer;
+  within one framework also another class name for a known layer, or for a user's class that
+  also makes other calls (a class merely renamed, making the same calls, is not a difference);
+- within one framework, the sequence of calls the module makes itself, in the order they ran:
+  its API calls and the calls of its direct child modules (so a child that exists in one run
+  only shows in its parent); calls that only re-address elements (views, reshapes, contiguous
+  copies, detach) are left out, since an extra one changes no number. Across frameworks the call sequences legitimately differ (fused
+  ops, casts, leaf cells), so only classes are compared there.
+
+The verdict is the earliest such module in the baseline's timeline (`seq` of its first record);
+`localize.locate` names it when it ran before the first numeric divergence.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..naming import is_known_op
+from ..reader import RecordTable
+from ..schema import Direction, RecordKind
+from .align import rename_module
+
+__all__ = ["StructuralDiff", "structural_differences"]
+
+_SHOWN_CALLS = 8
+# Calls that only change how elements are addressed (or nothing): an extra one of these - torch's
+# backward-hook machinery adds a `view_as`, a port adds a `contiguous` - changes no number.
+LAYOUT_OPS = frozenset({"view", "view_as", "reshape", "contiguous", "detach", "clone", "expand",
+                        "expand_as", "flatten", "unflatten", "squeeze", "unsqueeze", "permute",
+                        "transpose", "t", "requires_grad", "size", "dim", "numel"})
+_API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
+_FORWARD = Direction.FORWARD.value
+
+
+@dataclasses.dataclass
+class StructuralDiff:
+    """A module whose class or calls differ; `seq` is where it starts in the baseline."""
+    step: int
+    rank: int
+    module: str
+    name_a: str
+    name_b: str
+    class_a: str
+    class_b: str
+    op: str
+    calls_a: List[str]
+    calls_b: List[str]
+    seq: int
+    order: int
+
+    @property
+    def class_differs(self) -> bool:
+        return self.class_a != self.class_b
+
+    def reason(self) -> str:
+        where = f"module '{self.module}'" if self.module else "the root module"
+        parts = []
+        if self.class_differs:
+            parts.append(f"class {self.class_a} vs {self.class_b}")
+        if self.calls_a != self.calls_b:
+            parts.append(f"the baseline calls {_shown(self.calls_a)}, the candidate "
+                         f"{_shown(self.calls_b)}")
+        return (f"calls differ in {where}: " + "; ".join(parts)
+                + " (a structural difference: it counts whether or not the numbers stay within "
+                  "tolerance)")
+
+    def as_json(self) -> Dict[str, object]:
+        return {"class_a": self.class_a, "class_b": self.class_b,
+                "calls_a": self.calls_a[:50], "calls_b": self.calls_b[:50]}
+
+
+def _shown(calls: List[str]) -> str:
+    if not calls:
+        return "nothing"
+    text = ", ".join(calls[:_SHOWN_CALLS])
+    return text + (f", ... ({len(calls)} calls)" if len(calls) > _SHOWN_CALLS else "")
+
+
+@dataclasses.dataclass
+class _Module:
+    entry: str
+    cls: str
+    op: str
+    seq: int
+    order: int
+
+
+def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]]
+          ) -> Tuple[Dict[str, _Module], Dict[str, List[str]]]:
+    """(first forward call of each module path, calls each module path made while it ran, in
+    order). A call counts for a module only between its forward's first and last record: the
+    root's path ("") also owns what runs outside the model (the loss, hooks in backward,
+    clipping, the optimizer), which is no part of its structure."""
+    forward = table["direction"] == _FORWARD
+    kind = table["kind"]
+    idx = np.nonzero(forward & ((kind == _API) | (kind == _MODULE)))[0]
+    idx = idx[np.argsort(table["seq"][idx], kind="stable")]
+    path_of = (lambda p: rename_module(p, modules)) if modules else (lambda p: p)  # noqa: E731
+    entry_col, module_col, op_col = table["entry"], table["module"], table["op"]
+    api_col, prefix_col, seq_col, order_col = table["api"], table["prefix"], table["seq"], \
+        table["order"]
+    first: Dict[str, _Module] = {}
+    spans: Dict[str, Dict[str, List[int]]] = {}          # path -> entry -> [first, last] seq
+    for i in idx[kind[idx] == _MODULE].tolist():
+        path, entry, seq = path_of(str(module_col[i])), str(entry_col[i]), int(seq_col[i])
+        span = spans.setdefault(path, {}).setdefault(entry, [seq, seq])
+        span[0], span[1] = min(span[0], seq), max(span[1], seq)
+        if path not in first:
+            first[path] = _Module(entry, str(api_col[i]), str(op_col[i]), seq,
+                                  int(order_col[i]))
+
+    def inside(path: str, seq: int) -> bool:
+        return any(lo <= seq <= hi for lo, hi in spans.get(path, {}).values())
+
+    calls: Dict[str, List[Tuple[int, str]]] = {}
+    seen_entries = set()
+    for i in idx.tolist():
+        entry = str(entry_col[i])
+        if entry in seen_entries:
+            continue
+        seen_entries.add(entry)
+        path, seq = path_of(str(module_col[i])), int(seq_col[i])
+        if kind[i] == _MODULE:
+            parent = path.rpartition(".")[0]
+            if path and inside(parent, seq):
+                calls.setdefault(parent, []).append(
+                    (seq, f"{path.rpartition('.')[2]}:{api_col[i]}"))
+        elif str(op_col[i]) not in LAYOUT_OPS and inside(path, seq):
+            label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
+            calls.setdefault(path, []).append((seq, label))
+    return first, {path: [label for _, label in sorted(items)] for path, items in calls.items()}
+
+
+def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: int,
+                           same_framework: bool,
+                           mapping: Optional[Mapping[str, Mapping[str, str]]] = None
+                           ) -> List[StructuralDiff]:
+    """Modules present in both runs whose class (or, within one framework, calls) differ,
+    in the baseline's execution order."""
+    if not len(ta) or not len(tb):
+        return []
+    modules = (mapping or {}).get("modules") or None
+    mods_a, calls_a = _side(ta, same_framework, None)
+    mods_b, calls_b = _side(tb, same_framework, modules)
+    out: List[StructuralDiff] = []
+    for path, ma in mods_a.items():
+        mb = mods_b.get(path)
+        if mb is None:
+            continue
+        seq_a, seq_b = calls_a.get(path, []), calls_b.get(path, [])
+        calls_differ = same_framework and seq_a != seq_b
+        # a layer the op table knows (Linear, GELU, LayerNorm, ...) that became another is a
+        # difference by itself; a user's class under another name (GPT2Block vs Block, a
+        # subclass) only when it also calls something else
+        known = is_known_op(ma.op) and is_known_op(mb.op)
+        class_differs = (ma.op != mb.op and known) or \
+            (same_framework and ma.cls != mb.cls and (calls_differ or known))
+        if class_differs or calls_differ:
+            out.append(StructuralDiff(step, rank, path, ma.entry, mb.entry, ma.cls, mb.cls,
+                                      ma.op, seq_a, seq_b, ma.seq, ma.order))
+    out.sort(key=lambda d: d.seq)
+    return _outermost_first_only(out)
+
+
+def _outermost_first_only(diffs: List[StructuralDiff]) -> List[StructuralDiff]:
+    """A parent lists its child's class among its calls; when the child itself differs, the
+    child (which runs inside the parent) is the one to name."""
+    classes_changed = {d.module for d in diffs if d.class_differs}
+    keep = []
+    for d in diffs:
+        if not d.class_differs and any(c.rpartition(".")[0] == d.module
+                                       for c in classes_changed) and \
+                _only_child_classes_differ(d, classes_changed):
+            continue
+        keep.append(d)
+    return keep
+
+
+def _only_child_classes_differ(d: StructuralDiff, changed: set) -> bool:
+    """The parent's call lists differ only where a changed child's `name:Class` appears."""
+    names = {c.rpartition(".")[2] for c in changed if c.rpartition(".")[0] == d.module}
+    strip = lambda calls: [c for c in calls if c.partition(":")[0] not in names  # noqa: E731
+                           or ":" not in c]
+    return strip(d.calls_a) == strip(d.calls_b)
