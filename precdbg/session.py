@@ -21,6 +21,7 @@ from . import __version__, lifetime
 from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
+from .layers import settings_text
 from .runinfo import RunInfo
 from .protocols import Adapter, TensorOps
 from .stacks import StackTable
@@ -129,7 +130,7 @@ class Session:
         self._pending: List[Tuple[Record, Optional[_Seen]]] = []
         self._copies: List[Tuple[_Seen, Any, bool]] = []
         self._stacks = StackTable(self.adapter.internal_dirs)
-        self._modules: List[Tuple[str, str, str]] = []
+        self._modules: List[Tuple[str, str, str, str]] = []
         self._module_cls: Dict[str, str] = {}
         self._calls_seen = 0
         self._module_stack: List[Tuple[str, bool]] = []
@@ -270,10 +271,13 @@ class Session:
             log.warning("precdbg: further kinds of failure are counted, not reported")
 
     # ------------------------------------------------------------------ modules
-    def set_module_tree(self, modules: Sequence[Tuple[str, str, str]]) -> None:
-        """(path, class, parent path) of every module/cell of the model."""
-        self._modules = list(modules)
-        self._module_cls = {path: cls for path, cls, _ in self._modules}
+    def set_module_tree(self, modules: Sequence[Tuple[str, str, str, Dict[str, Any]]]) -> None:
+        """(path, class, parent path, raw layer settings) of every module/cell of the model; the
+        settings are stored normalised (precdbg.layers), as JSON text per module."""
+        framework = self.adapter.framework
+        self._modules = [(path, cls, parent, settings_text(framework, cls, raw) if raw else "")
+                         for path, cls, parent, raw in modules]
+        self._module_cls = {path: cls for path, cls, _, _ in self._modules}
 
     def enter_module(self, path: str, keep_subtree: bool) -> None:
         inside = bool(self._module_stack) and self._module_stack[-1][1]

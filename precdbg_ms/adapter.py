@@ -20,6 +20,7 @@ from mindspore import nn
 import precdbg
 from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 from precdbg.errors import FrameworkError, PrecdbgError
+from precdbg.layers import raw_settings
 from precdbg.manifest import jsonable
 from precdbg.naming import framework_table
 from precdbg.schema import RecordKind
@@ -143,7 +144,8 @@ class MindSporeAdapter:
         self.busy += 1
         try:
             if cells:
-                session.set_module_tree([(path, type(c).__name__, path.rpartition(".")[0])
+                session.set_module_tree([(path, type(c).__name__, path.rpartition(".")[0],
+                                          raw_settings(self.framework, type(c).__name__, c))
                                          for path, c in cells])
                 self._inventory(cells)
         finally:

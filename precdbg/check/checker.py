@@ -1,13 +1,14 @@
 """The checks themselves: one method per kind of set-up difference."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
 from .values import (_HIGH_HYPER, _LOW_HYPER, _Run, _display,
                      _first_inputs, _fmt, _is_int, _names, _nonzero, _optimizer_family,
                      _per_parameter, _same, _stat_difference, _summary)
+from ..layers import setting_differences
 from .setup_checks import SetupChecks
 
 
@@ -18,6 +19,8 @@ class _Checker(SetupChecks):
         self.findings: List[Dict[str, Any]] = []
         self.notes: List[str] = []
         self.values_differ = False
+        self.setting_diffs = setting_differences(a.module_settings, b.module_settings)
+        self.settings_explained: Set[Tuple[str, str]] = set()
 
     def add(self, severity: str, kind: str, message: str, a: Any = None, b: Any = None,
             **extra: Any) -> None:
@@ -42,6 +45,7 @@ class _Checker(SetupChecks):
             self.environment()
             self.versions()
         self.semantic_notes()
+        self.layer_settings()
 
     # ------------------------------------------------------------------ data
     def _compare_rows(self, ra: Dict[str, Any], rb: Dict[str, Any]) -> Tuple[Optional[str], str]:
