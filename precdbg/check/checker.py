@@ -162,9 +162,7 @@ class _Checker(SetupChecks):
                 if only:
                     self.add("medium", "inventory", f"{len(only)} buffer(s) only in {label}: "
                              f"{_names(only)}")
-        common = [n for n in inv_a if n in inv_b
-                  and (inv_a[n]["role"] == "param" or inv_b[n]["role"] == "param"
-                       or not self.cross)]
+        common = [n for n in inv_a if n in inv_b]     # buffers by mapped name too
         shapes, dtypes, frozen_a, frozen_b, values = [], [], [], [], []
         for n in common:
             ra, rb = inv_a[n], inv_b[n]
