@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import DumpError
-from .schema import RECORD_COLUMNS, SCHEMA_VERSION
+from .schema import ADDED_COLUMNS, READ_SCHEMA_VERSIONS, RECORD_COLUMNS
 
 __all__ = ["open_dump", "Dump", "RecordTable"]
 
@@ -86,9 +86,9 @@ class _StepFile:
             raise DumpError(f"{path}: not a readable HDF5 step file ({exc})") from None
         attrs = self.file.attrs
         version = int(attrs.get("schema_version", -1))
-        if version != SCHEMA_VERSION:
+        if version not in READ_SCHEMA_VERSIONS:
             raise DumpError(f"{path}: schema version {version}, this precdbg reads "
-                            f"{SCHEMA_VERSION}")
+                            f"{', '.join(map(str, READ_SCHEMA_VERSIONS))}")
         self.step = int(attrs["step"])
         self.rank = int(attrs["rank"])
         self.part = int(attrs.get("part", 0))
@@ -98,14 +98,17 @@ class _StepFile:
     def columns(self) -> Dict[str, np.ndarray]:
         group = self.file["records"]
         out: Dict[str, np.ndarray] = {}
+        count = int(group["entry"].shape[0])
         for name, _ in RECORD_COLUMNS:
+            if name not in group and name in ADDED_COLUMNS:   # an older schema version
+                out[name] = np.full(count, ADDED_COLUMNS[name])
+                continue
             data = group[name][()]
             if name in _STRING_COLUMNS:
                 data = np.char.decode(data, "utf-8") if data.size else data.astype(str)
             out[name] = data
         out["shape"] = group["shape"][()]
         out["ndim"] = group["ndim"][()]
-        count = len(out["entry"])
         out["step"] = np.full(count, self.step, dtype=np.int64)
         out["rank"] = np.full(count, self.rank, dtype=np.int64)
         out["part"] = np.full(count, self.part, dtype=np.int32)

@@ -14,10 +14,11 @@ import numpy as np
 
 __all__ = [
     "SCHEMA_VERSION", "Task", "Level", "RecordKind", "Direction", "Role", "Phase", "DataMode",
-    "SummaryMode", "Record", "RECORD_COLUMNS", "MAX_NDIM",
+    "SummaryMode", "Record", "RECORD_COLUMNS", "MAX_NDIM", "READ_SCHEMA_VERSIONS", "ADDED_COLUMNS",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2          # 2: the `precision` column
+READ_SCHEMA_VERSIONS = (1, 2)
 MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)
 
 
@@ -111,6 +112,7 @@ class Record:
     data_offset: int = -1          # byte offset in the step file's data blob (tensor task)
     data_nbytes: int = 0
     tensor_id: int = -1            # distinct-tensor identity within the step (dedup key)
+    precision: str = ""            # lowest float dtype its values went through ('' unknown/int)
 
     @property
     def is_nonfinite(self) -> bool:
@@ -128,5 +130,7 @@ RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (
     ("nan_count", np.dtype(np.int64)), ("inf_count", np.dtype(np.int64)), ("checksum", None),
     ("text", None), ("alias", None), ("trainable", np.dtype(np.bool_)), ("stack_id", np.dtype(np.int32)),
     ("data_offset", np.dtype(np.int64)), ("data_nbytes", np.dtype(np.int64)),
-    ("tensor_id", np.dtype(np.int64)),
+    ("tensor_id", np.dtype(np.int64)), ("precision", None),
 )
+# columns a file of an older schema version lacks, and the value they read as
+ADDED_COLUMNS = {"precision": ""}

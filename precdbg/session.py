@@ -22,6 +22,7 @@ from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
 from .layers import settings_text
+from .precision import is_floating, lowest
 from .runinfo import RunInfo
 from .protocols import Adapter, TensorOps
 from .stacks import StackTable
@@ -65,6 +66,7 @@ class Call:
     forward_entry: str
     backward_entry: str
     alias: str = ""
+    precision: str = ""          # the lowest precision its forward inputs carried
 
 
 class _Stats:
@@ -78,11 +80,12 @@ class _Stats:
 
 class _Seen:
     """A distinct tensor (same bytes, same order) of this window: its id, statistics, payload."""
-    __slots__ = ("ref", "tensor_id", "stats", "copied")
+    __slots__ = ("ref", "tensor_id", "stats", "copied", "precision")
 
     def __init__(self, ref: Any, tensor_id: int, stats: _Stats) -> None:
         self.ref, self.tensor_id, self.stats = ref, tensor_id, stats
         self.copied = False
+        self.precision = ""      # the lowest float precision its values went through
 
 
 class Session:
@@ -118,6 +121,7 @@ class Session:
         self._order = 0
         self._seq = 0
         self._counts: Dict[Tuple[str, str], int] = {}
+        self._step_precision = ""      # the lowest precision of this step's forward so far
         self.filter.reset_step()
 
     def _reset_window(self) -> None:
@@ -383,6 +387,7 @@ class Session:
             return
         dtype, shape, numel = self.tensors.describe(tensor)
         seen = self._seen_tensor(tensor)
+        precision = self._precision(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
         self._seq += 1
@@ -390,7 +395,7 @@ class Session:
                      call.phase if direction != _BACKWARD else _BACKWARD, arg_index,
                      arg_key, call.call_index, call.order, self._seq, dtype, shape, numel,
                      trainable=trainable, stack_id=call.stack_id, tensor_id=seen.tensor_id,
-                     alias=call.alias)
+                     alias=call.alias, precision=precision)
         if direction == _NONE:
             rec.phase = _SETUP
         self._pending.append((rec, seen))
@@ -400,6 +405,28 @@ class Session:
         if (call.store or self._checksum) and not seen.copied:
             seen.copied = True
             self._copies.append((seen, self.tensors.to_host(tensor), call.store))
+
+    def _precision(self, call: Call, direction: str, role: str, dtype: str, seen: _Seen) -> str:
+        """The lowest float precision a captured tensor's values went through: a forward input
+        carries what it was computed with (its own dtype when nothing captured produced it); an
+        output, the lowest of its dtype and of its call's inputs (an autocast linear's bf16
+        output, a float32 LayerNorm of a bf16-rounded residual); backward records and dw, also
+        the lowest precision of the step's forward (the gradients flow back through it)."""
+        if not is_floating(dtype):
+            return ""
+        if direction == _FORWARD:
+            if role == _INPUT:
+                carried = lowest(seen.precision, dtype)
+                call.precision = lowest(call.precision, carried)
+            else:
+                carried = lowest(lowest(seen.precision, call.precision), dtype)
+            seen.precision = carried
+            self._step_precision = lowest(self._step_precision, carried)
+            return carried
+        if direction == _NONE:
+            seen.precision = lowest(seen.precision, dtype)
+            return dtype
+        return lowest(lowest(self._step_precision, call.precision), dtype)
 
     def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any,
                       role: str = Role.INPUT.value) -> None:
