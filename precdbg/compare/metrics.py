@@ -8,8 +8,9 @@ scale (its RMS, so a mean near zero does not explode), plus NaN/Inf counts and s
 Tolerances depend on the precision a record's values carry (the `precision` column: the
 coarsest float dtype along the computation that produced them, so the float32 output of a
 LayerNorm of a residual stream that went through bf16 autocast linears is judged as bf16), or its
-dtype in files without the column. They are 2^-(mantissa bits + 1), the unit roundoff, for
-16-bit and 8-bit floats (msprobe's published relative thresholds: 2^-10 float16, 2^-8 bfloat16),
+dtype in files without the column. Below float32 they are msprobe's published relative
+thresholds (2^-10 float16, 2^-8 bfloat16: about the unit roundoff) and the unit roundoff of
+float8 (2^-4 e4m3, 2^-3 e5m2),
 and for float32/float64 calibrated so that a rerun, another CPU thread count or another
 framework's kernel for the same math stay below them (measured: <= 2e-6 relative for float32 on
 the bundled GPT, PyTorch vs MindSpore; <= 8.5e-7 for 1 vs 2 threads, bf16 autocast or not;
@@ -28,9 +29,11 @@ from ..reader import RecordTable
 
 __all__ = ["TOLERANCE", "stat_errors", "tensor_metrics", "tolerance_of"]
 
-TOLERANCE: Dict[str, float] = {"float64": 1e-9, "float32": 2e-5}
-TOLERANCE.update({dtype: 2.0 ** -(bits + 1) for dtype, bits in MANTISSA_BITS.items()
-                  if bits < MANTISSA_BITS["float32"]})
+TOLERANCE: Dict[str, float] = {
+    "float64": 1e-9, "float32": 2e-5, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -8,
+    "float8_e4m3fn": 2.0 ** -4, "float8_e4m3fnuz": 2.0 ** -4, "float8_e5m2": 2.0 ** -3,
+    "float8_e5m2fnuz": 2.0 ** -3,
+}
 _EXTREMES_FACTOR = 2.0      # min and max, below float32: one unit in the last place
 _DEFAULT_TOL = 0.0          # integers, bools: exact
 # Parameters at the start of a step are loaded or updated, not computed by different kernels:
