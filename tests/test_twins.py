@@ -154,3 +154,54 @@ def test_functional_gelu_pairs_with_the_gelu_cell(tmp_path):
     gelu = [r for r in result["rows"] if r["op"] == "gelu" and r["kind"] == "api"]
     assert {r["module"] for r in gelu} == {"blocks.0.mlp", "blocks.1.mlp"}
     assert {r["direction"] for r in gelu} == {"forward", "backward"}
+
+
+# --------------------------------------------------------------------------- float16 twin
+_FP16_SCRIPT = r"""
+import sys
+import mindspore as ms
+ms.set_device("CPU")
+ms.set_context(mode=ms.PYNATIVE_MODE)
+import torch
+from mindspore import nn as msnn
+sys.path.insert(0, "tests")
+import compare_support as cs
+import precdbg_ms, precdbg_pt
+from precdbg_examples import gpt_ms, gpt_torch
+x, y = cs.numpy_batch()
+torch.manual_seed(cs.SEED)
+net = gpt_torch.GPT(cs.tiny_config())
+state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+net = net.to(torch.float16)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+dbg = precdbg_pt.PrecisionDebugger(dump_path=sys.argv[1], level="mix")
+dbg.start(net)
+gpt_torch.train_step(net, opt, torch.from_numpy(x.astype("int64")), torch.from_numpy(y.astype("int64")))
+dbg.stop()
+assert dbg.close() and not dbg.failures
+model = gpt_ms.GPT(gpt_ms.GPTConfig(**cs.TINY))
+gpt_ms.load_torch_state(model, state)
+for p in model.get_parameters():
+    p.set_dtype(ms.float16)
+step = gpt_ms.train_step_fn(model, msnn.SGD(model.trainable_params(), learning_rate=0.1))
+dbg = precdbg_ms.PrecisionDebugger(dump_path=sys.argv[2], level="mix")
+dbg.start(model)
+step(ms.Tensor(x), ms.Tensor(y))
+dbg.stop()
+assert dbg.close() and not dbg.failures
+"""
+
+
+def test_float16_twin_matches_within_the_float16_tolerance(tmp_path):
+    """PyTorch and MindSpore kernels in float16 (CPU) differ by a few units in the last place:
+    the twin stays within the float16 tolerance (2^-10; min/max 4x), with margin, and every
+    floating record is judged as float16."""
+    pt, ms_dump = tmp_path / "pt", tmp_path / "ms"
+    _run_all({"fp16": [PYTHON, "-c", _FP16_SCRIPT, str(pt), str(ms_dump)]})
+    result = _compare(str(pt), str(ms_dump), str(tmp_path / "compare.json"))
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert result["unmatched_count"] == 0, result["unmatched"][:10]
+    judged = [r for r in result["rows"] if r["dtype_b"] == "float16" and r["kind"] != "param"]
+    assert judged and {r["tol"] for r in judged} == {2.0 ** -10}
+    worst = max(r["err"] for r in judged)
+    assert 1e-4 < worst < 0.8 * 2.0 ** -10, worst     # real float16 noise, under tolerance

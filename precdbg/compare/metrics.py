@@ -15,8 +15,11 @@ and for float32/float64 calibrated so that a rerun, another CPU thread count or 
 framework's kernel for the same math stay below them (measured: <= 2e-6 relative for float32 on
 the bundled GPT, PyTorch vs MindSpore; <= 8.5e-7 for 1 vs 2 threads, bf16 autocast or not;
 benchmarks/calibrate_tolerance.py) while a change of 1e-4 relative in one op's output is above.
-Below float32, min and max may move by one unit in the last place (one element rounded the other
-way), so they are held against twice the tolerance.
+Below float32, min and max are single elements that may each round another way in another
+kernel: they are held against four times the tolerance (two units in the last place). Measured,
+PyTorch vs MindSpore on CPU with the bundled GPT in float16 (tests/test_twins.py): min/max
+differ by up to 2.3e-3 relative (a LayerNorm weight gradient; GELU's max 1.9e-3), mean and norm
+by up to 3.6e-4; the worst record stands at 0.59 of the float16 tolerance.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ TOLERANCE: Dict[str, float] = {
     "float8_e4m3fn": 2.0 ** -4, "float8_e4m3fnuz": 2.0 ** -4, "float8_e5m2": 2.0 ** -3,
     "float8_e5m2fnuz": 2.0 ** -3,
 }
-_EXTREMES_FACTOR = 2.0      # min and max, below float32: one unit in the last place
+_EXTREMES_FACTOR = 4.0      # min and max, below float32: two units in the last place
 _DEFAULT_TOL = 0.0          # integers, bools: exact
 # Parameters at the start of a step are loaded or updated, not computed by different kernels:
 # they match to float32 rounding, so one changed element already counts.
