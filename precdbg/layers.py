@@ -19,7 +19,7 @@ from .naming import canonical_op
 
 __all__ = ["attributes_to_read", "raw_settings", "layer_settings", "settings_text",
            "parse_settings", "SettingDifference", "setting_differences", "format_value",
-           "same_setting"]
+           "same_setting", "dump_setting_differences"]
 
 _MISSING = object()
 _RTOL = 1e-6           # settings are constants: two equal ones agree far better than this
@@ -89,8 +89,8 @@ def raw_settings(framework: str, cls: str, obj: Any) -> Dict[str, Any]:
 
 # --------------------------------------------------------------------------- normalisation
 def _first(raw: Mapping[str, Any], names: Sequence[str]) -> Tuple[Optional[str], Any]:
-    for name in names:
-        if name in raw:
+    for name in names:                  # None: not set (MindSpore Dropout(keep_prob=) has p=None)
+        if raw.get(name) is not None:
             return name, raw[name]
     return None, _MISSING
 
@@ -245,3 +245,12 @@ def setting_differences(a: ModuleSettings, b: ModuleSettings,
                 out.append(SettingDifference(path, path_b, cls_a, cls_b, op, key, sa[key],
                                              sb[key]))
     return out
+
+
+def dump_setting_differences(a: Any, b: Any, step: Optional[int] = None,
+                             rank: Optional[int] = None,
+                             paths: Optional[Mapping[str, str]] = None) -> List[SettingDifference]:
+    """`setting_differences` of two open dumps (`precdbg.open_dump`) at one step and rank: the
+    modules a localization can treat as divergences of their own, even below tolerance."""
+    return setting_differences(a.module_settings(step, rank), b.module_settings(step, rank),
+                               paths)

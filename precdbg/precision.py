@@ -10,9 +10,11 @@ the compare's tolerance follows it (precdbg/compare/metrics.py).
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict
 
-__all__ = ["MANTISSA_BITS", "is_floating", "lowest"]
+from .schema import Direction, Role
+
+__all__ = ["MANTISSA_BITS", "is_floating", "lowest", "PrecisionTracker"]
 
 # explicit mantissa bits: fewer bits, coarser rounding (unit roundoff 2^-(bits+1))
 MANTISSA_BITS: Dict[str, int] = {
@@ -33,3 +35,34 @@ def lowest(a: str, b: str) -> str:
     if bits_b is None:
         return a
     return a if bits_a <= bits_b else b
+
+
+class PrecisionTracker:
+    """The precision carried by the tensors of one step, as the session captures them. Calls and
+    distinct tensors (the session's `Call` and `_Seen`) hold a `precision` attribute."""
+    __slots__ = ("forward",)
+
+    def __init__(self) -> None:
+        self.forward = ""          # the lowest precision of this step's forward so far
+
+    def of(self, call: Any, direction: str, role: str, dtype: str, seen: Any) -> str:
+        """The precision of one tensor record: a forward input carries what it was computed
+        with (its own dtype when nothing captured produced it); an output, the lowest of its
+        dtype and of its call's inputs (an autocast linear's bf16 output, a float32 LayerNorm of
+        a bf16-rounded residual); backward records and dw, also the lowest precision of the
+        step's forward (the gradients flow back through it); the inventory, its dtype."""
+        if not is_floating(dtype):
+            return ""
+        if direction == Direction.FORWARD.value:
+            if role == Role.INPUT.value:
+                carried = lowest(seen.precision, dtype)
+                call.precision = lowest(call.precision, carried)
+            else:
+                carried = lowest(lowest(seen.precision, call.precision), dtype)
+            seen.precision = carried
+            self.forward = lowest(self.forward, carried)
+            return carried
+        if direction == Direction.NONE.value:
+            seen.precision = lowest(seen.precision, dtype)
+            return dtype
+        return lowest(lowest(self.forward, call.precision), dtype)

@@ -22,7 +22,7 @@ from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
 from .layers import settings_text
-from .precision import is_floating, lowest
+from .precision import PrecisionTracker
 from .runinfo import RunInfo
 from .protocols import Adapter, TensorOps
 from .stacks import StackTable
@@ -121,7 +121,7 @@ class Session:
         self._order = 0
         self._seq = 0
         self._counts: Dict[Tuple[str, str], int] = {}
-        self._step_precision = ""      # the lowest precision of this step's forward so far
+        self._precisions = PrecisionTracker()     # carried precision, per step
         self.filter.reset_step()
 
     def _reset_window(self) -> None:
@@ -387,7 +387,7 @@ class Session:
             return
         dtype, shape, numel = self.tensors.describe(tensor)
         seen = self._seen_tensor(tensor)
-        precision = self._precision(call, direction, role, dtype, seen)
+        precision = self._precisions.of(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
         self._seq += 1
@@ -405,28 +405,6 @@ class Session:
         if (call.store or self._checksum) and not seen.copied:
             seen.copied = True
             self._copies.append((seen, self.tensors.to_host(tensor), call.store))
-
-    def _precision(self, call: Call, direction: str, role: str, dtype: str, seen: _Seen) -> str:
-        """The lowest float precision a captured tensor's values went through: a forward input
-        carries what it was computed with (its own dtype when nothing captured produced it); an
-        output, the lowest of its dtype and of its call's inputs (an autocast linear's bf16
-        output, a float32 LayerNorm of a bf16-rounded residual); backward records and dw, also
-        the lowest precision of the step's forward (the gradients flow back through it)."""
-        if not is_floating(dtype):
-            return ""
-        if direction == _FORWARD:
-            if role == _INPUT:
-                carried = lowest(seen.precision, dtype)
-                call.precision = lowest(call.precision, carried)
-            else:
-                carried = lowest(lowest(seen.precision, call.precision), dtype)
-            seen.precision = carried
-            self._step_precision = lowest(self._step_precision, carried)
-            return carried
-        if direction == _NONE:
-            seen.precision = lowest(seen.precision, dtype)
-            return dtype
-        return lowest(lowest(self._step_precision, call.precision), dtype)
 
     def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any,
                       role: str = Role.INPUT.value) -> None:
