@@ -151,6 +151,8 @@ def test_functional_gelu_pairs_with_the_gelu_cell(tmp_path):
     result = _compare(str(pt), str(ms_dump), str(tmp_path / "compare.json"))
     assert result["unmatched_count"] == 0, result["unmatched"][:10]
     assert result["verdict"] == "match", result["first_divergence"]
+    # F.gelu's approximate='none' (its default) and the cell's approximate=False agree: no note
+    assert not [f for f in result["setup"] if f.get("id") == "mindspore-gelu-approximate-default"]
     gelu = [r for r in result["rows"] if r["op"] == "gelu" and r["kind"] == "api"]
     assert {r["module"] for r in gelu} == {"blocks.0.mlp", "blocks.1.mlp"}
     assert {r["direction"] for r in gelu} == {"forward", "backward"}
@@ -205,3 +207,37 @@ def test_float16_twin_matches_within_the_float16_tolerance(tmp_path):
     assert judged and {r["tol"] for r in judged} == {2.0 ** -10}
     worst = max(r["err"] for r in judged)
     assert 1e-4 < worst < 0.8 * 2.0 ** -10, worst     # real float16 noise, under tolerance
+
+
+# --------------------------------------------------------------------------- the bundled GPT twin
+_GPT_SCRIPT = r"""
+import sys
+import mindspore as ms
+ms.set_device("CPU")
+ms.set_context(mode=ms.PYNATIVE_MODE)
+sys.path.insert(0, "tests")
+import compare_support as cs
+x, y = cs.numpy_batch()
+state = cs.dump_torch_numpy(sys.argv[1], x, y)
+cs.dump_mindspore(sys.argv[2], state, x, y)
+cs.dump_mindspore(sys.argv[3], state, x, y, default_gelu=True)
+"""
+
+
+def test_gpt_twin_notes_only_the_layer_that_keeps_mindspores_default(tmp_path):
+    """The bundled twin passes approximate=False and epsilon=1e-5: no note on MindSpore's
+    defaults (the check used to print both on every twin). With blocks.1.mlp.act left at
+    MindSpore's nn.GELU() (tanh), the GELU note names that module and compare names it."""
+    pt, ms_twin, ms_gelu = (str(tmp_path / n) for n in ("pt", "ms", "ms_gelu"))
+    _run_all({"gpt": [PYTHON, "-c", _GPT_SCRIPT, pt, ms_twin, ms_gelu]})
+    clean = _compare(pt, ms_twin, str(tmp_path / "clean.json"))
+    assert clean["verdict"] == "match" and clean["unmatched_count"] == 0, \
+        (clean["first_divergence"], clean["unmatched"][:5])
+    assert clean["setup"] == [], clean["setup"]
+    result = _compare(pt, ms_gelu, str(tmp_path / "gelu.json"))
+    notes = [f for f in result["setup"] if f.get("id") == "mindspore-gelu-approximate-default"]
+    assert len(notes) == 1 and notes[0]["message"].endswith(
+        "[blocks.1.mlp.act: approximate none vs tanh]"), result["setup"]
+    assert not [f for f in result["setup"] if f.get("id") == "layernorm-epsilon-default"]
+    first = result["first_divergence"]
+    assert first["module"] == "blocks.1.mlp.act" and first["op"] == "gelu", first
