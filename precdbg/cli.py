@@ -69,16 +69,14 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_dumps
+    from .compare.progress import TerminalProgress
     from .compare.report import summary_text, write_csv, write_html, write_json
-    progress = None
-    if sys.stderr.isatty():
-        def progress(done: int, total: int) -> None:
-            sys.stderr.write(f"\rcomparing {done}/{total} pairs")
-            sys.stderr.flush()
-    result = compare_dumps(args.baseline, args.candidate, step=args.step, rank=args.rank,
-                           mapping_file=args.map, progress=progress)
-    if progress is not None:
-        sys.stderr.write("\r" + " " * 40 + "\r")
+    progress = TerminalProgress(sys.stderr)     # draws only on a terminal, after a while
+    try:
+        result = compare_dumps(args.baseline, args.candidate, step=args.step, rank=args.rank,
+                               mapping_file=args.map, progress=progress)
+    finally:
+        progress.close()
     sys.stdout.write(summary_text(result))
     if args.json:
         write_json(result, args.json)

@@ -5,6 +5,7 @@ Every error is a `ConfigError` whose message names the file and the key, on one 
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 from .schema import DataMode, Level, SummaryMode, Task
 
-__all__ = ["DumpConfig", "load_config"]
+__all__ = ["DumpConfig", "load_config", "unknown_key_message"]
 
 _LEVEL_ALIASES = {"l0": Level.MODULE, "l1": Level.API, "module": Level.MODULE, "api": Level.API,
                   "mix": Level.MIX}
@@ -191,8 +192,26 @@ _MSPROBE_TOP_RENAMED = {"is_deterministic": "deterministic", "seed": "seed"}
 _MSPROBE_SECTION_KEEP = {"list", "data_mode", "tensor_list", "overflow_nums"}
 # msprobe names an entry Prefix.api.N.direction or Module|Cell.path.Class.direction.N
 _ENTRY_NAME = re.compile(r"^[A-Za-z]+\..+\.(\d+\.(forward|backward)|(forward|backward)\.\d+)$")
+# every key _from_msprobe understands, for "did you mean" on a typo
+_MSPROBE_TOP_KNOWN = (_MSPROBE_TOP_KEEP | set(_MSPROBE_TOP_RENAMED) | _MSPROBE_SECTIONS
+                      | {"enable_dataloader", "async_dump", "framework", "precision", "extra_info",
+                         "risk_level", "load", "dump_enable", "acl_config",
+                         "custom_op_namespaces"})
+_MSPROBE_SECTION_KNOWN = _MSPROBE_SECTION_KEEP | {
+    "scope", "summary_mode", "device", "bench_path", "diff_nums", "error_data_path",
+    "white_list", "black_list", "is_online", "rank_list", "file_format", "check_mode",
+    "online_run_ut", "online_run_ut_recompute", "nfs_path", "host", "port", "tls_path",
+    "backward_input"}
 _MS_STAT_ITEMS = {"max", "min", "mean", "l2norm", "norm", "nan count", "negative zero count",
                   "positive zero count", "zero count", "inf count", "-inf count", "hash", "md5"}
+
+
+def unknown_key_message(key: str, known: Any, what: str = "key") -> str:
+    """"unknown key — did you mean step?" (for "stpe"), or the known keys when none is close."""
+    close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+    if close:
+        return f"unknown {what} — did you mean {close[0]}?"
+    return f"unknown {what} (known: {', '.join(sorted(known))})"
 
 
 def _is_msprobe(raw: Mapping[str, Any]) -> bool:
@@ -231,7 +250,8 @@ def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
                 raise ConfigError(f"{where}: custom_op_namespaces: not supported; custom ops are "
                                   "captured when they dispatch through torch")
         else:
-            raise ConfigError(f"{where}: {key}: unknown msprobe key")
+            raise ConfigError(f"{where}: {key}: "
+                              + unknown_key_message(key, _MSPROBE_TOP_KNOWN, "msprobe key"))
     section_name = _MSPROBE_TASK_SECTIONS.get(task)
     section = raw.get(section_name, {}) if section_name else {}
     if section is None:
@@ -264,7 +284,9 @@ def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
             if value not in (None, "", [], 0, -1):
                 raise ConfigError(f"{where}: {path}: remote/online dumping is not supported")
         else:
-            raise ConfigError(f"{where}: {path}: unknown key for task {task!r}")
+            raise ConfigError(f"{where}: {path}: "
+                              + unknown_key_message(key, _MSPROBE_SECTION_KNOWN)
+                              + f" (task {task!r})")
     return flat
 
 
@@ -287,7 +309,8 @@ def _msprobe_summary(value: Any, where: str, path: str) -> str:
     if isinstance(value, list):
         unknown = [v for v in value if str(v).lower() not in _MS_STAT_ITEMS]
         if unknown:
-            raise ConfigError(f"{where}: {path}: unknown statistic {unknown[0]!r}")
+            raise ConfigError(f"{where}: {path}: {unknown[0]!r}: "
+                              + unknown_key_message(unknown[0], _MS_STAT_ITEMS, "statistic"))
         return "checksum" if any(str(v).lower() in ("hash", "md5") for v in value) \
             else "statistics"
     if str(value).lower() == "xor":
@@ -331,8 +354,8 @@ def _pydantic_message(exc: ValidationError, where: str) -> str:
         key = "list"
     msg = err.get("msg", "invalid value")
     if err.get("type") == "extra_forbidden":
-        fields = ", ".join(sorted(f.alias or n for n, f in DumpConfig.model_fields.items()))
-        msg = f"unknown key (known: {fields})"
+        msg = unknown_key_message(key, {f.alias or n for n, f in
+                                         DumpConfig.model_fields.items()})
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""

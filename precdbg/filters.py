@@ -5,13 +5,13 @@ import fnmatch
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from .config import DumpConfig
-from .schema import DataMode, Direction, Phase, Record, Role
+from .schema import COMPUTED_ROLES, READ_ROLES, DataMode, Direction, Phase, Record
 
 __all__ = ["CaptureFilter"]
 
 _OPTIMIZER, _NONE = Phase.OPTIMIZER.value, Direction.NONE.value
-_INPUT_ROLES = frozenset({Role.INPUT.value, Role.GRAD_OUTPUT.value})
-_OUTPUT_ROLES = frozenset({Role.OUTPUT.value, Role.GRAD_INPUT.value, Role.PARAM_GRAD.value})
+_INPUT_ROLES = READ_ROLES
+_OUTPUT_ROLES = COMPUTED_ROLES
 
 
 def _glob_any(text: str, patterns: Iterable[str]) -> bool:

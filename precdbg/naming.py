@@ -12,7 +12,8 @@ import os
 import re
 from typing import Any, Dict, Iterable
 
-__all__ = ["api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
+__all__ = ["COLLECTIVE_OPS", "is_collective", "writes_arguments",
+           "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
            "normalize_api_name", "param_alias", "torch_param_leaf", "inventory_role"]
 
 _NAMES_DIR = os.path.join(os.path.dirname(__file__), "names")
@@ -21,6 +22,24 @@ _REFLECTED = {"radd", "rsub", "rmul", "rtruediv", "rfloordiv", "rpow", "rmatmul"
               "rxor", "rdiv", "rmod", "rlshift", "rrshift"}
 _INPLACE = {"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "imatmul", "iand", "ior",
             "ixor", "idiv", "imod", "ilshift", "irshift"}
+
+
+# canonical ops that combine the tensors of several ranks
+COLLECTIVE_OPS = frozenset({
+    "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+    "all_gather_base", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_base",
+    "all_to_all", "all_to_all_single", "reduce_scatter_v", "all_gather_v", "all_reduce_coalesced",
+    "all_gather_coalesced", "reduce_scatter_coalesced"})
+
+
+def is_collective(op: str) -> bool:
+    return op in COLLECTIVE_OPS
+
+
+def writes_arguments(api: str, op: str) -> bool:
+    """A call that returns nothing writes its tensor arguments: an in-place API (`add_`,
+    `_foreach_mul_`) or a collective (`all_reduce`)."""
+    return is_collective(op) or (api.endswith("_") and not api.endswith("__"))
 
 
 def _join(*parts: Any) -> str:

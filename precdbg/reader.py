@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import DumpError
-from .schema import ADDED_COLUMNS, READ_SCHEMA_VERSIONS, RECORD_COLUMNS
+from .schema import ADDED_COLUMNS, READ_SCHEMA_VERSIONS, RECORD_COLUMNS, scalar_mask
 
 __all__ = ["open_dump", "Dump", "RecordTable"]
 
@@ -99,9 +99,9 @@ class _StepFile:
         group = self.file["records"]
         out: Dict[str, np.ndarray] = {}
         count = int(group["entry"].shape[0])
-        for name, _ in RECORD_COLUMNS:
+        for name, dtype in RECORD_COLUMNS:
             if name not in group and name in ADDED_COLUMNS:   # an older schema version
-                out[name] = np.full(count, ADDED_COLUMNS[name])
+                out[name] = np.full(count, ADDED_COLUMNS[name], dtype=dtype)
                 continue
             data = group[name][()]
             if name in _STRING_COLUMNS:
@@ -244,7 +244,7 @@ class Dump:
             hits = np.nonzero(table.key == key)[0]
             if not len(hits):
                 hits = np.nonzero((table["entry"] == key)
-                                  & ~np.char.startswith(table["dtype"], "py."))[0]
+                                  & ~scalar_mask(table["dtype"]))[0]
                 if len(hits) > 1:
                     choices = ", ".join(sorted(set(table.key[hits].tolist()))[:6])
                     raise DumpError(f"{self.path}: {key!r} holds {len(hits)} tensors; name one "

@@ -14,11 +14,14 @@ import numpy as np
 
 __all__ = [
     "SCHEMA_VERSION", "Task", "Level", "RecordKind", "Direction", "Role", "Phase", "DataMode",
-    "SummaryMode", "Record", "RECORD_COLUMNS", "MAX_NDIM", "READ_SCHEMA_VERSIONS", "ADDED_COLUMNS",
+    "SummaryMode", "Record", "RECORD_COLUMNS", "MAX_NDIM", "READ_SCHEMA_VERSIONS", "READ_ROLES",
+    "COMPUTED_ROLES", "WRITE_ROLES", "INVENTORY_ROLES", "NO_PRODUCER", "ADDED_COLUMNS",
+    "is_scalar_dtype", "scalar_mask", "scalar_dtype",
 ]
 
-SCHEMA_VERSION = 2          # 2: the `precision` column
-READ_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3          # 2: `producer`, `storage` (dataflow provenance); 3: `precision`
+READ_SCHEMA_VERSIONS = (1, 2, 3)
+NO_PRODUCER = -1            # `producer` of a tensor nothing captured in the step produced
 MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)
 
 
@@ -56,6 +59,30 @@ class Role(str, Enum):
     PARAM_GRAD = "param_grad"      # dw of this backward pass
     PARAM = "param"                # inventory: a parameter at start()
     BUFFER = "buffer"              # inventory: a buffer at start()
+
+
+# The roles that read a tensor (a call's inputs, the gradient arriving at its outputs), and those
+# that write one (what a call produces; a dw, which is also what later reads of .grad see).
+READ_ROLES = frozenset({Role.INPUT.value, Role.GRAD_OUTPUT.value})
+COMPUTED_ROLES = frozenset({Role.OUTPUT.value, Role.GRAD_INPUT.value, Role.PARAM_GRAD.value})
+INVENTORY_ROLES = frozenset({Role.PARAM.value, Role.BUFFER.value})
+WRITE_ROLES = COMPUTED_ROLES | INVENTORY_ROLES
+_SCALAR_PREFIX = "py."      # dtype of a non-tensor argument: py.int, py.float, py.str, ...
+
+
+def is_scalar_dtype(dtype: str) -> bool:
+    """A record of a non-tensor argument (a number, a string, a dtype), not of a tensor."""
+    return dtype.startswith(_SCALAR_PREFIX)
+
+
+def scalar_mask(dtypes: np.ndarray) -> np.ndarray:
+    """`is_scalar_dtype` over a column of dtypes."""
+    return np.char.startswith(dtypes, _SCALAR_PREFIX)
+
+
+def scalar_dtype(value: object) -> str:
+    """The dtype recorded for a non-tensor argument."""
+    return _SCALAR_PREFIX + type(value).__name__
 
 
 class Phase(str, Enum):
@@ -112,6 +139,8 @@ class Record:
     data_offset: int = -1          # byte offset in the step file's data blob (tensor task)
     data_nbytes: int = 0
     tensor_id: int = -1            # distinct-tensor identity within the step (dedup key)
+    producer: int = NO_PRODUCER    # seq of the record of this step that produced the tensor read
+    storage: int = -1              # which memory (storage) of the step the tensor lies in
     precision: str = ""            # lowest float dtype its values went through ('' unknown/int)
 
     @property
@@ -130,7 +159,8 @@ RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (
     ("nan_count", np.dtype(np.int64)), ("inf_count", np.dtype(np.int64)), ("checksum", None),
     ("text", None), ("alias", None), ("trainable", np.dtype(np.bool_)), ("stack_id", np.dtype(np.int32)),
     ("data_offset", np.dtype(np.int64)), ("data_nbytes", np.dtype(np.int64)),
-    ("tensor_id", np.dtype(np.int64)), ("precision", None),
+    ("tensor_id", np.dtype(np.int64)), ("producer", np.dtype(np.int64)),
+    ("storage", np.dtype(np.int64)), ("precision", None),
 )
 # columns a file of an older schema version lacks, and the value they read as
-ADDED_COLUMNS = {"precision": ""}
+ADDED_COLUMNS = {"producer": NO_PRODUCER, "storage": -1, "precision": ""}

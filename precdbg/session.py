@@ -25,6 +25,7 @@ from .layers import settings_text
 from .precision import PrecisionTracker
 from .runinfo import RunInfo
 from .protocols import Adapter, TensorOps
+from .provenance import Provenance
 from .stacks import StackTable
 from .arguments import tensor_results
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
@@ -112,6 +113,7 @@ class Session:
         self._checksum = config.checksums
         self._overflow = config.task is Task.OVERFLOW
         self._overflow_kept = 0
+        self.provenance = Provenance(adapter.tensors)
         self._reset_step_counters()
         self._reset_window()
         lifetime.track_session(self)
@@ -122,6 +124,7 @@ class Session:
         self._seq = 0
         self._counts: Dict[Tuple[str, str], int] = {}
         self._precisions = PrecisionTracker()     # carried precision, per step
+        self.provenance.reset()
         self.filter.reset_step()
 
     def _reset_window(self) -> None:
@@ -381,12 +384,15 @@ class Session:
 
     # ------------------------------------------------------------------ records
     def capture(self, call: Call, direction: str, role: str, arg_index: int, arg_key: str,
-                tensor: Any, trainable: bool = False, entry: Optional[str] = None) -> None:
-        """Record one framework tensor of a call."""
+                tensor: Any, trainable: bool = False, entry: Optional[str] = None,
+                written: bool = False) -> None:
+        """Record one framework tensor of a call. `written`: the call wrote the tensor in place
+        without the framework counting a new version (a collective): nothing earlier about
+        these bytes still holds."""
         if not self.filter.keep_record(direction, role):
             return
         dtype, shape, numel = self.tensors.describe(tensor)
-        seen = self._seen_tensor(tensor)
+        seen = self._seen_tensor(tensor, written)
         precision = self._precisions.of(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
@@ -398,6 +404,7 @@ class Session:
                      alias=call.alias, precision=precision)
         if direction == _NONE:
             rec.phase = _SETUP
+        self.provenance.note(rec, tensor, written)
         self._pending.append((rec, seen))
         if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:
@@ -405,6 +412,15 @@ class Session:
         if (call.store or self._checksum) and not seen.copied:
             seen.copied = True
             self._copies.append((seen, self.tensors.to_host(tensor), call.store))
+
+    def grad_produced(self, path: str, tensor: Any, hold: bool = False) -> None:
+        """`tensor` holds parameter `path`'s gradient after backward (`.grad`, `main_grad`);
+        `hold` keeps it (not its copy) until the step ends, see Provenance.grad_of."""
+        self.provenance.grad_of(path, tensor, hold)
+
+    def alias_of(self, original: Any, copy: Any) -> None:
+        """`copy` holds `original`'s values, made by the framework outside any captured call."""
+        self.provenance.alias(original, copy)
 
     def capture_value(self, call: Call, arg_index: int, arg_key: str, value: Any,
                       role: str = Role.INPUT.value) -> None:
@@ -426,12 +442,12 @@ class Session:
         rec.text = repr(value) if not isinstance(value, str) else value
         self._pending.append((rec, None))
 
-    def _seen_tensor(self, tensor: Any) -> _Seen:
+    def _seen_tensor(self, tensor: Any, written: bool = False) -> _Seen:
         """The distinct tensor this one is (same storage bytes, order and version), reusing the
-        statistics of any live view of exactly the same elements."""
+        statistics of any live view of exactly the same elements (not when `written`)."""
         keys = self.tensors.identity(tensor)
         stats_key, data_key = keys if keys is not None else (None, None)
-        if data_key is not None:
+        if data_key is not None and not written:
             seen = self._seen.get(data_key)
             if seen is not None and seen.ref() is not None:
                 return seen
@@ -440,7 +456,7 @@ class Session:
         except TypeError:
             ref = (lambda: None)
         stats = self._stats_seen.get(stats_key) if stats_key is not None else None
-        if stats is None or stats.ref() is None:
+        if stats is None or stats.ref() is None or written:
             stats = _Stats(ref, len(self._handles))
             self._handles.append(self.tensors.summarize(tensor))
             self._held_bytes += self.tensors.nbytes(tensor)

@@ -25,7 +25,7 @@ from precdbg.manifest import jsonable
 from precdbg.naming import framework_table, inventory_role
 from precdbg.schema import RecordKind
 
-from . import tensors
+from . import aliasing, tensors
 from .optimizer import OptimizerPatch
 from .patches import PatchRegistry
 
@@ -96,6 +96,7 @@ class MindSporeAdapter:
         self._optimizer_patch = OptimizerPatch()
         self._leaf_cells: Dict[str, str] = {}
         self._view = ms.Tensor.view       # the original, unpatched
+        self._wrapped_hooks: List[Tuple[Any, Any]] = []
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -172,6 +173,8 @@ class MindSporeAdapter:
                     self.session.hook_failed(exc, "removing a hook")
         self._cell_calls.clear()
         self._param_users.clear()
+        aliasing.restore(self._wrapped_hooks)
+        self._wrapped_hooks = []
 
         self.installed = False
         if failed and self.session is not None:
@@ -355,6 +358,11 @@ class MindSporeAdapter:
         self._handles.append(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
         if self.session.filter.keeps_backward:
             self._handles.append(cell.register_backward_hook(backward))
+            self._wrapped_hooks.append(aliasing.wrap_cell_backward_hook(cell, self._alias))
+
+    def _alias(self, original: Any, copy: Any) -> None:
+        if self.installed:
+            self._run(self.session.alias_of, "linking a cell's copy of a tensor", original, copy)
 
     def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
                   args: tuple, kwargs: dict) -> None:
@@ -450,6 +458,8 @@ class MindSporeAdapter:
             call = self.session.param_call(path)
             if call is not None:
                 self.session.capture(call, "backward", "param_grad", 0, "", grad)
+                # the gradient value_and_grad returns is this memory in another object
+                self.session.grad_produced(path, grad, hold=True)
             user = self._param_users.get(id(param))
             if user is not None:                 # dw of the leaf cell's functional call
                 api_call, index, key = user

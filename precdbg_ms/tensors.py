@@ -7,7 +7,8 @@ squares stay on the device as 0-d tensors and cross to the host in one `ops.stac
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+import weakref
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -18,7 +19,8 @@ try:
 except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
-__all__ = ["describe", "identity", "summarize", "resolve", "to_host", "finish_host", "nbytes"]
+__all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
+           "finish_host", "nbytes"]
 
 _NAMES: Dict[Any, str] = {}
 _FAST_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
@@ -58,6 +60,25 @@ def identity(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
     except Exception:  # noqa: BLE001 - tensors without device memory yet
         return None
     return key, key
+
+
+def storage(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
+    """(storage, view, version): where the tensor's memory starts, which elements (start and
+    count), and its write count."""
+    try:
+        ptr = t.data_ptr()
+        return ptr, (ptr, int(np.prod(t.shape)) if t.shape else 1), t._version
+    except Exception:  # noqa: BLE001 - tensors without device memory yet
+        return None
+
+
+def storage_ref(t: ms.Tensor) -> Callable[[], bool]:
+    """Whether the tensor still exists (its memory cannot have been reused while it does)."""
+    try:
+        ref = weakref.ref(t)
+    except TypeError:
+        return lambda: True
+    return lambda: ref() is not None
 
 
 class _Pending:

@@ -14,6 +14,7 @@ import precdbg
 from precdbg.errors import PrecdbgError
 from precdbg.layers import raw_settings
 from precdbg.manifest import jsonable
+from precdbg.naming import writes_arguments
 from precdbg.schema import Phase, RecordKind
 
 from . import tensors
@@ -170,6 +171,8 @@ class TorchAdapter:
         for full, param in self._named_tensors(modules, "param"):
             if param.requires_grad:
                 self._handles.append(param.register_hook(self._param_grad_hook(full)))
+                self._handles.append(param.register_post_accumulate_grad_hook(
+                    self._safe(self._grad_holder(full), f"gradient of {full}")))
         from torch.optim import optimizer as opt
         self._handles.append(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self._handles.append(opt.register_optimizer_step_post_hook(self._optimizer_post))
@@ -265,6 +268,11 @@ class TorchAdapter:
             with _Guard(self):
                 for index, key, t in outputs:
                     session.capture(call, "forward", "output", index, key, t)
+                if not outputs and writes_arguments(call.api, call.op):
+                    # what it wrote are its outputs (collectives and AMP's unscale count no
+                    # new version: their statistics are taken afresh)
+                    for index, key, t in inputs:
+                        session.capture(call, "forward", "output", index, key, t, written=True)
                 if grad_on:
                     self._watch(call, targets, outputs, _API_NODE_LIMIT)
                 session.end_call()
@@ -364,6 +372,15 @@ class TorchAdapter:
             safe(grad)
             return None
         return hook
+
+    def _grad_holder(self, path: str) -> Callable:
+        """After the gradient is accumulated: what holds it (`.grad`, Megatron's `main_grad`)
+        was produced by this parameter's dw record."""
+        def linked(param: torch.Tensor) -> None:
+            for holder in (param.grad, getattr(param, "main_grad", None)):
+                if isinstance(holder, torch.Tensor):
+                    self.session.grad_produced(path, holder)
+        return linked
 
     # ------------------------------------------------------------------ optimizer phase
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:

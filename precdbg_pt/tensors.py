@@ -13,17 +13,19 @@ float32 overflow of the sums is redone in float64 - both only if the tensor is u
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
     from precdbg import _fastats
 except ImportError:  # pragma: no cover - exercised on machines without the extension
     _fastats = None
 
-__all__ = ["describe", "identity", "summarize", "resolve", "to_host", "finish_host", "nbytes"]
+__all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
+           "finish_host", "nbytes"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
@@ -76,6 +78,21 @@ def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
         return (base, layout), (base, shape, None if contiguous else t.stride())
     except (RuntimeError, NotImplementedError):   # tensors without storage (sparse, fake, ...)
         return None
+
+
+def storage(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
+    """(storage, view, version): which storage holds the tensor (every view of it shares one),
+    which elements of it (start and count), and the storage's write count (views share it)."""
+    try:
+        return t.untyped_storage()._cdata, (t.data_ptr(), t.numel()), t._version
+    except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses, inference)
+        return None
+
+
+def storage_ref(t: torch.Tensor) -> Callable[[], bool]:
+    """Whether the tensor's storage still exists (a freed one's key may come back)."""
+    ref = StorageWeakRef(t.untyped_storage())
+    return lambda: not ref.expired()
 
 
 class _Pending:

@@ -227,11 +227,10 @@ def test_cli_exit_1_and_reports(dumps, tmp_path):
 
     with open(out["html"], encoding="utf-8") as handle:
         page = handle.read()
-    assert "<svg" in page and "</html>" in page
-    # self-contained: nothing to fetch. The SVG namespace name is an identifier, not a link.
-    fetched = page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    assert "http://" not in fetched and "https://" not in fetched, \
-        [page[max(0, i - 40):i + 60] for i in (fetched.find("http://"), fetched.find("https://"))]
+    assert 'id="precdbg-data"' in page and "</html>" in page
+    # self-contained: nothing to fetch (tests/test_html_report.py checks the page itself)
+    assert "http://" not in page and "https://" not in page, \
+        [page[max(0, i - 40):i + 60] for i in (page.find("http://"), page.find("https://"))]
     assert "blocks.1.mlp.act" in page
 
 
@@ -250,6 +249,54 @@ def test_cli_exit_2_on_absent_step(dumps):
     assert len(lines) == 1 and lines[0].startswith("precdbg:"), proc.stderr
 
 
+def _compare_on_terminal(args, after: str) -> Dict[str, str]:
+    """`python -m precdbg compare ARGS` with stderr on a pseudo-terminal; stdout, stderr."""
+    import os
+    import pty
+    master, slave = pty.openpty()
+    env = dict(os.environ, PRECDBG_PROGRESS_AFTER=after)
+    try:
+        proc = subprocess.run([cs.PYTHON, "-m", "precdbg", "compare", *args], cwd=cs.REPO,
+                              stdout=subprocess.PIPE, stderr=slave, env=env, timeout=120)
+    finally:
+        os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:         # EIO: the terminal is closed and drained
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return {"stdout": proc.stdout.decode(), "stderr": b"".join(chunks).decode(),
+            "code": proc.returncode}
+
+
+def test_cli_progress_on_a_terminal(dumps):
+    args = (dumps("base"), dumps("gelu_tanh"))
+    shown = _compare_on_terminal(args, after="0")
+    assert shown["code"] == 1, shown
+    assert "step 0 rank 0: " in shown["stderr"] and \
+        "records aligned and compared" in shown["stderr"], shown["stderr"]
+    assert shown["stderr"].endswith("\r"), "the progress line is erased at the end"
+    assert "\n" not in shown["stderr"].replace("\r\n", ""), shown["stderr"]
+    piped = cs.run_cli("compare", *args)
+    assert shown["stdout"] == piped.stdout, "progress never goes to stdout"
+
+
+def test_cli_no_progress_when_quick_or_not_a_terminal(dumps):
+    import os
+    args = (dumps("base"), dumps("gelu_tanh"))
+    quick = _compare_on_terminal(args, after="30")
+    assert quick["code"] == 1 and quick["stderr"] == "", quick["stderr"]
+    piped = subprocess.run([cs.PYTHON, "-m", "precdbg", "compare", *args], cwd=cs.REPO,
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PRECDBG_PROGRESS_AFTER="0"))
+    assert piped.returncode == 1 and piped.stderr == "", piped.stderr
+
+
 # =========================================================================== mapping files
 def test_mapping_renamed_attribute(dumps, tmp_path):
     # blocks -> layers: without a mapping the parameter inventories disagree
@@ -265,6 +312,16 @@ def test_mapping_renamed_attribute(dumps, tmp_path):
     mapped = {r["name_b"] for r in result["rows"]}
     assert "Param.layers.1.mlp.fc.weight" in mapped and \
         "Module.layers.1.mlp.fc.Linear.forward.0" in mapped
+
+
+def test_mapping_file_unknown_key_suggests_the_closest(dumps, tmp_path):
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("modles:\n  layers: blocks\n", encoding="utf-8")
+    proc = cs.run_cli("compare", dumps("base"), dumps("rerun"), "--map", str(mapping))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"precdbg: {mapping}: modles: unknown key — did you mean modules? (a mapping file "
+        "holds only 'modules' and 'ops' mappings)"], proc.stderr
 
 
 def test_mapping_wrapped_model_prefix(dumps, tmp_path):

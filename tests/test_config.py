@@ -318,3 +318,46 @@ EXAMPLES = sorted(glob.glob(os.path.join(REPO, "config_examples", "*.*")))
 def test_shipped_config_examples_load(path):
     cfg = load_config(path)
     assert cfg.dump_path
+
+
+# ----------------------------------------------------------------------------- did you mean
+@pytest.mark.parametrize("settings,expected", [
+    ({"stpe": [0]}, "stpe: unknown key — did you mean step?"),
+    ({"levle": "api"}, "levle: unknown key — did you mean level?"),
+    ({"dump_pth": "/x"}, "dump_pth: unknown key — did you mean dump_path?"),
+])
+def test_unknown_key_suggests_the_closest(tmp_path, settings, expected):
+    path = _write(tmp_path / "cfg.yaml", settings)
+    message = _error(load_config, path)
+    assert message == f"{path}: {expected}", message
+
+
+def test_unknown_keyword_suggests_the_closest():
+    message = _error(load_config, None, summery_mode="checksum")
+    assert message == "arguments: summery_mode: unknown key — did you mean summary_mode?", message
+
+
+def test_unknown_key_far_from_any_lists_the_known_ones(tmp_path):
+    message = _error(load_config, _write(tmp_path / "cfg.json", {"zzzz": 1}))
+    assert "did you mean" not in message and "known: " in message and "step" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("change,expected", [
+    ({"dump_pth": "/x"}, "dump_pth: unknown msprobe key — did you mean dump_path?"),
+    ({"statistics": {"scope": [], "lits": ["linear"]}},
+     "statistics.lits: unknown key — did you mean list? (task 'statistics')"),
+])
+def test_msprobe_unknown_key_suggests_the_closest(tmp_path, change, expected):
+    data = dict(MSPROBE)
+    data.update(change)
+    path = _write(tmp_path / "config.json", data)
+    assert _error(load_config, path) == f"{path}: {expected}"
+
+
+def test_msprobe_unknown_statistic_suggests_the_closest(tmp_path):
+    data = dict(MSPROBE)
+    data["statistics"] = {"summary_mode": ["max", "mn"]}
+    path = _write(tmp_path / "config.json", data)
+    assert _error(load_config, path) == \
+        f"{path}: statistics.summary_mode: 'mn': unknown statistic — did you mean min?"

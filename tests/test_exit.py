@@ -233,3 +233,43 @@ def test_sigterm_keeps_every_written_step_readable(tmp_path):
         assert proc.returncode == -signal.SIGTERM
         assert check_killed(dump)
     repeat(tmp_path, "sigterm", once)
+
+
+MP_CHILDREN = r"""
+import multiprocessing as mp, sys
+
+def work(path):
+    import torch
+    from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
+    from precdbg_pt import PrecisionDebugger
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, d_model=32, n_head=2, seq_len=8, vocab_size=64)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    debugger = PrecisionDebugger(task="tensor", dump_path=path)
+    for x, y in make_batches(cfg, batch_size=2, steps=3, seed=0):
+        debugger.start(model); train_step(model, opt, x, y); debugger.stop(); debugger.step()
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    children = [ctx.Process(target=work, args=(f"{sys.argv[2]}/dump{r}",)) for r in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
+    sys.exit(max(child.exitcode for child in children))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_multiprocessing_children_write_every_step(tmp_path, method):
+    """Training in multiprocessing children (which end through multiprocessing's own exit
+    path, `os._exit` after `threading._shutdown`): every child's steps are complete."""
+    script = tmp_path / "mp_train.py"
+    script.write_text(MP_CHILDREN)
+    proc = subprocess.run([PYTHON, str(script), method, str(tmp_path)], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for child in range(2):
+        run = Run(proc.returncode, proc.stdout, proc.stderr, str(tmp_path / f"dump{child}"))
+        check_dump(run, steps=[0, 1, 2])

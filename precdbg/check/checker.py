@@ -10,6 +10,7 @@ from .values import (_HIGH_HYPER, _LOW_HYPER, _Run, _display,
                      _per_parameter, _same, _stat_difference, _summary)
 from ..layers import setting_differences
 from .setup_checks import SetupChecks
+from ..schema import is_scalar_dtype
 
 
 class _Checker(SetupChecks):
@@ -50,8 +51,8 @@ class _Checker(SetupChecks):
     # ------------------------------------------------------------------ data
     def _compare_rows(self, ra: Dict[str, Any], rb: Dict[str, Any]) -> Tuple[Optional[str], str]:
         """(difference, severity) of two records of the same data."""
-        if ra["dtype"] != rb["dtype"] and not (ra["dtype"].startswith("py.")
-                                               or rb["dtype"].startswith("py.")):
+        if ra["dtype"] != rb["dtype"] and not (is_scalar_dtype(ra["dtype"])
+                                               or is_scalar_dtype(rb["dtype"])):
             if not (_is_int(ra["dtype"]) and _is_int(rb["dtype"])):
                 return f"dtype {ra['dtype']} vs {rb['dtype']}", "high"
             why = _stat_difference({**ra, "checksum": ""}, {**rb, "checksum": ""})
@@ -76,14 +77,14 @@ class _Checker(SetupChecks):
         by_b = {r["arg_index"]: r for r in rows_b}
         la, lb = self.a.label, self.b.label
         what = f"first batch (inputs of {where_a or 'the root module'}, step {self.a.step})"
-        tensors_a = sorted(k for k, r in by_a.items() if not r["dtype"].startswith("py."))
-        tensors_b = sorted(k for k, r in by_b.items() if not r["dtype"].startswith("py."))
+        tensors_a = sorted(k for k, r in by_a.items() if not is_scalar_dtype(r["dtype"]))
+        tensors_b = sorted(k for k, r in by_b.items() if not is_scalar_dtype(r["dtype"]))
         if len(tensors_a) != len(tensors_b):
             self.add("high", "batch", f"{what}: {la} passes {len(tensors_a)} tensor input(s), "
                      f"{lb} {len(tensors_b)}", len(tensors_a), len(tensors_b))
         for index in sorted(set(by_a) & set(by_b)):
             ra, rb = by_a[index], by_b[index]
-            if self.cross and (ra["dtype"].startswith("py.") or rb["dtype"].startswith("py.")):
+            if self.cross and (is_scalar_dtype(ra["dtype"]) or is_scalar_dtype(rb["dtype"])):
                 continue
             why, severity = self._compare_rows(ra, rb)
             if why:

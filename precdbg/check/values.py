@@ -11,6 +11,7 @@ import numpy as np
 
 from ..naming import canonical_op
 from ..reader import Dump, RecordTable
+from ..schema import is_scalar_dtype, scalar_mask
 
 
 SEVERITIES = ("high", "medium", "low")
@@ -119,7 +120,7 @@ def _stat_difference(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[str]:
     """Why two records of supposedly equal tensors differ (None: they agree)."""
     if tuple(ra["shape"]) != tuple(rb["shape"]):
         return f"shape {list(ra['shape'])} vs {list(rb['shape'])}"
-    if ra["dtype"].startswith("py.") or rb["dtype"].startswith("py."):
+    if is_scalar_dtype(ra["dtype"]) or is_scalar_dtype(rb["dtype"]):
         return None if str(ra.get("text")) == str(rb.get("text")) else \
             f"value {ra.get('text')!r} vs {rb.get('text')!r}"
     if (ra["nan_count"], ra["inf_count"]) != (rb["nan_count"], rb["inf_count"]):
@@ -203,7 +204,7 @@ class _Run:
         mask = (t["kind"] == "api") & (t["op"] == op) & (t["direction"] == "forward")
         values: Set[str] = set()
         entries = set(t["entry"][mask].tolist())
-        passed = mask & (t["arg_key"] == key) & np.char.startswith(t["dtype"], "py.")
+        passed = mask & (t["arg_key"] == key) & scalar_mask(t["dtype"])
         with_key = set()
         for i in np.nonzero(passed)[0]:
             values.add(str(t["text"][i]))
@@ -233,7 +234,7 @@ def _first_inputs(t: RecordTable) -> Tuple[List[Dict[str, Any]], str]:
 
 def _summary(row: Dict[str, Any]) -> Dict[str, Any]:
     out = {"dtype": row["dtype"], "shape": list(row["shape"])}
-    if row["dtype"].startswith("py."):
+    if is_scalar_dtype(row["dtype"]):
         out["value"] = row.get("text")
         return out
     for stat in ("min", "max", "mean", "norm"):

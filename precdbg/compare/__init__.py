@@ -3,6 +3,10 @@
 `compare_dumps(baseline, candidate)` returns the JSON-ready result of the compare contract:
 `{"verdict", "first_divergence", "consequences", "unmatched", "notes", "rows", "setup"}`, where
 "setup" lists the set-up differences `precdbg check` finds (run first, see precdbg/check.py).
+`first_divergence["chain"]` is the producer chain the verdict was found through (see
+localize.py): from the first differing entry seen in execution order to the culprit, each link
+with `name_a`, `name_b`, `step`, `rank`, `text`. Each row (`rows.Row`) names the entries that
+produced the tensor it reads (`producer_a`, `producer_b`; "" when nothing captured did).
 """
 from __future__ import annotations
 
@@ -12,74 +16,190 @@ import numpy as np
 
 from ..errors import DumpError
 from ..reader import Dump, RecordTable, open_dump
-from .align import align, load_mapping
-from .localize import INPUT_ROLES, Entry, locate
+from ..schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, RecordKind, is_scalar_dtype
+from .align import Alignment, align, load_mapping
+from .localize import Entry, StepEntries, contains, locate
 from .metrics import stat_errors, tensor_metrics
+from .progress import CompareProgress
+from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
 
-__all__ = ["compare_dumps", "load_mapping"]
+__all__ = ["compare_dumps", "load_mapping", "CompareProgress"]
 
-_PHASE_OF = {"none": "setup", "forward": "forward", "backward": "backward"}
+Progress = Optional[Callable[[CompareProgress], None]]
+
 _MAX_CONSEQUENCES = 20
+_PARAM = RecordKind.PARAM.value
+_MODULE = RecordKind.MODULE.value
+_PARAM_GRAD = RecordKind.PARAM_GRAD.value
 
 
 def _framework(dump: Dump) -> str:
     return str(dump.run.get("framework", ""))
 
 
-def _round(value: float) -> Optional[float]:
-    value = float(value)
-    return None if np.isnan(value) else (value if np.isfinite(value) else
-                                          (1e308 if value > 0 else -1e308))
-
-
 def _row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndarray], p: int,
-         tm: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+         tm: Optional[Dict[str, Any]]) -> Row:
     ra, rb = ta.row(i), tb.row(j)
-    row = {"step": ra["step"], "rank": ra["rank"], "name_a": ra["entry"], "name_b": rb["entry"],
-           "kind": ra["kind"], "direction": ra["direction"], "module": ra["module"],
-           "op": ra["op"], "role": ra["role"], "arg_index": ra["arg_index"],
-           "dtype_a": ra["dtype"], "dtype_b": rb["dtype"], "shape_a": list(ra["shape"]),
-           "shape_b": list(rb["shape"]), "order": ra["order"], "seq": ra["seq"],
-           "status": "diverged" if st["diverged"][p] else "match"}
+    row = Row(ra["step"], ra["rank"], ra["entry"], rb["entry"], ra["kind"], ra["direction"],
+              ra["module"], ra["op"], ra["role"], ra["arg_index"], ra["dtype"], rb["dtype"],
+              list(ra["shape"]), list(rb["shape"]), ra["order"], ra["seq"],
+              "diverged" if st["diverged"][p] else "match")
+    row.module_b = rb["module"]
     for stat in ("min", "max", "mean", "norm"):
-        row[f"{stat}_a"], row[f"{stat}_b"] = _round(ra[stat]), _round(rb[stat])
+        setattr(row, f"{stat}_a", finite_or_none(ra[stat]))
+        setattr(row, f"{stat}_b", finite_or_none(rb[stat]))
     for key in ("d_min", "d_max", "d_mean", "d_norm", "err", "tol"):
-        row[key] = _round(st[key][p])
-    row["nan_a"], row["nan_b"] = ra["nan_count"], rb["nan_count"]
-    row["inf_a"], row["inf_b"] = ra["inf_count"], rb["inf_count"]
-    row["checksum_equal"] = bool(st["checksum_equal"][p])
+        setattr(row, key, finite_or_none(st[key][p]))
+    row.nan_a, row.nan_b = ra["nan_count"], rb["nan_count"]
+    row.inf_a, row.inf_b = ra["inf_count"], rb["inf_count"]
+    row.checksum_equal = bool(st["checksum_equal"][p])
     if tm is not None:
-        row.update({k: _round(v) for k, v in tm.items()})
+        row.tensor = {k: finite_or_none(v) for k, v in tm.items()}
     return row
 
 
-def _why(row: Dict[str, Any]) -> str:
-    if row["shape_a"] != row["shape_b"]:
-        return f" (shape {row['shape_a']} vs {row['shape_b']})"
-    if (row["nan_a"], row["inf_a"]) != (row["nan_b"], row["inf_b"]):
-        return (f" (NaN/Inf counts {row['nan_a']}/{row['inf_a']} vs "
-                f"{row['nan_b']}/{row['inf_b']})")
-    if "rel_rmse" in row and row.get("rel_rmse") is not None:
-        return f" (relative RMSE {row['rel_rmse']:.3g}, cosine {row['cosine']:.6f})"
-    return f" (relative error {row['err']:.3g} > tolerance {row['tol']:.1g})"
+class _StepCompare:
+    """One step and rank of both dumps: rows, entries, and where each read tensor came from."""
 
+    def __init__(self, ta: RecordTable, tb: RecordTable, al: Alignment) -> None:
+        self.ta, self.tb, self.al = ta, tb, al
+        self.entries: Dict[Tuple[str, str], Entry] = {}
+        self.entry_of_a: Dict[int, Entry] = {}
+        self.entry_of_b: Dict[int, Entry] = {}
+        self.row_of_seq = ({s: i for i, s in enumerate(ta["seq"].tolist())},
+                           {s: i for i, s in enumerate(tb["seq"].tolist())})
+        self.unpaired = (set(al.only_a.tolist()), set(al.only_b.tolist()))
+        self.reads: List[Tuple[Evidence, int, int]] = []
 
-def _evidence(row: Dict[str, Any]) -> Dict[str, Any]:
-    keys = ("min_a", "min_b", "max_a", "max_b", "mean_a", "mean_b", "norm_a", "norm_b", "err",
-            "tol", "cosine", "max_abs", "max_rel", "rmse", "rel_rmse")
-    return {"role": row["role"], "arg_index": row["arg_index"], "why": _why(row),
-            "shape_ok": row["shape_a"] == row["shape_b"],
-            "metrics": {k: row[k] for k in keys if k in row}}
+    def add(self, row: Row, i: int, j: int) -> None:
+        ta, tb = self.ta, self.tb
+        key = (row.direction, row.name_a)
+        e = self.entries.get(key)
+        if e is None:
+            e = self.entries[key] = Entry(row.step, row.rank, row.direction, row.kind,
+                                          row.name_a, row.name_b, row.module, row.op,
+                                          row.order, row.seq)
+        self.entry_of_a[i], self.entry_of_b[j] = e, e
+        e.seq = min(e.seq, row.seq)
+        if row.diverged:
+            e.first_bad = min(e.first_bad, row.seq)
+        if row.kind == _PARAM and bool(ta["trainable"][i]) != bool(tb["trainable"][j]):
+            e.trainable_differs = True
+        is_read = row.role in READ_ROLES
+        if is_scalar_dtype(row.dtype_b):        # a non-tensor argument: a cause, not data
+            if row.diverged:
+                e.args_bad.append(ArgDiff(row.role, row.arg_index, str(ta["arg_key"][i]),
+                                          str(ta["text"][i]), str(tb["text"][j])))
+            return
+        if row.diverged:
+            ev = Evidence.of(row)
+            (e.inputs_bad if is_read else e.outputs_bad).append(ev)
+            if is_read or row.kind == _PARAM_GRAD:     # a dw may pass a dx on unchanged
+                self.reads.append((ev, i, j))
+        elif is_read:
+            e.inputs_ok += 1
+        else:
+            e.outputs_ok += 1
+
+    def one_run_param(self, side: str, r: Dict[str, Any], step: int, rank: int) -> None:
+        """A parameter present in one run only is an inventory difference (buffers are
+        framework plumbing: MindSpore has none where PyTorch has some)."""
+        key = ("none", r["entry"])
+        e = self.entries.setdefault(key, Entry(step, rank, "none", _PARAM,
+                                               r["entry"] if side == "a" else "",
+                                               r["entry"] if side == "b" else "",
+                                               r["module"], r["op"], 0, int(r["seq"])))
+        e.first_bad = min(e.first_bad, int(r["seq"]))
+        e.outputs_bad.append(Evidence(r["role"], 0, "", True, {},
+                                      only_in="baseline" if side == "a" else "candidate"))
+
+    # ------------------------------------------------------------------ provenance
+    def _producer_row(self, side: int, i: int) -> Optional[int]:
+        table = self.ta if side == 0 else self.tb
+        seq = int(table["producer"][i])
+        return None if seq == NO_PRODUCER else self.row_of_seq[side].get(seq)
+
+    def producer_names(self, rows: List[Row]) -> None:
+        for side, table, pairs in ((0, self.ta, self.al.pairs_a), (1, self.tb, self.al.pairs_b)):
+            entry = table["entry"]
+            for row, i in zip(rows, pairs.tolist()):
+                k = self._producer_row(side, i)
+                if k is not None:
+                    setattr(row, "producer_a" if side == 0 else "producer_b", str(entry[k]))
+
+    def _writers(self) -> Dict[int, List[Tuple[int, int]]]:
+        """Per storage of the baseline: (seq, row) of the paired records that wrote into it."""
+        ta = self.ta
+        out: Dict[int, List[Tuple[int, int]]] = {}
+        storage, seq, role = ta["storage"], ta["seq"], ta["role"]
+        for i in self.entry_of_a:
+            if storage[i] >= 0 and role[i] in WRITE_ROLES:
+                out.setdefault(int(storage[i]), []).append((int(seq[i]), i))
+        for rows in out.values():
+            rows.sort(reverse=True)
+        return out
+
+    def resolve_reads(self) -> None:
+        """Each differing read learns its producer: an entry of both runs, a record of one run
+        only, or nothing captured; and what else wrote into the same memory before it."""
+        writers = self._writers() if self.reads else {}
+        for ev, i, j in self.reads:
+            seq, store = int(self.ta["seq"][i]), int(self.ta["storage"][i])
+            seen = set()
+            for s, k in writers.get(store, ()):
+                e = self.entry_of_a[k]
+                if s < seq and e.diverged and id(e) not in seen:
+                    seen.add(id(e))
+                    ev.same_memory.append(e)
+            ka, kb = self._producer_row(0, i), self._producer_row(1, j)
+            entry = (self.entry_of_a.get(ka) if ka is not None else None) or \
+                (self.entry_of_b.get(kb) if kb is not None else None)
+            if entry is not None:
+                ev.producer = Producer(Source.ENTRY, entry)
+            elif (ka is not None and ka in self.unpaired[0]) or \
+                    (kb is not None and kb in self.unpaired[1]):
+                ev.producer = self._one_run(ka if ka in self.unpaired[0] else None,
+                                            kb if kb in self.unpaired[1] else None)
+            else:
+                ev.producer = Producer(Source.NONE)
+
+    def _one_run(self, ka: Optional[int], kb: Optional[int]) -> Producer:
+        """Producers without counterpart: named by the innermost module holding both, through
+        that module's own entries when it has some in either run."""
+        paths = [str(t["module"][k]) for t, k in ((self.ta, ka), (self.tb, kb)) if k is not None]
+        module = paths[0]
+        for other in paths[1:]:
+            parts = []
+            for x, y in zip(module.split("."), other.split(".")):
+                if x != y:
+                    break
+                parts.append(x)
+            module = ".".join(parts)
+        names, kind, op = ["", ""], "", ""
+        for side, table, k in ((0, self.ta, ka), (1, self.tb, kb)):
+            if k is None:
+                continue
+            rows = np.nonzero((table["kind"] == _MODULE) & (table["module"] == module)
+                              & (table["direction"] == table["direction"][k]))[0]
+            pick = int(rows[0]) if len(rows) else k
+            names[side] = str(table["entry"][pick])
+            kind, op = kind or str(table["kind"][pick]), op or str(table["op"][pick])
+        return Producer(Source.ONE_RUN, None, names[0], names[1], module, kind, op)
 
 
 def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
-                  rows: List[Dict[str, Any]], unmatched: List[Dict[str, Any]],
-                  progress: Optional[Callable[[int, int], None]]) -> Dict[str, List[Entry]]:
+                  rows: List[Row], unmatched: List[Dict[str, Any]],
+                  progress: Progress, files: Tuple[int, int]) -> List[Entry]:
+    def report(done: int, total: int, phase: str) -> None:
+        if progress is not None:
+            progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
     ta, tb = a.records(step, rank), b.records(step, rank)
+    report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
-    entries: Dict[Tuple[str, str], Entry] = {}
+    sc = _StepCompare(ta, tb, al)
+    step_rows: List[Row] = []
     total = len(al.pairs_a)
     for p, (i, j) in enumerate(zip(al.pairs_a.tolist(), al.pairs_b.tolist())):
         tm = None
@@ -89,59 +209,22 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
                 st["diverged"][p] = (tm["rel_rmse"] > max(st["tol"][p], 1e-12)) or \
                     not st["counts_ok"][p]
         row = _row(ta, tb, i, j, st, p, tm)
-        rows.append(row)
-        _add_to_entry(entries, row, ta, tb, i, j, bool(st["diverged"][p]))
-        if progress is not None and p % 500 == 0:
-            progress(p, total)
+        step_rows.append(row)
+        sc.add(row, i, j)
+        if p % 200 == 0:
+            report(p, total, "comparing")
     for side, table, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
         for i in idx.tolist():
             r = table.row(i)
             unmatched.append({"side": side, "step": step, "rank": rank, "name": r["entry"],
                               "kind": r["kind"], "module": r["module"], "op": r["op"],
                               "role": r["role"], "arg_index": r["arg_index"]})
-            if r["kind"] == "param" and r["role"] == "param":
-                # a parameter present in one run only is an inventory difference (buffers are
-                # framework plumbing: MindSpore has none where PyTorch has some)
-                key = ("none", r["entry"])
-                e = entries.setdefault(key, Entry(step, rank, "none", "param",
-                                                  r["entry"] if side == "a" else "",
-                                                  r["entry"] if side == "b" else "",
-                                                  r["module"], r["op"], 0, int(r["seq"])))
-                e.outputs_bad.append({"role": r["role"], "arg_index": 0, "metrics": {},
-                                      "why": f" (only in the {'baseline' if side == 'a' else 'candidate'})",
-                                      "shape_ok": True})
-    phases: Dict[str, List[Entry]] = {"setup": [], "forward": [], "backward": [],
-                                      "param_grad": []}
-    for e in entries.values():
-        phase = "param_grad" if e.kind == "param_grad" else _PHASE_OF.get(e.direction, "forward")
-        phases[phase].append(e)
-    return phases
-
-
-def _add_to_entry(entries: Dict[Tuple[str, str], Entry], row: Dict[str, Any], ta: RecordTable,
-                  tb: RecordTable, i: int, j: int, diverged: bool) -> None:
-    key = (row["direction"], row["name_a"])
-    e = entries.get(key)
-    if e is None:
-        e = entries[key] = Entry(row["step"], row["rank"], row["direction"], row["kind"],
-                                 row["name_a"], row["name_b"], row["module"], row["op"],
-                                 row["order"], row["seq"])
-    e.seq = min(e.seq, row["seq"])
-    if row["kind"] == "param" and bool(ta["trainable"][i]) != bool(tb["trainable"][j]):
-        e.trainable_differs = True
-    is_input = row["role"] in INPUT_ROLES
-    if row["dtype_b"].startswith("py."):        # a non-tensor argument: a cause, not data
-        if diverged:
-            e.args_bad.append({"role": row["role"], "arg_index": row["arg_index"],
-                               "key": str(ta["arg_key"][i]), "a": str(ta["text"][i]),
-                               "b": str(tb["text"][j]), "metrics": {}})
-        return
-    if diverged:
-        (e.inputs_bad if is_input else e.outputs_bad).append(_evidence(row))
-    elif is_input:
-        e.inputs_ok += 1
-    else:
-        e.outputs_ok += 1
+            if r["kind"] == _PARAM and r["role"] == "param":
+                sc.one_run_param(side, r, step, rank)
+    sc.producer_names(step_rows)
+    sc.resolve_reads()
+    rows.extend(step_rows)
+    return list(sc.entries.values())
 
 
 def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]
@@ -159,8 +242,9 @@ def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]
 
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
-                  progress: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
-    """Compare two dumps (roots, step folders or step files). Baseline is `a`."""
+                  progress: Progress = None) -> Dict[str, Any]:
+    """Compare two dumps (roots, step folders or step files). Baseline is `a`. `progress`, when
+    given, is called with a CompareProgress as the compare goes (see compare/progress.py)."""
     mapping = load_mapping(mapping_file) if mapping_file else None
     a, b = open_dump(baseline), open_dump(candidate)
     try:
@@ -169,16 +253,18 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         setup = check_dumps(a, b, step=step, rank=rank, labels=("baseline", "candidate"))
         fa, fb = _framework(a), _framework(b)
         same = bool(fa) and fa == fb
-        rows: List[Dict[str, Any]] = []
+        rows: List[Row] = []
         unmatched: List[Dict[str, Any]] = []
-        per_step: Dict[int, Dict[str, List[Entry]]] = {}
-        for s, r in pairs:
-            phases = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress)
-            merged = per_step.setdefault(s, {})
-            for phase, items in phases.items():
-                merged.setdefault(phase, []).extend(items)
-        stats_only = not any(("rel_rmse" in row) or row["checksum_equal"] for row in rows)
-        first = locate([per_step[s] for s in sorted(per_step)], stats_only)
+        per_step: Dict[int, List[Entry]] = {}
+        for k, (s, r) in enumerate(pairs):
+            per_step.setdefault(s, []).extend(
+                _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
+                              (k, len(pairs))))
+        if progress is not None:
+            progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
+        stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
+        steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
+        first, involved = locate(steps)
         notes = []
         if fa != fb:
             notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
@@ -187,7 +273,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             notes.append("statistics only: a permutation or a compensating change keeps min, "
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
                          "to confirm a match bit for bit")
-        consequences = _consequences(per_step, first)
+        consequences = _consequences(steps, first, involved)
         if first is not None:
             _note_extra_calls(first, unmatched)
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
@@ -195,7 +281,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                 "unmatched_count": len(unmatched), "notes": notes,
                 "setup": setup["findings"], "setup_notes": setup["notes"],
                 "baseline": {"path": baseline, "framework": fa},
-                "candidate": {"path": candidate, "framework": fb}, "rows": rows}
+                "candidate": {"path": candidate, "framework": fb},
+                "rows": [row.as_json() for row in rows]}
     finally:
         a.close()
         b.close()
@@ -221,29 +308,25 @@ def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]]) ->
                                 "inside it")
 
 
-def _contains(e: Entry, first: Dict[str, Any]) -> bool:
-    """A module that encloses the culprit diverges because of it, not after it."""
-    if e.kind != "module" or e.step != first["step"] or e.direction != first["direction"]:
-        return False
-    return e.module == "" or first["module"] == e.module or \
-        first["module"].startswith(e.module + ".")
-
-
-def _consequences(per_step: Dict[int, Dict[str, List[Entry]]],
-                  first: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _consequences(steps: List[StepEntries], first: Optional[Dict[str, Any]],
+                  involved: List[Entry]) -> List[Dict[str, Any]]:
+    """What differs besides the verdict's chain and the modules holding the culprit, in the
+    order it ran (step, rank, timeline)."""
     if first is None:
         return []
+    skip = {id(e) for e in involved}
     out = []
-    for s in sorted(per_step):
-        for phase in ("setup", "forward", "backward", "param_grad"):
-            key = (lambda e: e.order) if phase == "forward" else (lambda e: e.seq)
-            for e in sorted(per_step[s].get(phase, []), key=key):
-                if e.diverged and not (e.name_a == first["name_a"] and s == first["step"]) \
-                        and not _contains(e, first):
-                    ev = (e.outputs_bad or e.inputs_bad)[0]
-                    out.append({"step": s, "direction": e.direction, "kind": e.kind,
-                                "name_a": e.name_a, "module": e.module, "op": e.op,
-                                "role": ev["role"], "err": ev["metrics"].get("err")})
-                    if len(out) >= _MAX_CONSEQUENCES:
-                        return out
+    for step in steps:
+        for e in sorted(step.entries, key=lambda x: (x.rank, x.seq)):
+            if not e.diverged or id(e) in skip or contains(e, first) or \
+                    (e.name_a == first["name_a"] and e.step == first["step"]
+                     and e.rank == first["rank"]):
+                continue
+            ev = (e.outputs_bad or e.inputs_bad or [None])[0]
+            out.append({"step": e.step, "rank": e.rank, "direction": e.direction,
+                        "kind": e.kind, "name_a": e.name_a, "module": e.module, "op": e.op,
+                        "role": ev.role if ev else "", "err": ev.metrics.get("err") if ev
+                        else None})
+            if len(out) >= _MAX_CONSEQUENCES:
+                return out
     return out

@@ -15,6 +15,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ..reader import RecordTable
+from ..schema import scalar_mask
 
 __all__ = ["Alignment", "align", "load_mapping"]
 
@@ -101,8 +102,8 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
           mapping: Optional[Mapping[str, Mapping[str, str]]] = None) -> Alignment:
     """Pair records of a and b; scalar (non-tensor) records are paired only by name."""
     by_name = same_framework and not mapping
-    tensor_a = ~np.char.startswith(a["dtype"], "py.")
-    tensor_b = ~np.char.startswith(b["dtype"], "py.")
+    tensor_a = ~scalar_mask(a["dtype"])
+    tensor_b = ~scalar_mask(b["dtype"])
     ga = _occurrences(_keys(a, by_name, None), a["seq"])
     gb = _occurrences(_keys(b, by_name, mapping), b["seq"])
     pa, pb, oa, ob = [], [], [], []
@@ -158,8 +159,14 @@ def load_mapping(path: str) -> Dict[str, Dict[str, str]]:
         raise ConfigError(f"{path}: cannot read mapping file ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict) or set(data) - {"modules", "ops"}:
+    if not isinstance(data, dict):
         raise ConfigError(f"{path}: a mapping file holds only 'modules' and 'ops' mappings")
+    extra = sorted(set(map(str, data)) - {"modules", "ops"})
+    if extra:
+        from ..config import unknown_key_message
+        raise ConfigError(f"{path}: {extra[0]}: "
+                          + unknown_key_message(extra[0], {"modules", "ops"})
+                          + " (a mapping file holds only 'modules' and 'ops' mappings)")
     out: Dict[str, Dict[str, str]] = {}
     for section in ("modules", "ops"):
         value = data.get(section) or {}

@@ -7,6 +7,8 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
+from ..schema import scalar_mask
+
 EXPLODING_GRAD_RATIO = 1e3     # ||grad|| / ||param|| above this: exploding gradient
 VANISHING_GRAD_RATIO = 1e-10   # 0 < ||grad|| / ||param|| below this: vanishing gradient
 SIGMOID_SATURATED_HIGH = 0.99  # sigmoid output mean above this: saturated at 1
@@ -42,7 +44,7 @@ def gradient_findings(table: Any) -> List[Dict[str, Any]]:
         inventory[str(table["api"][i])] = (float(table["norm"][i]), bool(table["trainable"][i]))
     findings = []
     grads = np.nonzero((kinds == "param_grad") & (roles == "param_grad")
-                       & ~np.char.startswith(table["dtype"], "py."))[0]
+                       & ~scalar_mask(table["dtype"]))[0]
     for i in grads[np.argsort(table["seq"][grads], kind="stable")]:
         row = table.row(int(i))
         if row["nan_count"] != 0 or row["inf_count"] != 0 or row["numel"] <= 0:
@@ -91,7 +93,7 @@ def _softmax_dim(table: Any, entry: str, ndim: int) -> int:
 def saturation_findings(table: Any) -> List[Dict[str, Any]]:
     mask = (np.isin(table["op"], SATURATING_OPS) & (table["role"] == "output")
             & (table["direction"] == "forward") & np.isin(table["kind"], ("api", "module"))
-            & ~np.char.startswith(table["dtype"], "py.") & (table["nan_count"] == 0)
+            & ~scalar_mask(table["dtype"]) & (table["nan_count"] == 0)
             & (table["inf_count"] == 0) & (table["numel"] > 0))
     idx = np.nonzero(mask)[0]
     if not len(idx):

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..precision import MANTISSA_BITS
 from ..reader import RecordTable
+from ..schema import scalar_mask
 
 __all__ = ["TOLERANCE", "stat_errors", "tensor_metrics", "tolerance_of"]
 
@@ -103,7 +104,7 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
         a["ndim"][ia] == b["ndim"][ib])
     counts_ok = (col(a, "nan_count", ia) == col(b, "nan_count", ib)) & (
         col(a, "inf_count", ia) == col(b, "inf_count", ib))
-    scalar = np.char.startswith(dtype_b, "py.")
+    scalar = scalar_mask(dtype_b)
     text_ok = col(a, "text", ia) == col(b, "text", ib)
     ck_a, ck_b = col(a, "checksum", ia), col(b, "checksum", ib)
     checksum_equal = (ck_a != "") & (ck_a == ck_b)

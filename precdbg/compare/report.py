@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import csv
-import html
 import json
-import math
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 __all__ = ["summary_text", "write_csv", "write_json", "write_html"]
 
@@ -44,6 +42,11 @@ def summary_text(result: Dict[str, Any]) -> str:
         lines.append(f"  {first['name_a'] or '-'}  <->  {first['name_b'] or '-'}")
         lines.append(f"  module '{first['module']}'  op '{first['op']}'  role {first['role']}")
         lines.append(f"  why: {first['reason']}")
+        chain = first.get("chain") or []
+        if chain:
+            lines.append("  producer chain (first difference seen -> culprit):")
+            for link in chain:
+                lines.append(f"    step {link['step']} rank {link['rank']}: {link['text']}")
         ev = first.get("evidence", {})
         for label, items in (("inputs that differ", ev.get("inputs_bad", [])),
                              ("outputs that differ", ev.get("outputs_bad", []))):
@@ -59,7 +62,8 @@ def summary_text(result: Dict[str, Any]) -> str:
         if cons:
             lines.append(f"consequences (first {min(len(cons), 5)} of {len(cons)}+):")
             for c in cons[:5]:
-                lines.append(f"  step {c['step']} {c['direction']:<8} {c['name_a']}  "
+                lines.append(f"  step {c['step']} rank {c.get('rank', 0)} {c['direction']:<8} "
+                             f"{c['name_a']}  "
                              f"({c['role']}, err {_fmt(c['err'])})")
     if result["unmatched_count"]:
         sides = {"a": "baseline", "b": "candidate"}
@@ -90,60 +94,7 @@ def write_csv(result: Dict[str, Any], path: str) -> None:
             writer.writerow({k: row.get(k, "") for k in _CSV_FIELDS})
 
 
-def _plot(rows: List[Dict[str, Any]], direction: str, width: int = 900, height: int = 220) -> str:
-    """An inline SVG: log10 of each record's error along execution order, tolerance dashed."""
-    pts = [r for r in rows if r["direction"] == direction and r.get("err") is not None]
-    if not pts:
-        return f"<p>No {direction} records.</p>"
-    pts.sort(key=lambda r: r["seq"])
-    xs = range(len(pts))
-    ys = [math.log10(max(r["err"], 1e-12)) if r["err"] < 1e300 else 3.0 for r in pts]
-    lo, hi = -12.0, max(3.0, max(ys))
-    sx = (width - 60) / max(len(pts) - 1, 1)
-    sy = (height - 30) / (hi - lo)
-    dots = []
-    for x, y, r in zip(xs, ys, pts):
-        colour = "#c0392b" if r["status"] == "diverged" else "#2e86c1"
-        title = html.escape(f"{r['name_a']} {r['role']} {r['arg_index']}: err {r['err']:.3g}")
-        dots.append(f'<circle cx="{50 + x * sx:.1f}" cy="{10 + (hi - y) * sy:.1f}" r="2.2" '
-                    f'fill="{colour}"><title>{title}</title></circle>')
-    tol = math.log10(max(pts[0].get("tol") or 1e-12, 1e-12))
-    ty = 10 + (hi - tol) * sy
-    axis = "".join(f'<text x="2" y="{10 + (hi - v) * sy + 4:.1f}" font-size="10">1e{int(v)}</text>'
-                   for v in range(int(lo), int(hi) + 1, 3))
-    return (f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
-            f'<rect x="45" y="5" width="{width - 50}" height="{height - 20}" fill="none" '
-            f'stroke="#999"/>{axis}<line x1="45" x2="{width - 5}" y1="{ty:.1f}" y2="{ty:.1f}" '
-            f'stroke="#888" stroke-dasharray="4"/>{"".join(dots)}</svg>')
-
-
 def write_html(result: Dict[str, Any], path: str) -> None:
-    first = result["first_divergence"]
-    summary = html.escape(summary_text({**result, "rows": result["rows"]}))
-    rows = result["rows"]
-    table_rows = []
-    for r in sorted(rows, key=lambda r: -(r["err"] or 0))[:200]:
-        cls = ' class="bad"' if r["status"] == "diverged" else ""
-        table_rows.append(
-            f"<tr{cls}><td>{r['step']}</td><td>{r['direction']}</td>"
-            f"<td>{html.escape(r['name_a'])}</td><td>{html.escape(r['name_b'])}</td>"
-            f"<td>{html.escape(r['module'])}</td><td>{r['op']}</td><td>{r['role']} "
-            f"{r['arg_index']}</td><td>{_fmt(r['err'])}</td><td>{_fmt(r['tol'])}</td>"
-            f"<td>{_fmt(r['norm_a'])}</td><td>{_fmt(r['norm_b'])}</td></tr>")
-    title = "MATCH" if first is None else f"DIVERGED at {first['name_a'] or first['name_b']}"
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>precdbg compare: {html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:20px}}pre{{background:#f6f6f6;padding:10px}}
-table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ddd;padding:2px 6px}}
-tr.bad{{background:#fdecea}}</style></head><body>
-<h1>precdbg compare: {html.escape(title)}</h1>
-<pre>{summary}</pre>
-<h2>Error along execution order — forward</h2>{_plot(rows, "forward")}
-<h2>Error along execution order — backward</h2>{_plot(rows, "backward")}
-<p>Each dot is one tensor pair (log10 of its relative error; red beyond tolerance, dashed line:
-float32 tolerance). Hover for names.</p>
-<h2>Largest differences (top 200 of {len(rows)})</h2>
-<table><tr><th>step</th><th>dir</th><th>baseline</th><th>candidate</th><th>module</th><th>op</th>
-<th>role</th><th>err</th><th>tol</th><th>norm a</th><th>norm b</th></tr>{''.join(table_rows)}</table>
-</body></html>"""
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(page)
+    """The self-contained HTML report (model tree, timeline, set-up findings): see html_report."""
+    from .html_report import write_html as write_page
+    write_page(result, path)

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import DumpError
 from ..manifest import jsonable
+from ..schema import COMPUTED_ROLES, INVENTORY_ROLES, READ_ROLES, scalar_mask
 from .anomalies import (EXPLODING_GRAD_RATIO, SATURATING_OPS, SIGMOID_SATURATED_HIGH,  # noqa: F401
                         SIGMOID_SATURATED_LOW, SOFTMAX_SATURATED, TANH_SATURATED,
                         VANISHING_GRAD_RATIO, _finding, _metrics, gradient_findings,
@@ -47,9 +48,8 @@ __all__ = ["scan_dump", "format_scan", "scan_main", "EXPLODING_GRAD_RATIO",
 
 # --------------------------------------------------------------------------- thresholds
 
-OUTPUT_ROLES = ("output", "grad_input", "param_grad")
-INPUT_ROLES = ("input", "grad_output")
-INVENTORY_ROLES = ("param", "buffer")
+OUTPUT_ROLES = tuple(sorted(COMPUTED_ROLES))
+INPUT_ROLES = tuple(sorted(READ_ROLES))
 _FORMAT_LIMIT = 20             # lines per finding kind in the terminal text
 
 
@@ -112,7 +112,7 @@ def _nonfinite_events(table: Any) -> Dict[str, Any]:
     """One step/rank: the producers and arrivals of non-finite values, in emission order, and
     how many non-finite records are not intended masks."""
     dtype = table["dtype"]
-    scalar = np.char.startswith(dtype, "py.")
+    scalar = scalar_mask(dtype)
     nan_c, inf_c = table["nan_count"], table["inf_count"]
     nonfinite = (nan_c != 0) | (inf_c != 0)
     roles, entries = table["role"], table["entry"]

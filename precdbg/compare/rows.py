@@ -1,0 +1,159 @@
+"""Typed results of a compare: one `Row` per aligned record pair, the `Evidence` an entry keeps of
+a tensor that differs, `ArgDiff` of a non-tensor argument that differs, and `Producer`, where a
+tensor that a record reads came from. Each serialises to the keys of the JSON contract.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .localize import Entry
+
+__all__ = ["Row", "Evidence", "ArgDiff", "Producer", "Source", "finite_or_none"]
+
+EVIDENCE_METRICS = ("min_a", "min_b", "max_a", "max_b", "mean_a", "mean_b", "norm_a", "norm_b",
+                    "err", "tol", "cosine", "max_abs", "max_rel", "rmse", "rel_rmse")
+
+
+def finite_or_none(value: float) -> Optional[float]:
+    """JSON-safe: NaN -> None, +-Inf -> +-1e308."""
+    value = float(value)
+    return None if np.isnan(value) else (value if np.isfinite(value) else
+                                          (1e308 if value > 0 else -1e308))
+
+
+@dataclasses.dataclass
+class Row:
+    """One aligned record pair and how far apart its two tensors (or values) are."""
+    step: int
+    rank: int
+    name_a: str
+    name_b: str
+    kind: str
+    direction: str
+    module: str
+    op: str
+    role: str
+    arg_index: int
+    dtype_a: str
+    dtype_b: str
+    shape_a: List[int]
+    shape_b: List[int]
+    order: int
+    seq: int
+    status: str
+    min_a: Optional[float] = None
+    min_b: Optional[float] = None
+    max_a: Optional[float] = None
+    max_b: Optional[float] = None
+    mean_a: Optional[float] = None
+    mean_b: Optional[float] = None
+    norm_a: Optional[float] = None
+    norm_b: Optional[float] = None
+    d_min: Optional[float] = None
+    d_max: Optional[float] = None
+    d_mean: Optional[float] = None
+    d_norm: Optional[float] = None
+    err: Optional[float] = None
+    tol: Optional[float] = None
+    nan_a: int = 0
+    nan_b: int = 0
+    inf_a: int = 0
+    inf_b: int = 0
+    checksum_equal: bool = False
+    producer_a: str = ""           # entry that produced the tensor this record reads ("" none)
+    producer_b: str = ""
+    module_b: str = ""             # the candidate's module path (the HTML tree shows it)
+    tensor: Optional[Dict[str, Optional[float]]] = None   # element-wise metrics (tensor task)
+
+    @property
+    def diverged(self) -> bool:
+        return self.status == "diverged"
+
+    def as_json(self) -> Dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "tensor"}
+        if self.tensor is not None:
+            out.update(self.tensor)
+        return out
+
+    def why(self) -> str:
+        """Why the pair differs, in words (appended to a reason)."""
+        if self.shape_a != self.shape_b:
+            return f" (shape {self.shape_a} vs {self.shape_b})"
+        if (self.nan_a, self.inf_a) != (self.nan_b, self.inf_b):
+            return (f" (NaN/Inf counts {self.nan_a}/{self.inf_a} vs "
+                    f"{self.nan_b}/{self.inf_b})")
+        if self.tensor is not None and self.tensor.get("rel_rmse") is not None:
+            return (f" (relative RMSE {self.tensor['rel_rmse']:.3g}, cosine "
+                    f"{self.tensor['cosine']:.6f})")
+        return f" (relative error {self.err:.3g} > tolerance {self.tol:.1g})"
+
+    def metrics(self) -> Dict[str, Any]:
+        merged = {**self.as_json()}
+        return {k: merged[k] for k in EVIDENCE_METRICS if k in merged}
+
+
+class Source(str, enum.Enum):
+    """Where a tensor that a record reads came from."""
+    NONE = "none"              # nothing captured in the step produced it (data, RNG, ...)
+    ENTRY = "entry"            # an entry present in both runs
+    ONE_RUN = "one_run"        # a record that only one of the runs has
+
+
+@dataclasses.dataclass
+class Producer:
+    source: Source
+    entry: Optional["Entry"] = None
+    name_a: str = ""           # producing entries (ONE_RUN: the one-run records)
+    name_b: str = ""
+    module: str = ""
+    kind: str = ""
+    op: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.entry.name if self.entry is not None else (self.name_a or self.name_b)
+
+
+@dataclasses.dataclass
+class Evidence:
+    """A tensor of an entry that differs between the runs."""
+    role: str
+    arg_index: int
+    why: str
+    shape_ok: bool
+    metrics: Dict[str, Any]
+    only_in: str = ""          # "baseline" / "candidate": the record is in that run only
+    producer: Optional[Producer] = None
+    # for a read: the entries that wrote into the same memory before it, latest first
+    same_memory: List["Entry"] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, row: Row) -> "Evidence":
+        return cls(row.role, row.arg_index, row.why(), row.shape_a == row.shape_b, row.metrics())
+
+    def as_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"role": self.role, "arg_index": self.arg_index, "why": self.why,
+                               "shape_ok": self.shape_ok, "metrics": self.metrics}
+        if self.producer is not None and self.producer.source is not Source.NONE:
+            out["producer"] = self.producer.name
+        return out
+
+
+@dataclasses.dataclass
+class ArgDiff:
+    """A non-tensor argument whose value differs (a cause, not data)."""
+    role: str
+    arg_index: int
+    key: str
+    a: str
+    b: str
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"role": self.role, "arg_index": self.arg_index, "key": self.key, "a": self.a,
+                "b": self.b, "metrics": {}}

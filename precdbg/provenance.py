@@ -1,0 +1,113 @@
+"""Dataflow provenance at dump time: which record of the step produced the tensor a record reads.
+
+A tensor is known by its storage and the storage's write count (version): every view of a tensor
+shares both, and an in-place write makes a new version. The first record that writes a
+(storage, version) is its producer; later records of the same bytes (the module that returns
+its last op's output, a view, a no-op cast) only pass it through. A parameter's dw record
+produces the gradient, and what holds it after backward (`.grad`, `main_grad`) is linked to it
+by the adapter through `grad_of`; a later read of those elements at another version (changed by
+something not captured, e.g. a collective inside DDP) still names the dw record, and the compare
+sees that the bytes changed in between.
+
+Only framework-neutral bookkeeping lives here; the adapter answers `storage(tensor)` (keys) and
+`storage_ref(tensor)` (is that storage still alive: a freed storage's key may come back).
+Each record also gets the number of its storage in the step (`storage`): when several tensors
+share one (a gradient buffer holding every parameter's `main_grad`), the compare can still
+find what else wrote into that memory.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+
+from .protocols import TensorOps
+from .schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, Record, Role
+
+__all__ = ["Provenance"]
+
+_PARAM_GRAD = Role.PARAM_GRAD.value
+_Entry = Tuple[int, Callable[[], bool]]          # (producing record's seq, storage alive?)
+
+
+class Provenance:
+    """Producers of the tensors of one step, by storage and version."""
+
+    def __init__(self, tensors: TensorOps) -> None:
+        self.tensors = tensors
+        self.reset()
+
+    def reset(self) -> None:
+        self._by_version: Dict[Tuple[Hashable, int], _Entry] = {}
+        self._grads: Dict[Tuple[Hashable, Hashable], _Entry] = {}
+        self._last_dw: Dict[str, int] = {}
+        self._held: List[Any] = []
+        self._storages: Dict[Hashable, _Entry] = {}    # storage -> (its number, alive?)
+        self._next_storage = 0
+
+    def _lookup(self, store: Hashable, view: Hashable, version: int) -> int:
+        hit = self._by_version.get((store, version))
+        if hit is not None and hit[1]():
+            return hit[0]
+        hit = self._grads.get((store, view))
+        if hit is not None and hit[1]():
+            return hit[0]
+        return NO_PRODUCER
+
+    def note(self, rec: Record, tensor: Any, written: bool = False) -> None:
+        """Set `rec.producer` for a record that reads its tensor; register a producing record
+        (`written`: it wrote the bytes in place without a new version, so it produced them)."""
+        key = self.tensors.storage(tensor)
+        if key is None:
+            return
+        store, view, version = key
+        known = self._storages.get(store)
+        if known is None or not known[1]():
+            known = self._storages[store] = (self._next_storage, self.tensors.storage_ref(tensor))
+            self._next_storage += 1
+        rec.storage = known[0]
+        role = rec.role
+        dw = role == _PARAM_GRAD
+        if (role in READ_ROLES or dw) and not written:   # a dw may be a dx passed through
+            rec.producer = self._lookup(store, view, version)
+        if role in WRITE_ROLES:
+            have = self._by_version.get((store, version))
+            if dw or written or have is None or not have[1]():
+                self._by_version[(store, version)] = (rec.seq, self.tensors.storage_ref(tensor))
+            else:                            # passed through: alive while either holder is
+                self._hold(store, version, have, tensor)
+            if dw:
+                self._last_dw[rec.api] = rec.seq
+
+    def alias(self, original: Any, copy: Any) -> None:
+        """`copy` is a copy of `original` made outside any captured call: same producer."""
+        key = self.tensors.storage(original)
+        seq = self._lookup(*key) if key is not None else NO_PRODUCER
+        dst = self.tensors.storage(copy) if seq != NO_PRODUCER else None
+        if dst is None:
+            return
+        have = self._by_version.get((dst[0], dst[2]))
+        if have is not None and have[1]():
+            self._hold(dst[0], dst[2], have, copy)
+        else:
+            self._by_version[(dst[0], dst[2])] = (seq, self.tensors.storage_ref(copy))
+
+    def _hold(self, store: Hashable, version: int, have: _Entry, tensor: Any) -> None:
+        """Another object holds the same memory (a framework that wraps tensors in new objects
+        without copying): the producer stays known while any of them lives."""
+        first, second = have[1], self.tensors.storage_ref(tensor)
+        self._by_version[(store, version)] = (have[0], lambda: first() or second())
+
+    def grad_of(self, path: str, tensor: Any, hold: bool = False) -> None:
+        """`tensor` holds the gradient of parameter `path` (its `.grad`, `main_grad`): its
+        producer is that parameter's latest dw record. `hold`: keep the tensor until the step
+        ends (a framework that hands the same memory back in another object, so that no weak
+        reference tells whether the memory is still the gradient's)."""
+        seq: Optional[int] = self._last_dw.get(path)
+        key = self.tensors.storage(tensor) if seq is not None else None
+        if key is None:
+            return
+        store, view, version = key
+        if hold:
+            self._held.append(tensor)
+        entry = (seq, (lambda: True) if hold else self.tensors.storage_ref(tensor))
+        self._by_version[(store, version)] = entry
+        self._grads[(store, view)] = entry
