@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterable
 
 __all__ = ["COLLECTIVE_OPS", "is_collective", "writes_arguments",
            "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
-           "normalize_api_name", "param_alias", "torch_param_leaf"]
+           "normalize_api_name", "param_alias", "torch_param_leaf", "inventory_role"]
 
 _NAMES_DIR = os.path.join(os.path.dirname(__file__), "names")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -148,3 +148,12 @@ def param_alias(framework: str, path: str, owner_cls: str) -> str:
         by_op = framework_table("torch").get("param_aliases_by_op", {})
         other = by_op.get(canonical_op(owner_cls), {}).get(leaf, leaf) if owner_cls else leaf
     return f"{owner}.{other}" if owner else other
+
+
+def inventory_role(framework: str, leaf: str, trainable: bool) -> str:
+    """`buffer` for a frozen parameter that PyTorch keeps as a buffer (MindSpore BatchNorm's
+    `moving_mean`, `moving_variance`), else `param`."""
+    if not trainable and leaf in framework_table(framework).get("buffer_params", ()):
+        return "buffer"
+    return "param"
+

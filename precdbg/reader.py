@@ -278,6 +278,21 @@ class Dump:
                 return list(zip(paths, sf.strings("modules", "cls"), sf.strings("modules", "parent")))
         return []
 
+    def module_settings(self, step: Optional[int] = None, rank: Optional[int] = None
+                        ) -> Dict[str, Tuple[str, Dict[str, Any]]]:
+        """path -> (class, numeric layer settings) of every module of the step's module tree,
+        e.g. `{"blocks.0.ln_1": ("LayerNorm", {"eps": 1e-05})}` (see precdbg.layers; a file
+        written before settings were recorded gives empty settings)."""
+        from .layers import parse_settings
+        for sf in self.files(step, rank):
+            paths = sf.strings("modules", "path")
+            if paths:
+                texts = sf.strings("modules", "settings") if "settings" in sf.file["modules"] \
+                    else [""] * len(paths)
+                return {p: (c, parse_settings(t)) for p, c, t in
+                        zip(paths, sf.strings("modules", "cls"), texts)}
+        return {}
+
     def stacks(self, step: int, rank: int = 0, part: int = 0) -> List[str]:
         for sf in self._files.get((step, rank), []):
             if sf.part == part:

@@ -19,8 +19,8 @@ __all__ = [
     "is_scalar_dtype", "scalar_mask", "scalar_dtype",
 ]
 
-SCHEMA_VERSION = 2          # 2: the `producer` and `storage` columns (dataflow provenance)
-READ_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3          # 2: `producer`, `storage` (dataflow provenance); 3: `precision`
+READ_SCHEMA_VERSIONS = (1, 2, 3)
 NO_PRODUCER = -1            # `producer` of a tensor nothing captured in the step produced
 MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)
 
@@ -141,6 +141,7 @@ class Record:
     tensor_id: int = -1            # distinct-tensor identity within the step (dedup key)
     producer: int = NO_PRODUCER    # seq of the record of this step that produced the tensor read
     storage: int = -1              # which memory (storage) of the step the tensor lies in
+    precision: str = ""            # lowest float dtype its values went through ('' unknown/int)
 
     @property
     def is_nonfinite(self) -> bool:
@@ -159,7 +160,7 @@ RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (
     ("text", None), ("alias", None), ("trainable", np.dtype(np.bool_)), ("stack_id", np.dtype(np.int32)),
     ("data_offset", np.dtype(np.int64)), ("data_nbytes", np.dtype(np.int64)),
     ("tensor_id", np.dtype(np.int64)), ("producer", np.dtype(np.int64)),
-    ("storage", np.dtype(np.int64)),
+    ("storage", np.dtype(np.int64)), ("precision", None),
 )
 # columns a file of an older schema version lacks, and the value they read as
-ADDED_COLUMNS = {"producer": NO_PRODUCER, "storage": -1}
+ADDED_COLUMNS = {"producer": NO_PRODUCER, "storage": -1, "precision": ""}

@@ -21,6 +21,8 @@ from . import __version__, lifetime
 from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
+from .layers import settings_text
+from .precision import PrecisionTracker
 from .runinfo import RunInfo
 from .protocols import Adapter, TensorOps
 from .provenance import Provenance
@@ -65,6 +67,7 @@ class Call:
     forward_entry: str
     backward_entry: str
     alias: str = ""
+    precision: str = ""          # the lowest precision its forward inputs carried
 
 
 class _Stats:
@@ -78,11 +81,12 @@ class _Stats:
 
 class _Seen:
     """A distinct tensor (same bytes, same order) of this window: its id, statistics, payload."""
-    __slots__ = ("ref", "tensor_id", "stats", "copied")
+    __slots__ = ("ref", "tensor_id", "stats", "copied", "precision")
 
     def __init__(self, ref: Any, tensor_id: int, stats: _Stats) -> None:
         self.ref, self.tensor_id, self.stats = ref, tensor_id, stats
         self.copied = False
+        self.precision = ""      # the lowest float precision its values went through
 
 
 class Session:
@@ -119,6 +123,7 @@ class Session:
         self._order = 0
         self._seq = 0
         self._counts: Dict[Tuple[str, str], int] = {}
+        self._precisions = PrecisionTracker()     # carried precision, per step
         self.provenance.reset()
         self.filter.reset_step()
 
@@ -132,7 +137,7 @@ class Session:
         self._pending: List[Tuple[Record, Optional[_Seen]]] = []
         self._copies: List[Tuple[_Seen, Any, bool]] = []
         self._stacks = StackTable(self.adapter.internal_dirs)
-        self._modules: List[Tuple[str, str, str]] = []
+        self._modules: List[Tuple[str, str, str, str]] = []
         self._module_cls: Dict[str, str] = {}
         self._calls_seen = 0
         self._module_stack: List[Tuple[str, bool]] = []
@@ -273,10 +278,13 @@ class Session:
             log.warning("precdbg: further kinds of failure are counted, not reported")
 
     # ------------------------------------------------------------------ modules
-    def set_module_tree(self, modules: Sequence[Tuple[str, str, str]]) -> None:
-        """(path, class, parent path) of every module/cell of the model."""
-        self._modules = list(modules)
-        self._module_cls = {path: cls for path, cls, _ in self._modules}
+    def set_module_tree(self, modules: Sequence[Tuple[str, str, str, Dict[str, Any]]]) -> None:
+        """(path, class, parent path, raw layer settings) of every module/cell of the model; the
+        settings are stored normalised (precdbg.layers), as JSON text per module."""
+        framework = self.adapter.framework
+        self._modules = [(path, cls, parent, settings_text(framework, cls, raw) if raw else "")
+                         for path, cls, parent, raw in modules]
+        self._module_cls = {path: cls for path, cls, _, _ in self._modules}
 
     def enter_module(self, path: str, keep_subtree: bool) -> None:
         inside = bool(self._module_stack) and self._module_stack[-1][1]
@@ -385,6 +393,7 @@ class Session:
             return
         dtype, shape, numel = self.tensors.describe(tensor)
         seen = self._seen_tensor(tensor, written)
+        precision = self._precisions.of(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
         self._seq += 1
@@ -392,7 +401,7 @@ class Session:
                      call.phase if direction != _BACKWARD else _BACKWARD, arg_index,
                      arg_key, call.call_index, call.order, self._seq, dtype, shape, numel,
                      trainable=trainable, stack_id=call.stack_id, tensor_id=seen.tensor_id,
-                     alias=call.alias)
+                     alias=call.alias, precision=precision)
         if direction == _NONE:
             rec.phase = _SETUP
         self.provenance.note(rec, tensor, written)

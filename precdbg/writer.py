@@ -12,6 +12,7 @@ Inside a step file:
                   `start`, its offset in the step's byte space (records hold offset/nbytes there,
                   and a tensor never spans two blobs)
   modules/path, modules/cls, modules/parent   the module tree
+  modules/settings  each module's numeric layer settings, JSON text ('' none; precdbg.layers)
   stacks/text     de-duplicated call stacks (records hold stack_id)
 """
 from __future__ import annotations
@@ -146,7 +147,7 @@ class _OpenStep:
         self.stage, self.stage_bytes = [], 0
 
     # -- close ---------------------------------------------------------------------------------
-    def finish(self, modules: Sequence[Tuple[str, str, str]], stacks: Sequence[str],
+    def finish(self, modules: Sequence[Tuple[str, ...]], stacks: Sequence[str],
                attrs: Optional[Dict[str, Any]] = None) -> str:
         import h5py
         for key, value in (attrs or {}).items():
@@ -183,9 +184,9 @@ class _OpenStep:
         group.create_dataset("ndim", data=ndims)
         mod = self.file.create_group("modules")
         str_dt = h5py.string_dtype("utf-8")
-        for i, column in enumerate(("path", "cls", "parent")):
-            mod.create_dataset(column, data=np.array([m[i] for m in modules], dtype=object),
-                               dtype=str_dt)
+        for i, column in enumerate(("path", "cls", "parent", "settings")):
+            mod.create_dataset(column, data=np.array([m[i] if len(m) > i else "" for m in modules],
+                                                     dtype=object), dtype=str_dt)
         self.file.create_group("stacks").create_dataset(
             "text", data=np.array(list(stacks), dtype=object), dtype=str_dt)
         self.file.attrs["complete"] = True
@@ -302,7 +303,7 @@ class DumpWriter:
         nbytes = sum(p.array.nbytes for p in payloads)
         self._put("batch", (records, payloads), nbytes)
 
-    def close_step(self, modules: Sequence[Tuple[str, str, str]], stacks: Sequence[str],
+    def close_step(self, modules: Sequence[Tuple[str, ...]], stacks: Sequence[str],
                    attrs: Optional[Dict[str, Any]] = None) -> None:
         self._put("close", (list(modules), list(stacks), dict(attrs or {})))
 
@@ -453,7 +454,7 @@ class DumpWriter:
         elif kind == "close":
             self._finish(*item)
 
-    def _finish(self, modules: Sequence[Tuple[str, str, str]], stacks: Sequence[str],
+    def _finish(self, modules: Sequence[Tuple[str, ...]], stacks: Sequence[str],
                 attrs: Dict[str, Any]) -> None:
         step = self._open
         if step is None:

@@ -20,8 +20,9 @@ from mindspore import nn
 import precdbg
 from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 from precdbg.errors import FrameworkError, PrecdbgError
+from precdbg.layers import raw_settings
 from precdbg.manifest import jsonable
-from precdbg.naming import framework_table
+from precdbg.naming import framework_table, inventory_role
 from precdbg.schema import RecordKind
 
 from . import aliasing, tensors
@@ -144,7 +145,8 @@ class MindSporeAdapter:
         self.busy += 1
         try:
             if cells:
-                session.set_module_tree([(path, type(c).__name__, path.rpartition(".")[0])
+                session.set_module_tree([(path, type(c).__name__, path.rpartition(".")[0],
+                                          raw_settings(self.framework, type(c).__name__, c))
                                          for path, c in cells])
                 self._inventory(cells)
         finally:
@@ -442,11 +444,13 @@ class MindSporeAdapter:
             for name, param in cell.parameters_and_names(expand=False):
                 owners.setdefault(id(param), type(cell).__name__)
         for full, param in self._named_params(cells):
-            call = session.param_call(full, RecordKind.PARAM.value, owners.get(id(param), ""))
+            leaf, trainable = full.rpartition(".")[2], bool(param.requires_grad)
+            role = inventory_role(self.framework, leaf, trainable)
+            call = session.param_call(full, RecordKind.PARAM.value, owners.get(id(param), ""),
+                                      role=role)
             if call is None:
                 continue
-            session.capture(call, "none", "param", 0, full.rpartition(".")[2], param,
-                            trainable=bool(param.requires_grad))
+            session.capture(call, "none", role, 0, leaf, param, trainable=trainable)
             session.end_call()
 
     def _param_grad_hook(self, path: str, param: Any) -> Callable:

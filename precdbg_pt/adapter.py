@@ -12,6 +12,7 @@ import torch
 
 import precdbg
 from precdbg.errors import PrecdbgError
+from precdbg.layers import raw_settings
 from precdbg.manifest import jsonable
 from precdbg.naming import writes_arguments
 from precdbg.schema import Phase, RecordKind
@@ -159,7 +160,8 @@ class TorchAdapter:
         cfg = session.config
         with _Guard(self):
             if modules:
-                session.set_module_tree([(path, type(m).__name__, path.rpartition(".")[0])
+                session.set_module_tree([(path, type(m).__name__, path.rpartition(".")[0],
+                                          raw_settings(self.framework, type(m).__name__, m))
                                          for path, m in modules])
                 self._inventory(modules)
         for path, module in modules:

@@ -10,6 +10,7 @@ Run as a script it makes one dump in a fresh process (a thread count must be set
 does any work, so another thread count needs another process):
 
     python tests/compare_support.py DUMP_PATH [--threads N] [--steps N] [--task T] [--defect D]
+                                    [--autocast]
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
@@ -101,9 +103,26 @@ def _proj_1e4(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
     return opt
 
 
+def _proj_1e2(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    model.blocks[0].attn.proj.register_forward_hook(lambda mod, inp, out: out * (1 + 1e-2))
+    return opt
+
+
 def _proj_permuted(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
     # a permutation: min, max, mean and norm of the output stay what they were
     model.blocks[0].attn.proj.register_forward_hook(lambda mod, inp, out: out.flip(-1))
+    return opt
+
+
+def _gelu_formula(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    # the tanh approximation written out (pow, mul, add, tanh: each rounded to the input's
+    # dtype) in the same GELU module: no argument differs, only the numbers
+    act = model.blocks[1].mlp.act
+
+    def tanh_gelu(x: torch.Tensor) -> torch.Tensor:
+        inner = 0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))
+        return 0.5 * x * (1.0 + torch.tanh(inner))
+    act.forward = tanh_gelu
     return opt
 
 
@@ -111,6 +130,7 @@ DEFECTS: Dict[str, Callable[[GPT, torch.optim.Optimizer, List[Batch]], torch.opt
     "gelu_tanh": _gelu_tanh, "layer_norm_eps": _layer_norm_eps, "weight": _weight,
     "data": _data, "dx_only": _dx_only, "dw_only": _dw_only, "optimizer": _optimizer,
     "nan": _nan, "proj_1e-4": _proj_1e4, "proj_permuted": _proj_permuted,
+    "gelu_formula": _gelu_formula, "proj_1e-2": _proj_1e2,
 }
 
 
@@ -149,8 +169,9 @@ MODELS: Dict[str, Callable[[GPTConfig], nn.Module]] = {
 # --------------------------------------------------------------------------- dumping
 def dump_gpt(path: str, defect: Optional[str] = None, steps: int = 1, task: str = "statistics",
              cfg: Optional[GPTConfig] = None, batch: int = BATCH, model: str = "gpt",
-             threads: Optional[int] = None) -> str:
-    """Train `steps` steps of a seeded GPT with one defect (or none) and dump every step."""
+             threads: Optional[int] = None, autocast: bool = False) -> str:
+    """Train `steps` steps of a seeded GPT with one defect (or none) and dump every step; with
+    `autocast`, the forward and loss run under CPU bfloat16 autocast."""
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = cfg or tiny_config()
@@ -163,7 +184,15 @@ def dump_gpt(path: str, defect: Optional[str] = None, steps: int = 1, task: str 
     dbg = PrecisionDebugger(dump_path=str(path), level="mix", task=task)
     for x, y in batches:
         dbg.start(net)
-        train_step(net, opt, x, y)
+        if autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = net(x)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            train_step(net, opt, x, y)
         dbg.stop()
         dbg.step()
     assert dbg.close(), "the dump writer did not finish"
@@ -173,9 +202,11 @@ def dump_gpt(path: str, defect: Optional[str] = None, steps: int = 1, task: str 
 
 def dump_gpt_subprocess(path: str, threads: Optional[int] = None, steps: int = 1,
                         task: str = "statistics", defect: Optional[str] = None,
-                        timeout: float = 120) -> str:
+                        timeout: float = 120, autocast: bool = False) -> str:
     """dump_gpt in a fresh Python process (this file run as a script)."""
     args = [PYTHON, THIS, str(path), "--steps", str(steps), "--task", task]
+    if autocast:
+        args.append("--autocast")
     if threads is not None:
         args += ["--threads", str(threads)]
     if defect is not None:
@@ -287,9 +318,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--task", default="statistics")
     parser.add_argument("--defect", default=None, choices=sorted(DEFECTS))
+    parser.add_argument("--autocast", action="store_true", help="CPU bfloat16 autocast")
     args = parser.parse_args(argv)
     dump_gpt(args.path, defect=args.defect, steps=args.steps, task=args.task,
-             threads=args.threads)
+             threads=args.threads, autocast=args.autocast)
     return 0
 
 

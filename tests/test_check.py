@@ -32,7 +32,7 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "base": {}, "same": {}, "lr": {"lr": 2 * LR},
     "wd": {"move_to_decay": ["blocks.0.ln_1.weight"]},
     "frozen": {"frozen": ["blocks.1.mlp.fc.bias"]},
-    "weight": {"perturb": True}, "data": {"data": True},
+    "weight": {"perturb": True}, "data": {"data": True}, "eps": {"ln_eps": 1e-3},
 }
 
 
@@ -49,7 +49,7 @@ def _torch_batch():
 
 
 def _dump_torch(path: str, lr: float = LR, move_to_decay=(), frozen=(), perturb: bool = False,
-                data: bool = False) -> None:
+                data: bool = False, ln_eps: Any = None) -> None:
     import torch
     import precdbg_pt
     from precdbg_examples.gpt_torch import GPT, GPTConfig, train_step
@@ -60,6 +60,8 @@ def _dump_torch(path: str, lr: float = LR, move_to_decay=(), frozen=(), perturb:
             model.blocks[1].mlp.fc.weight[3, 5] += 0.05
     for name in frozen:
         model.get_parameter(name).requires_grad_(False)
+    if ln_eps is not None:
+        model.blocks[0].ln_2.eps = ln_eps
     opt = torch.optim.AdamW(_decay_groups(list(model.named_parameters()), list(move_to_decay)),
                             lr=lr)
     x, y = _torch_batch()
@@ -75,9 +77,11 @@ def _dump_torch(path: str, lr: float = LR, move_to_decay=(), frozen=(), perturb:
     assert dbg.close()
 
 
-def _dump_mindspore(path: str) -> None:
+def _dump_mindspore(path: str, defaults: bool = True) -> None:
     """MindSpore twin of `base` with MindSpore's own choices: nn.GELU() (approximate=True by
-    default), AdamWeightDecay at twice the learning rate, blocks.0.ln_1.gamma in the decay group."""
+    default) and nn.LayerNorm (epsilon=1e-7 by default) everywhere, AdamWeightDecay at twice the
+    learning rate, blocks.0.ln_1.gamma in the decay group. Without `defaults` the layers are
+    the twin's own (GELU(approximate=False), LayerNorm(epsilon=1e-5))."""
     import numpy as np
     import torch
     import mindspore as ms
@@ -91,9 +95,16 @@ def _dump_mindspore(path: str) -> None:
     precdbg_ms.seed_all(SEED)
     torch.manual_seed(SEED)
     reference = GPT(GPTConfig(**TINY))
-    model = gpt_ms.GPT(gpt_ms.GPTConfig(**TINY))
-    for block in model.blocks:
-        block.mlp.act = nn.GELU()
+    own_layer_norm = gpt_ms._layer_norm
+    if defaults:          # the twin's LayerNorms keep MindSpore's epsilon
+        gpt_ms._layer_norm = lambda d: nn.LayerNorm((d,))
+    try:
+        model = gpt_ms.GPT(gpt_ms.GPTConfig(**TINY))
+    finally:
+        gpt_ms._layer_norm = own_layer_norm
+    if defaults:
+        for block in model.blocks:
+            block.mlp.act = nn.GELU()
     gpt_ms.load_torch_state(model, {k: v.detach().numpy() for k, v in
                                     reference.state_dict().items()})
     params = model.trainable_params()
@@ -116,6 +127,7 @@ def _dump_mindspore(path: str) -> None:
 def _script(group: str, out: str) -> None:
     if group == "mindspore":
         _dump_mindspore(os.path.join(out, "ms"))
+        _dump_mindspore(os.path.join(out, "ms_twin"), defaults=False)
         return
     if group != "torch-unseeded":
         import precdbg_pt
@@ -334,8 +346,16 @@ def test_mindspore_versus_pytorch(dumps):
     ids = {f.get("id"): f for f in found["semantics"]}
     assert ids["adamweightdecay-no-bias-correction"]["severity"] == "high"
     assert "AdamWeightDecay" in ids["adamweightdecay-no-bias-correction"]["message"]
-    assert "approximate=none" in ids["mindspore-gelu-approximate-default"]["message"]
-    assert "layernorm-epsilon-default" in ids
+    # the recorded layer settings differ: each note names the first module instance
+    assert "[blocks.0.mlp.act: approximate none vs tanh (+1 more module(s))]" in \
+        ids["mindspore-gelu-approximate-default"]["message"]
+    assert "[blocks.0.ln_1: eps 1e-05 vs 1e-07 (+4 more module(s))]" in \
+        ids["layernorm-epsilon-default"]["message"]
+    differing = {(d["path_a"], d["path_b"], d["setting"], d["a"], d["b"])
+                 for d in result["layer_settings"]}
+    assert ("blocks.0.ln_1", "blocks.0.ln_1", "eps", 1e-05, 1e-07) in differing
+    assert ("blocks.1.mlp.act", "blocks.1.mlp.act", "approximate", "none", "tanh") in differing
+    assert len(differing) == 7 and "layer_settings" not in found   # all explained by notes
     assert "dropout-probability-convention" not in ids      # p=0 in the PyTorch run
     hyper = {f.get("hyperparameter"): f for f in found["optimizer"]}
     assert set(hyper) == {"lr", "eps"}, found["optimizer"]
@@ -344,3 +364,28 @@ def test_mindspore_versus_pytorch(dumps):
     groups = found["optimizer_groups"]
     assert len(groups) == 1 and groups[0]["names"] == ["blocks.0.ln_1.weight"], groups
     assert not {"seed", "determinism", "device", "environment"} & set(found), result["findings"]
+
+
+def test_mindspore_twin_with_torch_settings_gets_no_layer_note(dumps):
+    """The twin passes approximate=False and epsilon=1e-5: the recorded settings agree, so the
+    notes on MindSpore's defaults stay silent (they fired on every twin before)."""
+    pytest.importorskip("mindspore")
+    result = check_dumps(_base(dumps), dumps.path("mindspore", "ms_twin"))
+    ids = {f.get("id") for f in result["findings"]}
+    assert not {"mindspore-gelu-approximate-default", "layernorm-epsilon-default",
+                "dropout-probability-convention"} & ids, result["findings"]
+    assert result["layer_settings"] == [] and "layer_settings" not in _kinds(result)
+
+
+def test_layer_setting_difference_names_the_module(dumps):
+    """Same framework, one LayerNorm built with another eps: no semantics note explains it, the
+    check names the module and both values (the numbers alone differ by less than float32
+    tolerance in places)."""
+    result = check_dumps(_base(dumps), dumps.path("torch-variants", "eps"))
+    found = _kinds(result)
+    assert set(found) == {"layer_settings"}, result["findings"]
+    (finding,) = found["layer_settings"]
+    assert finding["message"] == "layer_norm eps differs in 1 module(s): blocks.0.ln_2: eps " \
+        "1e-05 vs 0.001", finding
+    assert [m["path_a"] for m in finding["modules"]] == ["blocks.0.ln_2"]
+    assert result["layer_settings"] == finding["modules"]

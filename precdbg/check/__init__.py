@@ -84,6 +84,7 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
                                                            order.get(f["kind"], len(order))))
         counts = {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES}
         return {"findings": findings, "notes": notes + checker.notes, "counts": counts,
+                "layer_settings": [d.as_dict() for d in checker.setting_diffs],
                 "a": {"path": da.path, "framework": run_a.framework, "step": sa, "rank": ra,
                       "label": labels[0]},
                 "b": {"path": db.path, "framework": run_b.framework, "step": sb, "rank": rb,

@@ -1,13 +1,14 @@
 """The checks themselves: one method per kind of set-up difference."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
 from .values import (_HIGH_HYPER, _LOW_HYPER, _Run, _display,
                      _first_inputs, _fmt, _is_int, _names, _nonzero, _optimizer_family,
                      _per_parameter, _same, _stat_difference, _summary)
+from ..layers import setting_differences
 from .setup_checks import SetupChecks
 from ..schema import is_scalar_dtype
 
@@ -19,6 +20,8 @@ class _Checker(SetupChecks):
         self.findings: List[Dict[str, Any]] = []
         self.notes: List[str] = []
         self.values_differ = False
+        self.setting_diffs = setting_differences(a.module_settings, b.module_settings)
+        self.settings_explained: Set[Tuple[str, str]] = set()
 
     def add(self, severity: str, kind: str, message: str, a: Any = None, b: Any = None,
             **extra: Any) -> None:
@@ -43,6 +46,7 @@ class _Checker(SetupChecks):
             self.environment()
             self.versions()
         self.semantic_notes()
+        self.layer_settings()
 
     # ------------------------------------------------------------------ data
     def _compare_rows(self, ra: Dict[str, Any], rb: Dict[str, Any]) -> Tuple[Optional[str], str]:
@@ -159,9 +163,7 @@ class _Checker(SetupChecks):
                 if only:
                     self.add("medium", "inventory", f"{len(only)} buffer(s) only in {label}: "
                              f"{_names(only)}")
-        common = [n for n in inv_a if n in inv_b
-                  and (inv_a[n]["role"] == "param" or inv_b[n]["role"] == "param"
-                       or not self.cross)]
+        common = [n for n in inv_a if n in inv_b]     # buffers by mapped name too
         shapes, dtypes, frozen_a, frozen_b, values = [], [], [], [], []
         for n in common:
             ra, rb = inv_a[n], inv_b[n]

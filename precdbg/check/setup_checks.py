@@ -2,7 +2,9 @@
 of known framework semantics: a mixin of the checker."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Set
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+from ..layers import SettingDifference, format_value, same_setting
 
 
 from .values import (_CONDITIONS, _DEVICE_KIND, _ENV_LOW, _ENV_MINDSPORE_ONLY,
@@ -155,7 +157,16 @@ class SetupChecks:
             if seen is None:
                 return None
             detail.append(seen)
-        if "torch_arg" in cond:
+        decided = self._setting_condition(cond) if "setting" in cond else None
+        if decided is None and "setting" in cond and \
+                not set(cond) & {"op", "torch_arg", "module_class"}:
+            return None                      # only the recorded settings could tell
+        if decided is not None:
+            applies, shown = decided
+            if not applies:
+                return None
+            detail.append(shown)
+        elif "torch_arg" in cond:
             spec = cond["torch_arg"] or {}
             torch_runs = [r for r in runs if r.framework == "pytorch"]
             found: Set[str] = set()
@@ -173,6 +184,61 @@ class SetupChecks:
         if cond.get("initial_values_differ") and not self.values_differ:
             return None
         return "; ".join(detail)
+
+    # ------------------------------------------------------------------ layer settings
+    def _setting_values(self, run: _Run, op: str, key: str, cond: Dict[str, Any]
+                        ) -> Dict[str, Any]:
+        """Where a run's value of a layer setting is known: its modules' recorded settings,
+        else (PyTorch) the argument its functional calls passed (`torch_arg`'s default when
+        none did), keyed by '' (no module instance)."""
+        values: Dict[str, Any] = run.setting_values(op, key)
+        spec = cond.get("torch_arg") or {}
+        if not values and run.framework == "pytorch" and spec.get("key") == key:
+            texts = run.torch_arg_values(op, key, None if spec.get("default") is None
+                                         else str(spec.get("default")))
+            values = {"": _parsed(t) for t in sorted(texts)} if len(texts) == 1 else {}
+        return values
+
+    def _setting_condition(self, cond: Dict[str, Any]) -> Optional[Tuple[bool, str]]:
+        """(applies, evidence) from the recorded layer settings, or None when a run recorded
+        none for this op and setting (then the entry's other conditions decide)."""
+        spec = cond["setting"] or {}
+        op, key = str(spec.get("op")), str(spec.get("key"))
+        paired = [d for d in self.setting_diffs if d.op == op and d.setting == key]
+        if paired:
+            self.settings_explained.add((op, key))
+            more = f" (+{len(paired) - 1} more module(s))" if len(paired) > 1 else ""
+            return True, paired[0].text + more
+        va = self._setting_values(self.a, op, key, cond)
+        vb = self._setting_values(self.b, op, key, cond)
+        if not va or not vb:
+            return None
+        for mine, other in ((va, vb), (vb, va)):
+            for path, value in mine.items():
+                if any(same_setting(value, v) for v in other.values()):
+                    continue
+                where, theirs = path, other.get(path, next(iter(other.values())))
+                if not where:            # a functional call: name the other run's module
+                    where = next((p for p, v in other.items() if p), "")
+                first, second = (value, theirs) if mine is va else (theirs, value)
+                self.settings_explained.add((op, key))
+                return True, (f"{where or op}: {key} {format_value(first)} vs "
+                              f"{format_value(second)}")
+        return False, ""
+
+    def layer_settings(self) -> None:
+        """Settings that differ and that no known-semantics note explained, one finding per
+        op and setting, naming the modules."""
+        groups: Dict[Tuple[str, str], List[SettingDifference]] = {}
+        for d in self.setting_diffs:
+            if (d.op, d.setting) not in self.settings_explained:
+                groups.setdefault((d.op, d.setting), []).append(d)
+        for (op, key), diffs in groups.items():
+            shown = "; ".join(d.text for d in diffs[:3])
+            more = f"; +{len(diffs) - 3} more" if len(diffs) > 3 else ""
+            self.add("medium", "layer_settings", f"{op} {key} differs in {len(diffs)} "
+                     f"module(s): {shown}{more}", diffs[0].a, diffs[0].b, op=op, setting=key,
+                     modules=[d.as_dict() for d in diffs])
 
     def _optimizer_condition(self, cond: Dict[str, Any]) -> Optional[str]:
         def matches(run: _Run, classes: Iterable[str], nonzero: Optional[str]
@@ -201,4 +267,10 @@ class SetupChecks:
 
 
 # --------------------------------------------------------------------------- helpers of the checks
+def _parsed(text: str) -> Any:
+    """A recorded argument's text as the value a setting holds ('1e-05' -> 1e-05)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip("'\"")
 

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from ..naming import canonical_op
 from ..reader import Dump, RecordTable
 from ..schema import is_scalar_dtype, scalar_mask
 
@@ -16,7 +17,7 @@ from ..schema import is_scalar_dtype, scalar_mask
 SEVERITIES = ("high", "medium", "low")
 # within a severity: data first, then weights, the optimizer, known semantics, the rest
 _KIND_ORDER = ("batch", "saved", "initial_values", "inventory", "trainable", "optimizer",
-               "optimizer_groups", "semantics", "loss_scale", "seed", "determinism",
+               "optimizer_groups", "layer_settings", "semantics", "loss_scale", "seed", "determinism",
                "world_size", "device", "execution_mode", "environment", "version")
 _RTOL = 1e-6                     # statistics of equal tensors agree far better than this
 _SHOWN = 5                       # names listed in one finding line
@@ -34,7 +35,7 @@ _ENV_PYTORCH_ONLY = ("TORCH_", "PYTORCH_", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF
 _ENV_MINDSPORE_ONLY = ("MS_",)
 _DEVICE_KIND = {"gpu": "cuda", "ascend": "npu"}
 _CONDITIONS = {"frameworks", "op", "module_class", "optimizer", "other_optimizer", "nonzero",
-               "torch_arg", "initial_values_differ"}
+               "torch_arg", "initial_values_differ", "setting"}
 
 
 
@@ -179,6 +180,16 @@ class _Run:
         if len(t):
             classes |= set(t["api"][t["kind"] == "module"].tolist())
         return classes
+
+    @functools.cached_property
+    def module_settings(self) -> Dict[str, Tuple[str, Dict[str, Any]]]:
+        """path -> (class, numeric layer settings) of the step's module tree."""
+        return self.dump.module_settings(self.step, self.rank)
+
+    def setting_values(self, op: str, key: str) -> Dict[str, Any]:
+        """path -> recorded value of setting `key` of every module of canonical `op`."""
+        return {path: settings[key] for path, (cls, settings) in self.module_settings.items()
+                if key in settings and canonical_op(cls) == op}
 
     @property
     def optimizers(self) -> List[Dict[str, Any]]:

@@ -27,6 +27,26 @@ class Alignment:
     only_a: np.ndarray             # rows of a without counterpart
     only_b: np.ndarray
     by_name: bool                  # aligned by framework API names (same framework)
+    # rows without counterpart that need none (across frameworks): a leaf module's own records
+    # where the other run called its functional op directly, calls inside a leaf module other
+    # than its functional op (BatchNorm's step counter), value-preserving calls (detach), and
+    # buffers (framework plumbing: MindSpore keeps plain tensors where PyTorch has buffers)
+    skipped_a: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    skipped_b: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+# canonical ops that return their input's values unchanged: one run may make such a call alone
+_VALUE_PRESERVING = frozenset({"copy", "contiguous"})     # detach, clone, contiguous, ...
+
+
+def _leaf_modules(table: RecordTable) -> Dict[str, str]:
+    """path -> op of every leaf module: one whose own calls include its functional op (an
+    nn.Linear calling F.linear, a MindSpore Dense cell recorded as Functional.dense)."""
+    kind, module, op = table["kind"], table["module"], table["op"]
+    mods = {(m, o) for m, o in zip(module[kind == "module"].tolist(),
+                                   op[kind == "module"].tolist())}
+    calls = {(m, o) for m, o in zip(module[kind == "api"].tolist(), op[kind == "api"].tolist())}
+    return dict(mods & calls)
 
 
 def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapping[str, str]]]
@@ -37,6 +57,12 @@ def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapp
         op = np.char.add(np.char.add(table["prefix"], "."), table["api"]).tolist()
     else:
         op = table["op"].tolist()
+        # a leaf module's functional op belongs to the module that called the leaf: it pairs
+        # with the same op called directly by that module in the other run (F.gelu in
+        # MLP.forward against a GELU cell mlp.act)
+        leaves, kind = _leaf_modules(table), table["kind"].tolist()
+        module = [m.rpartition(".")[0] if kind[i] == "api" and leaves.get(m) == op[i] else m
+                  for i, m in enumerate(module)]
     if mapping:
         modules, ops = mapping.get("modules", {}), mapping.get("ops", {})
         module = [rename_module(m, modules) for m in module]
@@ -95,8 +121,30 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
         if key not in ga:
             ob.extend(r for r in rows_b if by_name or tensor_b[r])
     as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    sa: List[int] = []
+    sb: List[int] = []
+    if not by_name:
+        oa, sa = _needs_none(a, oa)
+        ob, sb = _needs_none(b, ob)
     return Alignment(as_array(pa), as_array(pb), as_array(sorted(oa)), as_array(sorted(ob)),
-                     by_name)
+                     by_name, as_array(sorted(sa)), as_array(sorted(sb)))
+
+
+def _needs_none(table: RecordTable, rows: List[int]) -> Tuple[List[int], List[int]]:
+    """Split rows without counterpart into (unmatched, needing none) across frameworks."""
+    if not rows:
+        return rows, []
+    leaves = _leaf_modules(table)
+    kind, module, op = table["kind"], table["module"], table["op"]
+    role = table["role"]
+    keep, skip = [], []
+    for i in rows:
+        k, m, o = kind[i], module[i], op[i]
+        redundant = (k == "module" and m in leaves) or \
+            (k == "api" and (o in _VALUE_PRESERVING or (m in leaves and leaves[m] != o))) or \
+            (k == "param" and role[i] == "buffer")
+        (skip if redundant else keep).append(i)
+    return keep, skip
 
 
 def load_mapping(path: str) -> Dict[str, Dict[str, str]]:
