@@ -240,16 +240,24 @@ def dump_torch_numpy(path: str, x: Any, y: Any) -> Dict[str, Any]:
 
 
 def dump_mindspore(path: str, state: Dict[str, Any], x: Any, y: Any,
-                   default_gelu: bool = False) -> str:
+                   default_gelu: bool = False, default_layer_norm: bool = False) -> str:
     """The MindSpore twin with the same weights and data, one SGD step dumped. With
     `default_gelu`, blocks[1].mlp.act is mindspore.nn.GELU() (approximate=True by default: tanh)
-    where torch.nn.GELU() is exact (erf). The caller has set MindSpore up (CPU, PyNative)."""
+    where torch.nn.GELU() is exact (erf). With `default_layer_norm`, every LayerNorm keeps
+    MindSpore's default epsilon (1e-7; torch's is 1e-5). The caller has set MindSpore up (CPU,
+    PyNative)."""
     import mindspore as ms
     from mindspore import nn as msnn
 
     import precdbg_ms
     from precdbg_examples import gpt_ms
-    net = gpt_ms.GPT(gpt_ms.GPTConfig(**TINY))
+    build_layer_norm = gpt_ms._layer_norm
+    if default_layer_norm:      # the twin as ported without passing torch's eps
+        gpt_ms._layer_norm = lambda d: msnn.LayerNorm(normalized_shape=(d,))
+    try:
+        net = gpt_ms.GPT(gpt_ms.GPTConfig(**TINY))
+    finally:
+        gpt_ms._layer_norm = build_layer_norm
     if default_gelu:
         net.blocks[1].mlp.act = msnn.GELU()
     gpt_ms.load_torch_state(net, state)

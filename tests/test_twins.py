@@ -84,12 +84,19 @@ def test_cnn_twin_with_torch_momentum_names_bn1(cnn, tmp_path):
         [("bn1", "bn1", "momentum")]
     assert data["layer_settings"][0]["a"] == pytest.approx(0.1)
     assert data["layer_settings"][0]["b"] == pytest.approx(0.9)
-    # the numbers: step 0 agrees; bn1's running statistics differ at the start of step 1
+    # step 0's numbers agree (the running statistics only differ at the start of step 1), but
+    # a differing layer setting is a divergence of its own, named at bn1 where it first runs
     result = _compare(cnn["pt"], cnn["ms_momentum"], str(tmp_path / "compare.json"))
     first = result["first_divergence"]
-    assert result["verdict"] == "diverged" and first["step"] == 1, first
-    assert first["module"] == "bn1" and first["role"] == "buffer", first
+    assert result["verdict"] == "diverged" and first["step"] == 0, first
+    assert first["module"] == "bn1" and first["kind"] == "module", first
+    assert first["reason"].startswith("layer settings differ in module 'bn1': momentum 0.1 vs "
+                                      "0.9"), first["reason"]
+    assert [d["setting"] for d in first["structure"]["settings"]] == ["momentum"]
     assert result["unmatched_count"] == 0
+    # the running statistics that momentum feeds differ at the start of step 1
+    later = [c for c in result["consequences"] if c["step"] == 1 and c["module"] == "bn1"]
+    assert later, result["consequences"]
 
 
 # --------------------------------------------------------------------------- F.gelu vs GELU cell
@@ -221,6 +228,7 @@ x, y = cs.numpy_batch()
 state = cs.dump_torch_numpy(sys.argv[1], x, y)
 cs.dump_mindspore(sys.argv[2], state, x, y)
 cs.dump_mindspore(sys.argv[3], state, x, y, default_gelu=True)
+cs.dump_mindspore(sys.argv[4], state, x, y, default_layer_norm=True)
 """
 
 
@@ -228,8 +236,8 @@ def test_gpt_twin_notes_only_the_layer_that_keeps_mindspores_default(tmp_path):
     """The bundled twin passes approximate=False and epsilon=1e-5: no note on MindSpore's
     defaults (the check used to print both on every twin). With blocks.1.mlp.act left at
     MindSpore's nn.GELU() (tanh), the GELU note names that module and compare names it."""
-    pt, ms_twin, ms_gelu = (str(tmp_path / n) for n in ("pt", "ms", "ms_gelu"))
-    _run_all({"gpt": [PYTHON, "-c", _GPT_SCRIPT, pt, ms_twin, ms_gelu]})
+    pt, ms_twin, ms_gelu, ms_eps = (str(tmp_path / n) for n in ("pt", "ms", "ms_gelu", "ms_eps"))
+    _run_all({"gpt": [PYTHON, "-c", _GPT_SCRIPT, pt, ms_twin, ms_gelu, ms_eps]})
     clean = _compare(pt, ms_twin, str(tmp_path / "clean.json"))
     assert clean["verdict"] == "match" and clean["unmatched_count"] == 0, \
         (clean["first_divergence"], clean["unmatched"][:5])
@@ -241,3 +249,13 @@ def test_gpt_twin_notes_only_the_layer_that_keeps_mindspores_default(tmp_path):
     assert not [f for f in result["setup"] if f.get("id") == "layernorm-epsilon-default"]
     first = result["first_divergence"]
     assert first["module"] == "blocks.1.mlp.act" and first["op"] == "gelu", first
+
+    # every LayerNorm keeps MindSpore's default epsilon: the effect (~1e-6) stays under the
+    # float32 tolerance, but the setting is a divergence of its own, named at the first one
+    result = _compare(pt, ms_eps, str(tmp_path / "eps.json"))
+    first = result["first_divergence"]
+    assert result["verdict"] == "diverged", result["rows"][:3]
+    assert (first["step"], first["module"], first["kind"]) == (0, "blocks.0.ln_1", "module"), \
+        first
+    assert first["reason"].startswith("layer settings differ in module 'blocks.0.ln_1': eps "
+                                      "1e-05 vs 1e-07"), first["reason"]

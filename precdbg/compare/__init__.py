@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import DumpError
 from ..reader import Dump, RecordTable, open_dump
 from ..schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, RecordKind, is_scalar_dtype
-from .align import Alignment, align, load_mapping
+from .align import Alignment, align, load_mapping, rename_module
 from .localize import Entry, StepEntries, contains, locate
 from .structure import StructuralDiff, structural_differences
 from .metrics import stat_errors, tensor_metrics
@@ -198,7 +198,8 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     ta, tb = a.records(step, rank), b.records(step, rank)
     report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
-    structural.extend(structural_differences(ta, tb, step, rank, same, mapping))
+    structural.extend(structural_differences(ta, tb, step, rank, same, mapping,
+                                             _setting_differences(a, b, step, rank, mapping)))
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
     sc = _StepCompare(ta, tb, al)
@@ -228,6 +229,16 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     sc.resolve_reads()
     rows.extend(step_rows)
     return list(sc.entries.values())
+
+
+def _setting_differences(a: Dump, b: Dump, step: int, rank: int, mapping: Any
+                         ) -> List[Any]:
+    """Modules whose recorded numeric settings (eps, approximate, momentum, ...) differ."""
+    from ..layers import dump_setting_differences
+    modules = (mapping or {}).get("modules") or {}
+    paths = {p: rename_module(p, modules) for p in b.module_settings(step, rank)} \
+        if modules else None
+    return dump_setting_differences(a, b, step, rank, paths)
 
 
 def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]

@@ -409,17 +409,35 @@ def locate(steps: List[StepEntries], structural: Sequence[StructuralDiff] = ()
             shape = min((d for d in shapes if d.rank == rank), key=lambda d: d.seq,
                         default=None)
             start = min(bad, key=lambda e: e.first_bad) if bad else None
+            numeric = _numeric_verdict(start, step) if start is not None else None
             if shape is not None and (start is None or shape.seq <= start.first_bad):
+                if numeric is not None and shape.settings and not shape.calls_differ \
+                        and _within(numeric[0]["module"], shape.module):
+                    # a layer setting (eps, approximate) decides the call the numbers name
+                    # inside that module: name the call, with the setting
+                    first = numeric[0]
+                    first["reason"] += (f"; module '{shape.module}' is constructed with other "
+                                        "settings: " + ", ".join(d.text for d in shape.settings))
+                    first["structure"] = shape.as_json()
+                    return numeric
                 return _structural_verdict(shape, step)
-            if start is None:
-                continue
-            links = _walk(start, step)
-            first, culprit = _root_verdict(links[-1], step)
-            first["chain"] = _chain(links, culprit, first)
-            involved = [link.entry for link in links] + ([culprit] if culprit else [])
-            return first, involved
+            if numeric is not None:
+                return numeric
         previous_matched = True
     return None, []
+
+
+def _within(module: str, outer: str) -> bool:
+    return outer == "" or module == outer or module.startswith(outer + ".")
+
+
+def _numeric_verdict(start: Entry, step: StepEntries
+                     ) -> Tuple[Dict[str, Any], List[Entry]]:
+    links = _walk(start, step)
+    first, culprit = _root_verdict(links[-1], step)
+    first["chain"] = _chain(links, culprit, first)
+    involved = [link.entry for link in links] + ([culprit] if culprit else [])
+    return first, involved
 
 
 def contains(e: Entry, first: Dict[str, Any]) -> bool:

@@ -23,10 +23,11 @@ The verdict is the earliest such module in the baseline's timeline (`seq` of its
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..layers import SettingDifference
 from ..naming import is_known_op
 from ..reader import RecordTable
 from ..schema import Direction, RecordKind
@@ -59,10 +60,15 @@ class StructuralDiff:
     calls_b: List[str]
     seq: int
     order: int
+    settings: List[SettingDifference] = dataclasses.field(default_factory=list)
 
     @property
     def class_differs(self) -> bool:
         return self.class_a != self.class_b
+
+    @property
+    def calls_differ(self) -> bool:
+        return self.class_differs or self.calls_a != self.calls_b
 
     def reason(self) -> str:
         where = f"module '{self.module}'" if self.module else "the root module"
@@ -72,13 +78,25 @@ class StructuralDiff:
         if self.calls_a != self.calls_b:
             parts.append(f"the baseline calls {_shown(self.calls_a)}, the candidate "
                          f"{_shown(self.calls_b)}")
-        return (f"calls differ in {where}: " + "; ".join(parts)
+        what = "calls differ"
+        if self.settings:
+            parts.append(", ".join(f"{d.setting} {_value(d.a)} vs {_value(d.b)}"
+                                   for d in self.settings))
+            what = "calls and layer settings differ" if self.calls_differ else \
+                "layer settings differ"
+        return (f"{what} in {where}: " + "; ".join(parts)
                 + " (a structural difference: it counts whether or not the numbers stay within "
                   "tolerance)")
 
     def as_json(self) -> Dict[str, object]:
         return {"class_a": self.class_a, "class_b": self.class_b,
-                "calls_a": self.calls_a[:50], "calls_b": self.calls_b[:50]}
+                "calls_a": self.calls_a[:50], "calls_b": self.calls_b[:50],
+                "settings": [d.as_dict() for d in self.settings]}
+
+
+def _value(value: object) -> str:
+    from ..layers import format_value
+    return format_value(value)
 
 
 def _shown(calls: List[str]) -> str:
@@ -145,12 +163,17 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
 
 def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: int,
                            same_framework: bool,
-                           mapping: Optional[Mapping[str, Mapping[str, str]]] = None
+                           mapping: Optional[Mapping[str, Mapping[str, str]]] = None,
+                           settings: Sequence[SettingDifference] = ()
                            ) -> List[StructuralDiff]:
-    """Modules present in both runs whose class (or, within one framework, calls) differ,
-    in the baseline's execution order."""
+    """Modules present in both runs whose class (or, within one framework, calls) or numeric
+    layer settings (`settings`, from `precdbg.layers.dump_setting_differences`) differ, in the
+    baseline's execution order."""
     if not len(ta) or not len(tb):
         return []
+    by_module: Dict[str, List[SettingDifference]] = {}
+    for difference in settings:
+        by_module.setdefault(difference.path_a, []).append(difference)
     modules = (mapping or {}).get("modules") or None
     mods_a, calls_a = _side(ta, same_framework, None)
     mods_b, calls_b = _side(tb, same_framework, modules)
@@ -167,9 +190,12 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
         known = is_known_op(ma.op) and is_known_op(mb.op)
         class_differs = (ma.op != mb.op and known) or \
             (same_framework and ma.cls != mb.cls and (calls_differ or known))
-        if class_differs or calls_differ:
+        changed = by_module.get(path, [])
+        if class_differs or calls_differ or changed:
             out.append(StructuralDiff(step, rank, path, ma.entry, mb.entry, ma.cls, mb.cls,
-                                      ma.op, seq_a, seq_b, ma.seq, ma.order))
+                                      ma.op, seq_a if calls_differ else [],
+                                      seq_b if calls_differ else [], ma.seq, ma.order,
+                                      list(changed)))
     out.sort(key=lambda d: d.seq)
     return _outermost_first_only(out)
 
@@ -180,7 +206,7 @@ def _outermost_first_only(diffs: List[StructuralDiff]) -> List[StructuralDiff]:
     classes_changed = {d.module for d in diffs if d.class_differs}
     keep = []
     for d in diffs:
-        if not d.class_differs and any(c.rpartition(".")[0] == d.module
+        if not d.class_differs and not d.settings and any(c.rpartition(".")[0] == d.module
                                        for c in classes_changed) and \
                 _only_child_classes_differ(d, classes_changed):
             continue
