@@ -20,6 +20,7 @@ from ..schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, RecordKind, is_scalar
 from .align import Alignment, align, load_mapping
 from .localize import Entry, StepEntries, contains, locate
 from .metrics import stat_errors, tensor_metrics
+from .multistep import NoisePolicy, optimizer_setup
 from .progress import CompareProgress
 from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
 
@@ -55,6 +56,10 @@ def _row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndar
     row.checksum_equal = bool(st["checksum_equal"][p])
     if tm is not None:
         row.tensor = {k: finite_or_none(v) for k, v in tm.items()}
+    if np.isfinite(st["update_share"][p]):
+        row.update_share = finite_or_none(st["update_share"][p])
+    if st["dw_agreed"][p] >= 0:
+        row.dw_agreed = bool(st["dw_agreed"][p])
     return row
 
 
@@ -189,7 +194,8 @@ class _StepCompare:
 
 def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                   rows: List[Row], unmatched: List[Dict[str, Any]],
-                  progress: Progress, files: Tuple[int, int]) -> List[Entry]:
+                  progress: Progress, files: Tuple[int, int], noise: NoisePolicy
+                  ) -> List[Entry]:
     def report(done: int, total: int, phase: str) -> None:
         if progress is not None:
             progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
@@ -197,6 +203,7 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
+    noise.adjust(step, rank, ta, tb, al.pairs_a, al.pairs_b, st)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
     sc = _StepCompare(ta, tb, al)
     step_rows: List[Row] = []
@@ -213,6 +220,7 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
         sc.add(row, i, j)
         if p % 200 == 0:
             report(p, total, "comparing")
+    noise.remember(step, rank, ta, al.pairs_a, st["diverged"])
     for side, table, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
         for i in idx.tolist():
             r = table.row(i)
@@ -256,15 +264,17 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         rows: List[Row] = []
         unmatched: List[Dict[str, Any]] = []
         per_step: Dict[int, List[Entry]] = {}
+        optimizer_differs = optimizer_setup(setup["findings"])
+        noise = NoisePolicy(alike=not optimizer_differs)
         for k, (s, r) in enumerate(pairs):
             per_step.setdefault(s, []).extend(
                 _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
-                              (k, len(pairs))))
+                              (k, len(pairs)), noise))
         if progress is not None:
             progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
         stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
-        first, involved = locate(steps)
+        first, involved = locate(steps, optimizer_differs)
         notes = []
         if fa != fb:
             notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
