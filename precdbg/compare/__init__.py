@@ -203,24 +203,27 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
-    noise.adjust(step, rank, ta, tb, al.pairs_a, al.pairs_b, st)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
     sc = _StepCompare(ta, tb, al)
     step_rows: List[Row] = []
     total = len(al.pairs_a)
-    for p, (i, j) in enumerate(zip(al.pairs_a.tolist(), al.pairs_b.tolist())):
-        tm = None
+    pairs = list(zip(al.pairs_a.tolist(), al.pairs_b.tolist()))
+    tms: List[Optional[Dict[str, Any]]] = [None] * total
+    for p, (i, j) in enumerate(pairs):
         if stored[p]:
-            tm = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
-            if tm is not None and not st["checksum_equal"][p]:
-                st["diverged"][p] = (tm["rel_rmse"] > max(st["tol"][p], 1e-12)) or \
-                    not st["counts_ok"][p]
+            tms[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
+        if p % 200 == 0:
+            report(p, total, "comparing")
+    noise.adjust(step, rank, ta, tb, al.pairs_a, al.pairs_b, st, tms)
+    for p, (i, j) in enumerate(pairs):
+        tm = tms[p]
+        if tm is not None and not st["checksum_equal"][p] and not st["by_update"][p]:
+            st["diverged"][p] = (tm["rel_rmse"] > max(st["tol"][p], 1e-12)) or \
+                not st["counts_ok"][p]
         row = _row(ta, tb, i, j, st, p, tm)
         step_rows.append(row)
         sc.add(row, i, j)
-        if p % 200 == 0:
-            report(p, total, "comparing")
-    noise.remember(step, rank, ta, al.pairs_a, st["diverged"])
+    noise.remember(step, rank, ta, tb, al.pairs_a, al.pairs_b, st["diverged"])
     for side, table, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
         for i in idx.tolist():
             r = table.row(i)
