@@ -42,6 +42,9 @@ def test_adamw_three_steps_one_vs_two_threads_match(threads):
     result = compare_dumps(threads["t1"], threads["t2"])
     cs.assert_match(result)
     assert {r["step"] for r in result["rows"]} == {0, 1, 2}
+    assert any("last updates" in n for n in result["notes"]), result["notes"]
+    # --step 2 alone: judged against step 1 of both dumps all the same
+    cs.assert_match(compare_dumps(threads["t1"], threads["t2"], step=2))
     params = [r for r in result["rows"] if r["role"] == "param" and r["step"] >= 1]
     # every parameter of steps 1 and 2 is judged against its last update, dw of the last step
     assert params and all(r["update_share"] is not None and r["dw_agreed"] for r in params)

@@ -269,10 +269,14 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         per_step: Dict[int, List[Entry]] = {}
         optimizer_differs = optimizer_setup(setup["findings"])
         noise = NoisePolicy(alike=not optimizer_differs)
+        for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
+            noise.settle(r, _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0),
+                                          noise))
         for k, (s, r) in enumerate(pairs):
-            per_step.setdefault(s, []).extend(
-                _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
-                              (k, len(pairs)), noise))
+            found = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
+                                  (k, len(pairs)), noise)
+            noise.settle(r, found)
+            per_step.setdefault(s, []).extend(found)
         if progress is not None:
             progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
         stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
@@ -282,6 +286,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         if fa != fb:
             notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
                          "module path, canonical op and order")
+        notes.extend(noise.notes())
         if stats_only:
             notes.append("statistics only: a permutation or a compensating change keeps min, "
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
@@ -299,6 +304,14 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     finally:
         a.close()
         b.close()
+
+
+def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """(step - 1, rank) of each compared step whose previous step both dumps hold but the
+    compare does not cover (`--step S`): the noise policy needs its parameters."""
+    chosen = set(pairs)
+    return sorted({(s - 1, r) for s, r in pairs if (s - 1, r) not in chosen
+                   and a.files(s - 1, r) and b.files(s - 1, r)})
 
 
 def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]]) -> None:

@@ -80,6 +80,25 @@ class NoisePolicy:
     def __init__(self, alike: bool) -> None:
         self.alike = alike
         self._last: Dict[int, _Last] = {}
+        self._judged: Dict[int, int] = {}     # step -> parameters judged by their update
+
+    def settle(self, rank: int, entries: Sequence[Any]) -> None:
+        """After a step of `rank` (its compare.localize.Entry list): a step that differs is no
+        base for the next one (it is only relaxed after a step that agreed)."""
+        if any(e.diverged or e.trainable_differs for e in entries):
+            self._last.pop(rank, None)
+
+    def notes(self) -> List[str]:
+        if not self._judged:
+            return []
+        steps = ", ".join(str(s) for s in sorted(self._judged))
+        if not self.alike:
+            return [f"parameters of step(s) {steps} judged against float rounding: the "
+                    "optimizer set-up differs (see setup)"]
+        return [f"step(s) {steps}: parameters judged by how much the runs' last updates "
+                f"differ (diverged above {UPDATE_SHARE:.0%} of the baseline's update), the "
+                "other records above a floor from the parameters' difference: optimizers "
+                "configured alike"]
 
     def adjust(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
                ib: np.ndarray, st: Dict[str, np.ndarray],
@@ -116,6 +135,7 @@ class NoisePolicy:
                 continue
             share = diff / update if update > 0 else (0.0 if diff == 0 else np.inf)
             st["update_share"][p] = share
+            self._judged[step] = self._judged.get(step, 0) + 1
             if not self.alike:        # explained by its update, judged by rounding
                 continue
             err = float(st["err"][p])
