@@ -157,15 +157,14 @@ class NoisePolicy:
             ~scalar_mask(tb["dtype"][ib]) & (st["tol"] < floor)
         if others.any():
             st["tol"] = np.where(others, floor, st["tol"])
-            st["diverged"] = np.where(others, (st["err"] > floor) & st["shape_ok"]
-                                      & st["counts_ok"] & ~st["checksum_equal"],
-                                      st["diverged"])
+            st["diverged"] = np.where(others, _differs(st), st["diverged"])
 
     @staticmethod
     def _reads_of_parameters(ta: RecordTable, ia: np.ndarray, st: Dict[str, np.ndarray]
                              ) -> None:
         """A record that reads a parameter (its producer is the parameter's record at the start
-        of the step) reads the same tensor: it gets the parameter's verdict."""
+        of the step) reads the same tensor: it gets the parameter's tolerance, and is judged by
+        its own statistics (something not captured may have changed it in between)."""
         judged = np.nonzero(st["by_update"])[0]
         if not len(judged):
             return
@@ -174,7 +173,8 @@ class NoisePolicy:
         for q in range(len(ia)):
             p = of_seq.get(int(producer[q]))
             if p is not None and role[q] in READ_ROLES and not st["by_update"][q]:
-                st["tol"][q], st["diverged"][q] = st["tol"][p], st["diverged"][p]
+                st["tol"][q] = st["tol"][p]
+                st["diverged"][q] = _differs(st, q)
                 st["by_update"][q] = True
 
     def remember(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
@@ -191,6 +191,12 @@ class NoisePolicy:
             elif kind[p] == _PARAM_GRAD:
                 dw[keys[p]] = dw.get(keys[p], True) and not bool(diverged[p])
         self._last[rank] = _Last(step, stats, dw)
+
+
+def _differs(st: Dict[str, np.ndarray], q: Any = slice(None)) -> Any:
+    """metrics.stat_errors' verdict, under the tolerance now in `st`."""
+    return ((st["err"][q] > st["tol"][q]) | ~st["shape_ok"][q] | ~st["counts_ok"][q]) & \
+        ~st["checksum_equal"][q]
 
 
 def param_reason(step: int, metrics: Dict[str, Any], previous_matched: bool,
