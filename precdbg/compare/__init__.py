@@ -7,6 +7,9 @@
 localize.py): from the first differing entry seen in execution order to the culprit, each link
 with `name_a`, `name_b`, `step`, `rank`, `text`. Each row (`rows.Row`) names the entries that
 produced the tensor it reads (`producer_a`, `producer_b`; "" when nothing captured did).
+At steps k >= 1 a `multistep.NoisePolicy` judges parameters by how much the runs' last updates
+differ (`update_share`, `dw_agreed` on their rows) and the step's other records above a floor
+from the parameters' difference, when `check` finds the optimizers configured alike.
 """
 from __future__ import annotations
 

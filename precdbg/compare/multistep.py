@@ -43,7 +43,8 @@ from ..reader import RecordTable
 from ..schema import READ_ROLES, RecordKind, Role, scalar_mask
 from .metrics import PARAM_TOLERANCE
 
-__all__ = ["NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN", "optimizer_setup", "param_reason"]
+__all__ = ["NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN", "optimizer_setup",
+           "param_reason"]
 
 UPDATE_SHARE = 0.02
 NOISE_GAIN = 5.0
@@ -140,7 +141,8 @@ class NoisePolicy:
                 continue
             err = float(st["err"][p])
             # in err's units: the error this parameter may have at UPDATE_SHARE of its update
-            limit = err * UPDATE_SHARE / share if share > 0 else np.inf
+            # (the same updates: what differs was there before, and step k-1 agreed)
+            limit = err * UPDATE_SHARE / share if share > 0 else err
             st["tol"][p] = max(PARAM_TOLERANCE, limit)
             st["by_update"][p] = True
             st["diverged"][p] = bool(err > st["tol"][p]) and not st["checksum_equal"][p]
