@@ -126,11 +126,38 @@ def _gelu_formula(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
     return opt
 
 
+def _no_weight_decay(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    # torch AdamW decays by 0.01 by default: the baseline decays, this candidate does not
+    return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+
+
+def _lr_after_first_step(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    # lr 1e-2 -> 1.1e-2 from the second optimizer step on: the run manifest (written when the
+    # optimizer is first seen) cannot show it, only the parameters at the start of step 2 do
+    def bump(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = 1.1e-2
+    opt.register_step_post_hook(bump)
+    return opt
+
+
+def _proj_1e3_at_step2(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    calls = {"n": 0}
+
+    def hook(mod: nn.Module, inp: Any, out: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return out * (1 + 1e-3) if calls["n"] > 2 else out
+    model.blocks[0].attn.proj.register_forward_hook(hook)
+    return opt
+
+
 DEFECTS: Dict[str, Callable[[GPT, torch.optim.Optimizer, List[Batch]], torch.optim.Optimizer]] = {
     "gelu_tanh": _gelu_tanh, "layer_norm_eps": _layer_norm_eps, "weight": _weight,
     "data": _data, "dx_only": _dx_only, "dw_only": _dw_only, "optimizer": _optimizer,
     "nan": _nan, "proj_1e-4": _proj_1e4, "proj_permuted": _proj_permuted,
     "gelu_formula": _gelu_formula, "proj_1e-2": _proj_1e2,
+    "no_weight_decay": _no_weight_decay, "lr_after_first_step": _lr_after_first_step,
+    "proj_1e-3_at_step2": _proj_1e3_at_step2,
 }
 
 
@@ -219,33 +246,47 @@ def dump_gpt_subprocess(path: str, threads: Optional[int] = None, steps: int = 1
 # --------------------------------------------------------------------------- PyTorch vs MindSpore
 def numpy_batch(batch: int = BATCH) -> Tuple[Any, Any]:
     """One numpy int32 batch (inputs, targets), fed to both frameworks."""
+    return numpy_batches(batch, 1)[0]
+
+
+def numpy_batches(batch: int = BATCH, steps: int = 1) -> List[Tuple[Any, Any]]:
+    """`steps` numpy int32 batches (inputs, targets), fed to both frameworks."""
     from precdbg_examples import gpt_ms
-    return next(gpt_ms.make_batches_numpy(gpt_ms.GPTConfig(**TINY), batch, 1))
+    return list(gpt_ms.make_batches_numpy(gpt_ms.GPTConfig(**TINY), batch, steps))
 
 
-def dump_torch_numpy(path: str, x: Any, y: Any) -> Dict[str, Any]:
-    """One SGD step of the seeded tiny torch GPT on numpy data, dumped; returns the weights it
+def dump_torch_numpy(path: str, x: Any, y: Any, more: Sequence[Tuple[Any, Any]] = (),
+                     momentum: float = 0.0, adamw: bool = False) -> Dict[str, Any]:
+    """SGD steps (lr 0.1, `momentum`; with `adamw` AdamW lr 1e-2) of the seeded tiny torch GPT
+    on numpy data, the batch (x, y) and then `more`, each dumped; returns the weights it
     started from (numpy, state_dict names) for gpt_ms.load_torch_state."""
     torch.manual_seed(SEED)
     net = GPT(tiny_config())
     state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
-    xt, yt = torch.from_numpy(x.astype("int64")), torch.from_numpy(y.astype("int64"))
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2) if adamw else \
+        torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum)
     dbg = PrecisionDebugger(dump_path=str(path), level="mix")
-    dbg.start(net)
-    train_step(net, opt, xt, yt)
-    dbg.stop()
+    for xs, ys in [(x, y), *more]:
+        xt, yt = torch.from_numpy(xs.astype("int64")), torch.from_numpy(ys.astype("int64"))
+        dbg.start(net)
+        train_step(net, opt, xt, yt)
+        dbg.stop()
+        dbg.step()
     assert dbg.close(), "the dump writer did not finish"
     return state
 
 
 def dump_mindspore(path: str, state: Dict[str, Any], x: Any, y: Any,
-                   default_gelu: bool = False, default_layer_norm: bool = False) -> str:
-    """The MindSpore twin with the same weights and data, one SGD step dumped. With
-    `default_gelu`, blocks[1].mlp.act is mindspore.nn.GELU() (approximate=True by default: tanh)
-    where torch.nn.GELU() is exact (erf). With `default_layer_norm`, every LayerNorm keeps
-    MindSpore's default epsilon (1e-7; torch's is 1e-5). The caller has set MindSpore up (CPU,
-    PyNative)."""
+                   default_gelu: bool = False, more: Sequence[Tuple[Any, Any]] = (),
+                   momentum: float = 0.0, adam_weight_decay: bool = False,
+                   default_layer_norm: bool = False) -> str:
+    """The MindSpore twin with the same weights and data, SGD steps (learning_rate 0.1,
+    `momentum`: the same update as torch's SGD) dumped. With `default_gelu`, blocks[1].mlp.act
+    is mindspore.nn.GELU() (approximate=True by default: tanh) where torch.nn.GELU() is exact
+    (erf). With `adam_weight_decay`, nn.AdamWeightDecay with torch AdamW's hyperparameters (lr
+    1e-2, eps 1e-8, weight decay 0.01) but no bias correction. With `default_layer_norm`, every
+    LayerNorm keeps MindSpore's default epsilon (1e-7; torch's is 1e-5). The caller has set
+    MindSpore up (CPU, PyNative)."""
     import mindspore as ms
     from mindspore import nn as msnn
 
@@ -261,12 +302,16 @@ def dump_mindspore(path: str, state: Dict[str, Any], x: Any, y: Any,
     if default_gelu:
         net.blocks[1].mlp.act = msnn.GELU()
     gpt_ms.load_torch_state(net, state)
-    step = gpt_ms.train_step_fn(net, msnn.SGD(net.trainable_params(), learning_rate=0.1))
-    xm, ym = ms.Tensor(x), ms.Tensor(y)
+    opt = msnn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-2, eps=1e-8,
+                               weight_decay=0.01) if adam_weight_decay else \
+        msnn.SGD(net.trainable_params(), learning_rate=0.1, momentum=momentum)
+    step = gpt_ms.train_step_fn(net, opt)
     dbg = precdbg_ms.PrecisionDebugger(dump_path=str(path), level="mix")
-    dbg.start(net)
-    step(xm, ym)
-    dbg.stop()
+    for xs, ys in [(x, y), *more]:
+        dbg.start(net)
+        step(ms.Tensor(xs), ms.Tensor(ys))
+        dbg.stop()
+        dbg.step()
     assert dbg.close(), "the dump writer did not finish"
     return str(path)
 

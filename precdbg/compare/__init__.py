@@ -7,6 +7,9 @@
 localize.py): from the first differing entry seen in execution order to the culprit, each link
 with `name_a`, `name_b`, `step`, `rank`, `text`. Each row (`rows.Row`) names the entries that
 produced the tensor it reads (`producer_a`, `producer_b`; "" when nothing captured did).
+At steps k >= 1 a `multistep.NoisePolicy` judges parameters by how much the runs' last updates
+differ (`update_share`, `dw_agreed` on their rows) and the step's other records above a floor
+from the parameters' difference, when `check` finds the optimizers configured alike.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from .align import Alignment, align, load_mapping, rename_module
 from .localize import Entry, StepEntries, contains, locate
 from .structure import StructuralDiff, structural_differences
 from .metrics import stat_errors, tensor_metrics
+from .multistep import NoisePolicy, optimizer_setup
 from .progress import CompareProgress
 from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
 
@@ -56,6 +60,10 @@ def _row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndar
     row.checksum_equal = bool(st["checksum_equal"][p])
     if tm is not None:
         row.tensor = {k: finite_or_none(v) for k, v in tm.items()}
+    if np.isfinite(st["update_share"][p]):
+        row.update_share = finite_or_none(st["update_share"][p])
+    if st["dw_agreed"][p] >= 0:
+        row.dw_agreed = bool(st["dw_agreed"][p])
     return row
 
 
@@ -190,7 +198,7 @@ class _StepCompare:
 
 def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                   rows: List[Row], unmatched: List[Dict[str, Any]],
-                  progress: Progress, files: Tuple[int, int],
+                  progress: Progress, files: Tuple[int, int], noise: NoisePolicy,
                   structural: List[StructuralDiff]) -> List[Entry]:
     def report(done: int, total: int, phase: str) -> None:
         if progress is not None:
@@ -205,18 +213,23 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     sc = _StepCompare(ta, tb, al)
     step_rows: List[Row] = []
     total = len(al.pairs_a)
-    for p, (i, j) in enumerate(zip(al.pairs_a.tolist(), al.pairs_b.tolist())):
-        tm = None
+    pairs = list(zip(al.pairs_a.tolist(), al.pairs_b.tolist()))
+    tms: List[Optional[Dict[str, Any]]] = [None] * total
+    for p, (i, j) in enumerate(pairs):
         if stored[p]:
-            tm = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
-            if tm is not None and not st["checksum_equal"][p]:
-                st["diverged"][p] = (tm["rel_rmse"] > max(st["tol"][p], 1e-12)) or \
-                    not st["counts_ok"][p]
+            tms[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
+        if p % 200 == 0:
+            report(p, total, "comparing")
+    noise.adjust(step, rank, ta, tb, al.pairs_a, al.pairs_b, st, tms)
+    for p, (i, j) in enumerate(pairs):
+        tm = tms[p]
+        if tm is not None and not st["checksum_equal"][p] and not st["by_update"][p]:
+            st["diverged"][p] = (tm["rel_rmse"] > max(st["tol"][p], 1e-12)) or \
+                not st["counts_ok"][p]
         row = _row(ta, tb, i, j, st, p, tm)
         step_rows.append(row)
         sc.add(row, i, j)
-        if p % 200 == 0:
-            report(p, total, "comparing")
+    noise.remember(step, rank, ta, tb, al.pairs_a, al.pairs_b, st["diverged"])
     for side, table, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
         for i in idx.tolist():
             r = table.row(i)
@@ -271,19 +284,26 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         unmatched: List[Dict[str, Any]] = []
         per_step: Dict[int, List[Entry]] = {}
         structural: List[StructuralDiff] = []
+        optimizer_differs = optimizer_setup(setup["findings"])
+        noise = NoisePolicy(alike=not optimizer_differs)
+        for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
+            noise.settle(r, _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0),
+                                          noise, []))
         for k, (s, r) in enumerate(pairs):
-            per_step.setdefault(s, []).extend(
-                _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
-                              (k, len(pairs)), structural))
+            found = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
+                                  (k, len(pairs)), noise, structural)
+            noise.settle(r, found)
+            per_step.setdefault(s, []).extend(found)
         if progress is not None:
             progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
         stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
-        first, involved = locate(steps, structural)
+        first, involved = locate(steps, optimizer_differs, structural)
         notes = []
         if fa != fb:
             notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
                          "module path, canonical op and order")
+        notes.extend(noise.notes())
         if stats_only:
             notes.append("statistics only: a permutation or a compensating change keeps min, "
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
@@ -301,6 +321,14 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     finally:
         a.close()
         b.close()
+
+
+def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """(step - 1, rank) of each compared step whose previous step both dumps hold but the
+    compare does not cover (`--step S`): the noise policy needs its parameters."""
+    chosen = set(pairs)
+    return sorted({(s - 1, r) for s, r in pairs if (s - 1, r) not in chosen
+                   and a.files(s - 1, r) and b.files(s - 1, r)})
 
 
 def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]]) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..naming import is_collective
 from ..schema import Direction, RecordKind, Role
+from .multistep import param_reason
 from .rows import ArgDiff, Evidence, Producer, Source
 from .structure import StructuralDiff
 
@@ -339,7 +340,8 @@ def _chain(links: List[_Step], culprit: Optional[Entry], first: Dict[str, Any]
 
 
 # --------------------------------------------------------------------------- inventory
-def _inventory(entries: List[Entry], previous_matched: bool) -> Optional[Dict[str, Any]]:
+def _inventory(entries: List[Entry], previous_matched: bool, setup: Sequence[str]
+               ) -> Optional[Dict[str, Any]]:
     bad = [e for e in entries if e.diverged or e.trainable_differs]
     if not bad:
         return None
@@ -351,12 +353,9 @@ def _inventory(entries: List[Entry], previous_matched: bool) -> Optional[Dict[st
         reason = f"parameter inventory differs: {e.name} (only in the {ev.only_in})"
     elif ev is not None and not ev.shape_ok:
         reason = "parameter shapes differ"
-    elif previous_matched:
-        reason = (f"parameters differ at the start of step {e.step} while step {e.step - 1} "
-                  "matched: the optimizer update differs (optimizer type, hyperparameters, "
-                  "param groups, loss scale)")
-    else:
-        reason = "parameter values differ at start"
+    else:       # judged against its last update where the optimizers agree (multistep.py)
+        reason = param_reason(e.step, ev.metrics if ev is not None else {}, previous_matched,
+                              setup)
     others = len(bad) - 1
     if others:
         reason += f" ({others} more parameter(s) differ)"
@@ -392,15 +391,17 @@ def _structural_verdict(diff: StructuralDiff, step: StepEntries) -> Tuple[Dict[s
     return first, [entry] if entry is not None else []
 
 
-def locate(steps: List[StepEntries], structural: Sequence[StructuralDiff] = ()
+def locate(steps: List[StepEntries], setup: Sequence[str] = (),
+           structural: Sequence[StructuralDiff] = ()
            ) -> Tuple[Optional[Dict[str, Any]], List[Entry]]:
-    """`steps` ascending. Returns the first divergence (None when the runs agree) and the
-    entries of its chain (whatever else differs is a consequence). A structural difference
-    (`structural`, see compare/structure.py) is named when it ran before the first record that
-    differs in number."""
+    """`steps` ascending; `setup`: the optimizer set-up differences `check` found. Returns the
+    first divergence (None when the runs agree) and the entries of its chain (whatever else
+    differs is a consequence). A structural difference (`structural`, see compare/structure.py)
+    is named when it ran before the first record that differs in number."""
     previous_matched = False
     for step in steps:
-        found = _inventory([e for e in step.entries if e.is_inventory], previous_matched)
+        found = _inventory([e for e in step.entries if e.is_inventory], previous_matched,
+                           setup)
         if found:
             return found, []
         shapes = [d for d in structural if d.step == step.step]

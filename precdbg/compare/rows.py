@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Row", "Evidence", "ArgDiff", "Producer", "Source", "finite_or_none"]
 
 EVIDENCE_METRICS = ("min_a", "min_b", "max_a", "max_b", "mean_a", "mean_b", "norm_a", "norm_b",
-                    "err", "tol", "cosine", "max_abs", "max_rel", "rmse", "rel_rmse")
+                    "err", "tol", "cosine", "max_abs", "max_rel", "rmse", "rel_rmse",
+                    "update_share", "dw_agreed")
 
 
 def finite_or_none(value: float) -> Optional[float]:
@@ -68,6 +69,10 @@ class Row:
     producer_a: str = ""           # entry that produced the tensor this record reads ("" none)
     producer_b: str = ""
     module_b: str = ""             # the candidate's module path (the HTML tree shows it)
+    # a parameter at step k >= 1 (see multistep.py): the share of its last update the runs
+    # disagree on, and whether step k-1's weight gradient agreed (None: not judged that way)
+    update_share: Optional[float] = None
+    dw_agreed: Optional[bool] = None
     tensor: Optional[Dict[str, Optional[float]]] = None   # element-wise metrics (tensor task)
 
     @property
