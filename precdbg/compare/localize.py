@@ -418,7 +418,7 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
                     # inside that module: name the call, with the setting
                     first = numeric[0]
                     first["reason"] += (f"; module '{shape.module}' is constructed with other "
-                                        "settings: " + ", ".join(d.text for d in shape.settings))
+                                        "settings: " + shape.settings_text())
                     first["structure"] = shape.as_json()
                     return numeric
                 return _structural_verdict(shape, step)

@@ -80,13 +80,15 @@ class StructuralDiff:
                          f"{_shown(self.calls_b)}")
         what = "calls differ"
         if self.settings:
-            parts.append(", ".join(f"{d.setting} {_value(d.a)} vs {_value(d.b)}"
-                                   for d in self.settings))
+            parts.append(self.settings_text())
             what = "calls and layer settings differ" if self.calls_differ else \
                 "layer settings differ"
         return (f"{what} in {where}: " + "; ".join(parts)
                 + " (a structural difference: it counts whether or not the numbers stay within "
                   "tolerance)")
+
+    def settings_text(self) -> str:
+        return ", ".join(f"{d.setting} {_value(d.a)} vs {_value(d.b)}" for d in self.settings)
 
     def as_json(self) -> Dict[str, object]:
         return {"class_a": self.class_a, "class_b": self.class_b,
