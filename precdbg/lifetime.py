@@ -71,6 +71,7 @@ def _forget_after_fork() -> None:
     _writers.clear()
     for session in list(_sessions):
         session.forked = True
+        session.collector.end()      # the child's objects are its own to collect
     _sessions.clear()
 
 

@@ -37,6 +37,9 @@ def lowest(a: str, b: str) -> str:
     return a if bits_a <= bits_b else b
 
 
+_FORWARD, _NONE, _INPUT = Direction.FORWARD.value, Direction.NONE.value, Role.INPUT.value
+
+
 class PrecisionTracker:
     """The precision carried by the tensors of one step, as the session captures them. Calls and
     distinct tensors (the session's `Call` and `_Seen`) hold a `precision` attribute."""
@@ -51,10 +54,10 @@ class PrecisionTracker:
         dtype and of its call's inputs (an autocast linear's bf16 output, a float32 LayerNorm of
         a bf16-rounded residual); backward records and dw, also the lowest precision of the
         step's forward (the gradients flow back through it); the inventory, its dtype."""
-        if not is_floating(dtype):
+        if dtype not in MANTISSA_BITS:
             return ""
-        if direction == Direction.FORWARD.value:
-            if role == Role.INPUT.value:
+        if direction == _FORWARD:
+            if role == _INPUT:
                 carried = lowest(seen.precision, dtype)
                 call.precision = lowest(call.precision, carried)
             else:
@@ -62,7 +65,7 @@ class PrecisionTracker:
             seen.precision = carried
             self.forward = lowest(self.forward, carried)
             return carried
-        if direction == Direction.NONE.value:
+        if direction == _NONE:
             seen.precision = lowest(seen.precision, dtype)
             return dtype
         return lowest(lowest(self.forward, call.precision), dtype)

@@ -71,7 +71,8 @@ class Provenance:
         if role in WRITE_ROLES:
             have = self._by_version.get((store, version))
             if dw or written or have is None or not have[1]():
-                self._by_version[(store, version)] = (rec.seq, self.tensors.storage_ref(tensor))
+                # every version of a storage lives exactly as long as the storage: one reference
+                self._by_version[(store, version)] = (rec.seq, known[1])
             else:                            # passed through: alive while either holder is
                 self._hold(store, version, have, tensor)
             if dw:

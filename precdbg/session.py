@@ -18,6 +18,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import __version__, lifetime
+from .collector import CollectorPause
 from .config import DumpConfig
 from .errors import ConfigError
 from .filters import CaptureFilter
@@ -114,6 +115,7 @@ class Session:
         self._overflow = config.task is Task.OVERFLOW
         self._overflow_kept = 0
         self.provenance = Provenance(adapter.tensors)
+        self.collector = CollectorPause()
         self._reset_step_counters()
         self._reset_window()
         lifetime.track_session(self)
@@ -169,10 +171,12 @@ class Session:
             "precdbg_version": __version__})
         self.phase = Phase.FORWARD.value
         self.active = True
+        self.collector.begin()
         try:
             self.adapter.install(self, model)
         except Exception:
             self.active = False
+            self.collector.end()
             self.adapter.uninstall()
             self.writer.abandon_step()
             self._reset_window()
@@ -220,6 +224,7 @@ class Session:
             "stop(): closing the step file")
         self._guarded(self._note_first_batch, "stop(): recording the first batch")
         self._reset_window()
+        self.collector.end()
         if self.run.dirty:
             self._guarded(lambda: self.run.write(self.adapter, self.rank, self.world_size),
                           "stop(): updating run.json")

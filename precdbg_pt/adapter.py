@@ -30,6 +30,11 @@ _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, pre
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 
 
+_is_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+_DisableTorchFunction = torch._C.DisableTorchFunction
+
+
 class _Guard:
     """Inside our own hooks: no capture of our own torch calls, no graph, nothing raised."""
     __slots__ = ("adapter", "prev_grad", "disable")
@@ -39,15 +44,15 @@ class _Guard:
 
     def __enter__(self) -> "_Guard":
         self.adapter.busy += 1
-        self.prev_grad = torch.is_grad_enabled()
-        torch.set_grad_enabled(False)
-        self.disable = torch._C.DisableTorchFunction()
+        self.prev_grad = _is_grad_enabled()
+        _set_grad_enabled(False)          # the C switch: torch.set_grad_enabled's class costs
+        self.disable = _DisableTorchFunction()      # ~3 us a hook, and hooks run per record
         self.disable.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.disable.__exit__(None, None, None)
-        torch.set_grad_enabled(self.prev_grad)
+        _set_grad_enabled(self.prev_grad)
         self.adapter.busy -= 1
 
 
