@@ -15,7 +15,6 @@ import tempfile
 import weakref
 from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
-import numpy as np
 
 from . import __version__, lifetime
 from .collector import CollectorPause
@@ -77,7 +76,7 @@ class _Stats:
 
     def __init__(self, ref: Any, slot: int) -> None:
         self.ref, self.slot = ref, slot
-        self.values: Optional[np.ndarray] = None
+        self.values: Optional[List[float]] = None   # min, max, mean, norm, nan, inf
 
 
 class _Seen:
@@ -489,8 +488,9 @@ class Session:
             except Exception:
                 self._forget_stats(batch_stats)
                 raise
+            rows = values.tolist()           # Python floats once, not numpy scalars per field
             for stats in batch_stats:
-                stats.values = values[stats.slot]
+                stats.values = rows[stats.slot]
         payloads: List[Payload] = []
         if copies:
             arrays = self.tensors.finish_host([handle for _, handle, _ in copies])
@@ -498,11 +498,11 @@ class Session:
                 payloads.append(Payload(seen.tensor_id, array, store, self._checksum))
         records: List[Record] = []
         for rec, seen in pending:
-            if seen is not None and seen.stats.values is not None:
+            if seen is not None:
                 v = seen.stats.values
-                rec.min, rec.max, rec.mean, rec.norm = float(v[0]), float(v[1]), float(v[2]), \
-                    float(v[3])
-                rec.nan_count, rec.inf_count = int(v[4]), int(v[5])
+                if v is not None:
+                    rec.min, rec.max, rec.mean, rec.norm, nan, inf = v
+                    rec.nan_count, rec.inf_count = int(nan), int(inf)
             records.append(rec)
         if self._overflow:
             records, self._overflow_kept = self.filter.overflow_only(records,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from types import CodeType
 from typing import Dict, List, Tuple
 
 __all__ = ["StackTable"]
@@ -15,21 +16,28 @@ class StackTable:
     def __init__(self, skip: Tuple[str, ...]) -> None:
         self.skip = skip
         self._ids: Dict[Tuple, int] = {}
+        self._internal: Dict[CodeType, bool] = {}     # per code object: inside `skip`?
         self.texts: List[str] = []
 
     def current(self, depth: int = 2) -> int:
-        """The id of the caller's stack, `depth` frames above this call."""
+        """The id of the caller's stack, `depth` frames above this call. Runs once per captured
+        call: frames are keyed by (code object, line), the text is made once per distinct stack."""
         frame = sys._getframe(depth)
+        internal = self._internal
         key = []
         while frame is not None and len(key) < _DEPTH:
             code = frame.f_code
-            if not code.co_filename.startswith(self.skip):
-                key.append((code.co_filename, frame.f_lineno, code.co_name))
+            skip = internal.get(code)
+            if skip is None:
+                skip = internal[code] = code.co_filename.startswith(self.skip)
+            if not skip:
+                key.append((code, frame.f_lineno))
             frame = frame.f_back
         tkey = tuple(key)
         sid = self._ids.get(tkey)
         if sid is None:
             sid = len(self.texts)
             self._ids[tkey] = sid
-            self.texts.append("\n".join(f"{f}:{line} in {name}" for f, line, name in key))
+            self.texts.append("\n".join(f"{code.co_filename}:{line} in {code.co_name}"
+                                         for code, line in key))
         return sid
