@@ -9,12 +9,14 @@ over 15 dumped steps of a 40-block MLP), charged to whatever hook happened to al
 `gc.freeze()` moves every object tracked at `start()` into the permanent generation, so the
 collections a dumped step triggers look only at objects the step made; `gc.unfreeze()` at `stop()`
 hands the old objects back to the oldest generation, where the next full collection sees them as
-before. The young generation's threshold is raised for the step (700 -> 20,000 allocations):
-the step's objects live until their batch is written, so collecting them every 700 allocations
-only promotes them (1,257 young collections per 15 steps, 0.17 s). Both are restored at stop(). Nothing is collected later than it would be without precdbg except garbage made of
-objects that existed before the step (the next collection after stop() finds it). Processes that
-froze objects themselves (a fork server's pre-fork `gc.freeze()`) or turned the collector off are
-left alone.
+before. The young generation's threshold is raised for the step (700 -> 20,000 allocations): the
+step's objects live until their batch is written, so collecting them every 700 allocations only
+promotes them (1,257 young collections per 15 steps, 0.17 s). Both are restored at stop().
+
+Nothing is collected later than it would be without precdbg except garbage made of objects that
+existed before the step and were no longer young then (a young collection runs just before the
+freeze); the first full collection after stop() finds it. Processes that froze objects themselves
+(a fork server's pre-fork `gc.freeze()`) or turned the collector off are left alone.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class CollectorPause:
     def begin(self) -> None:
         if self.frozen or not gc.isenabled() or gc.get_freeze_count():
             return
+        gc.collect(1)       # recent garbage (the previous step's) is freed now, not frozen
         gc.freeze()
         self.frozen = True
         self.thresholds = gc.get_threshold()
