@@ -96,10 +96,10 @@ class Workload:
 
     def describe(self) -> str:
         """One line naming the model, its size and the batch, and saying when layers were cut."""
-        shrunk = (f", shrunk to {self.layers} of {self.full_layers} layers (--layers)"
-                  if self.layers != self.full_layers else "")
-        return (f"{self.name} ({self.params / 1e6:.1f} M parameters, {self.layers} layers"
-                f"{shrunk}), batch {self.batch} × seq {self.seq}, "
+        layers = (f"shrunk to {self.layers} of its {self.full_layers} layers (--layers N)"
+                  if self.layers != self.full_layers else f"{self.layers} layers")
+        return (f"{self.name} ({self.params / 1e6:.1f} M parameters, {layers}), "
+                f"batch {self.batch} × seq {self.seq}, "
                 f"{'bf16 autocast' if self.bf16 else 'fp32'}, AdamW, clip_grad_norm_ 1.0, "
                 f"on {self.device.type}")
 

@@ -196,8 +196,8 @@ def measure_mode(task: str, level: str, debugger_cls: Any, model: Any, run_step:
         shutil.rmtree(tmp, ignore_errors=True)
     p, d, w = statistics.median(plain), statistics.median(dumped), statistics.median(drain)
     per_round = sorted(b / a for a, b in zip(plain, dumped))
-    q1, q3 = (statistics.quantiles(per_round, n=4)[::2] if len(per_round) > 1
-              else (per_round[0], per_round[0]))
+    q1, q3 = (statistics.quantiles(per_round, n=4, method="inclusive")[::2]
+              if len(per_round) > 1 else (per_round[0], per_round[0]))
     return {
         "task": task, "level": level, "repeats": repeats, "warmup": warmup,
         "plain_ms": _ms(p), "dumped_ms": _ms(d), "ratio": round(d / p, 2),
@@ -288,9 +288,9 @@ def table(rows: List[Dict[str, Any]]) -> str:
         "task / level", "plain ms", "dumped ms", "ratio", "per-round", "drain ms", "+drain",
         "MB/step", "records", "µs/record", "close ms", "other CPU"] + (
         ["syncs", "peak mem"] if accel else [])
+    left = 2 if tools else 1   # text columns; the rest are numbers, right-aligned
     lines = ["| " + " | ".join(cols) + " |",
-             "|" + "|".join(["---"] * (2 if tools else 1) + ["---:"] * (len(cols) - 1 -
-                                                                  (1 if tools else 0))) + "|"]
+             "|" + "|".join(["---"] * left + ["---:"] * (len(cols) - left)) + "|"]
     for r in rows:
         cells = ([r.get("tool", "precdbg")] if tools else []) + [
             f"{r['task']} / {r['level']}", f"{r['plain_ms']:.1f}", f"{r['dumped_ms']:.1f}",
