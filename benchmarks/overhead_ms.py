@@ -14,7 +14,8 @@ is counted in the step that launched it. Reported per mode:
 
 - plain ms, dumped ms, ratio (dumped / plain, each a median over the repeats), per-round
   quartiles of each round's own ratio, drain ms (debugger.flush() waiting for the writer after a
-  dumped step), +drain, MB/step, records, close ms, other CPU: as in overhead_torch.py.
+  dumped step), +drain, MB/step, records, µs/record ((dumped ms - plain ms) / records: the host
+  cost of one captured record), close ms, other CPU: as in overhead_torch.py (same table).
 
 Aim (the issue): statistics <= 2x a plain step; the incumbent (msprobe) measured ~17x at level
 mix on CPU. Nothing here asserts on wall-clock time.
@@ -30,7 +31,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_torch import _share, measure_mode, measure_modes  # noqa: E402  (shared helpers)
+from overhead_torch import measure_mode, measure_modes, table  # noqa: E402  (shared helpers)
 
 MODES: Tuple[Tuple[str, str], ...] = (("statistics", "mix"), ("statistics", "api"),
                                       ("statistics", "module"), ("tensor", "mix"))
@@ -92,20 +93,6 @@ def bench_mode(task: str, level: str, model: Any, step_fn: Any, batch: Tuple[Any
                         repeats, warmup, prefix="precdbg_bench_ms")
 
 
-def table(rows: List[Dict[str, Any]]) -> str:
-    head = ("| task / level | plain ms | dumped ms | ratio | per-round | drain ms | +drain "
-            "| MB/step | records | close ms | other CPU |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-    body = "".join(
-        f"| {r['task']} / {r['level']} | {r['plain_ms']:.1f} | {r['dumped_ms']:.1f} "
-        f"| {r['ratio']:.2f}× | {r['round_ratio_q1']:.2f}–{r['round_ratio_q3']:.2f} "
-        f"| {r['drain_ms']:.1f} | {r['ratio_with_drain']:.2f}× "
-        f"| {r['mb_per_step']:.2f} | {r['records_per_step']} | {r['close_ms']:.1f} "
-        f"| {_share(r['other_cpu'])} |\n"
-        for r in rows)
-    return head + body
-
-
 def verdicts(rows: List[Dict[str, Any]]) -> str:
     lines = []
     for r in rows:
@@ -137,7 +124,8 @@ def results_markdown(info: Dict[str, Any], rows: List[Dict[str, Any]], argv: Lis
         "training loop sees). per-round = quartiles (25 %–75 %) of each round's own dumped ÷ "
         "plain. drain = median wait in debugger.flush() after a dumped step for the background "
         "writer; +drain = (dumped + drain) ÷ plain, the cost when the writer cannot overlap "
-        "training at all. MB/step = size of one step file. close = debugger.close() at the end. "
+        "training at all. MB/step = size of one step file. µs/record = (dumped − plain) ÷ "
+        "records, the host cost of one captured record. close = debugger.close() at the end. "
         "other CPU = share of the machine's CPU time used by other processes meanwhile (more "
         f"than a few % distorts the timings). Aim: statistics ≤ {AIM:.0f}× a plain step; the "
         "incumbent msprobe measured ~17× at level mix on CPU. The PyTorch numbers are in "
