@@ -190,23 +190,25 @@ def _build_kernel() -> Any:
         begin = first * SPAN
         end = tl.minimum(begin + SPAN, n)
         lanes = tl.arange(0, BLOCK)
-        mn = tl.full((), float("inf"), acc_t)
-        mx = tl.full((), float("-inf"), acc_t)
+        # min/max and counts are exact in any order: kept per lane, reduced once per program;
+        # the sums are reduced per block in float32 and accumulated in float64
+        mn = tl.full((BLOCK,), float("inf"), acc_t)
+        mx = tl.full((BLOCK,), float("-inf"), acc_t)
+        nans = tl.full((BLOCK,), 0, tl.int32)
+        infs = tl.full((BLOCK,), 0, tl.int32)
         total = tl.full((), 0.0, tl.float64)
         squares = tl.full((), 0.0, tl.float64)
-        nans = tl.full((), 0, tl.int64)
-        infs = tl.full((), 0, tl.int64)
         for start in range(begin, end, BLOCK):
             offs = start + lanes
             inside = offs < end
             x = tl.load(ptr + offs, mask=inside, other=0.0).to(acc_t)
             is_nan = x != x
             is_inf = (x == float("inf")) | (x == float("-inf"))
-            finite = inside & (~is_nan) & (~is_inf)
-            ordered = inside & (~is_nan)
-            mn = tl.minimum(mn, tl.min(tl.where(ordered, x, float("inf")), axis=0))
-            mx = tl.maximum(mx, tl.max(tl.where(ordered, x, float("-inf")), axis=0))
-            v = tl.where(finite, x, 0.0)
+            mn = tl.where(is_nan | (~inside), mn, tl.minimum(mn, x))
+            mx = tl.where(is_nan | (~inside), mx, tl.maximum(mx, x))
+            nans += is_nan.to(tl.int32)                  # masked lanes load 0.0: never counted
+            infs += is_inf.to(tl.int32)
+            v = tl.where(is_nan | is_inf, 0.0, x)
             s = tl.sum(v, axis=0)
             q = tl.sum(v * v, axis=0)
             if q == float("inf"):           # float32 overflow of the squares: redo in float64
@@ -216,15 +218,13 @@ def _build_kernel() -> Any:
             else:
                 total += s.to(tl.float64)
                 squares += q.to(tl.float64)
-            nans += tl.sum((is_nan & inside).to(tl.int64), axis=0)
-            infs += tl.sum((is_inf & inside).to(tl.int64), axis=0)
         base = out + (row0 + slot) * 6
-        tl.atomic_min(base, mn.to(tl.float64))
-        tl.atomic_max(base + 1, mx.to(tl.float64))
+        tl.atomic_min(base, tl.min(mn, axis=0).to(tl.float64))
+        tl.atomic_max(base + 1, tl.max(mx, axis=0).to(tl.float64))
         tl.atomic_add(base + 2, total)
         tl.atomic_add(base + 3, squares)
-        tl.atomic_add(base + 4, nans.to(tl.float64))
-        tl.atomic_add(base + 5, infs.to(tl.float64))
+        tl.atomic_add(base + 4, tl.sum(nans, axis=0).to(tl.float64))
+        tl.atomic_add(base + 5, tl.sum(infs, axis=0).to(tl.float64))
 
     return _stats_kernel
 
