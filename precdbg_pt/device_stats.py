@@ -46,6 +46,7 @@ on a machine without an accelerator.
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -54,6 +55,8 @@ import torch
 
 __all__ = ["DeviceHandle", "summarize", "summarize_many", "summarize_with", "resolve",
            "host_transfers", "triton_available"]
+
+log = logging.getLogger("precdbg")
 
 _BLOCK = 1024                 # elements per block (one float32 partial each)
 _SPAN = 16 * _BLOCK           # elements per program: fewer atomics on the result row
@@ -83,7 +86,10 @@ class _Buffer:
         self.current = -1                   # chunk rows are taken from (-1: none yet)
         self.used = _CHUNK_ROWS             # rows used in the current chunk
         self.outstanding: List[DeviceHandle] = []
-        self._init_row = torch.tensor(_INIT, dtype=torch.float64).to(device)
+        # built on the device (fills, no host-to-device copy that could synchronise)
+        self._init_row = torch.zeros(_COLUMNS, dtype=torch.float64, device=device)
+        self._init_row[0] = _INIT[0]
+        self._init_row[1] = _INIT[1]
 
     def _reset(self, chunk: torch.Tensor) -> None:
         chunk.copy_(self._init_row.expand_as(chunk))
@@ -170,22 +176,20 @@ def _build_kernel() -> Any:
         ptr = p0
         n = n0.to(tl.int64)
         first = pid
-        slot = 0
+        # the row: computed, not assigned in branches (branches must yield tensors, not ints)
+        slot = (pid >= c1).to(tl.int64) + (pid >= c2).to(tl.int64) + (pid >= c3).to(tl.int64)
         if pid >= c1:
             ptr = p1
             n = n1.to(tl.int64)
             first = pid - c1
-            slot = 1
         if pid >= c2:
             ptr = p2
             n = n2.to(tl.int64)
             first = pid - c2
-            slot = 2
         if pid >= c3:
             ptr = p3
             n = n3.to(tl.int64)
             first = pid - c3
-            slot = 3
         acc_t = tl.float64 if F64 else tl.float32
         begin = first * SPAN
         end = tl.minimum(begin + SPAN, n)
@@ -320,9 +324,23 @@ def _enqueue(backend: str, tensors: Sequence[torch.Tensor]) -> List[DeviceHandle
         return handles
     interpret = tensors[0].device.type == "cpu"
     for start in range(0, len(tensors), _SLOTS):
-        group = tensors[start:start + _SLOTS]
-        _launch_triton(group, handles[start:start + _SLOTS], interpret)
+        group, rows = tensors[start:start + _SLOTS], handles[start:start + _SLOTS]
+        try:
+            _launch_triton(group, rows, interpret)
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built or launched
+            if interpret:
+                raise                           # testing: the kernel itself must work
+            _disable_triton(exc)
+            _launch_torch(group, rows)
     return handles
+
+
+def _disable_triton(exc: BaseException) -> None:
+    """The fused kernel failed to compile or launch (host-side, before anything ran): use
+    torch ops from now on, and say so once."""
+    _TRITON["ok"] = False
+    log.warning("precdbg: the Triton statistics kernel failed (%s); statistics use torch ops",
+                " ".join(str(exc).split())[:300])
 
 
 def _backend_for(t: torch.Tensor) -> str:
