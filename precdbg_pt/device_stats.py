@@ -207,9 +207,10 @@ def _build_kernel() -> Any:
             inside = offs < end
             x = tl.load(ptr + offs, mask=inside, other=0.0).to(acc_t)
             is_nan = x != x
-            is_inf = (x == float("inf")) | (x == float("-inf"))
-            mn = tl.where(is_nan | (~inside), mn, tl.minimum(mn, x))
-            mx = tl.where(is_nan | (~inside), mx, tl.maximum(mx, x))
+            is_inf = tl.abs(x) == float("inf")
+            skip = is_nan | (~inside)
+            mn = tl.where(skip, mn, tl.minimum(mn, x))
+            mx = tl.where(skip, mx, tl.maximum(mx, x))
             nans += is_nan.to(tl.int32)                  # masked lanes load 0.0: never counted
             infs += is_inf.to(tl.int32)
             v = tl.where(is_nan | is_inf, 0.0, x)
