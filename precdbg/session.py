@@ -384,8 +384,12 @@ class Session:
 
     def end_call(self) -> None:
         """Called after a call's records are captured: the batch crosses to the host when its
-        budget is spent (see _HOST_HANDLE_SHARE) or it holds _BATCH_TENSORS host copies."""
-        if self._held_bytes >= _BATCH_BYTES or len(self._copies) >= _BATCH_TENSORS:
+        budget is spent (see _HOST_HANDLE_SHARE; host copies count their bytes) or it holds
+        _BATCH_TENSORS host copies (so the sum below stays short)."""
+        copies = self._copies
+        held = self._held_bytes + (sum(self.tensors.retained_bytes(handle)
+                                       for _, handle, _ in copies) if copies else 0)
+        if held >= _BATCH_BYTES or len(copies) >= _BATCH_TENSORS:
             self.flush_batch()
 
     # ------------------------------------------------------------------ records

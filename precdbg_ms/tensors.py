@@ -124,9 +124,11 @@ def summarize(t: ms.Tensor) -> _Pending:
     return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum()))
 
 
-def retained_bytes(handle: _Pending) -> int:
-    """Bytes the handle keeps alive until `resolve` (the tensor, when its statistics are on the
-    device as 0-d tensors); 0 for statistics computed on the host already."""
+def retained_bytes(handle: Any) -> int:
+    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), or the tensor
+    whose statistics are on the device as 0-d tensors; 0 for host statistics computed already."""
+    if isinstance(handle, _HostCopy):
+        return int(handle.data.nbytes)
     return nbytes(handle.tensor) if handle.tensor is not None else 0
 
 

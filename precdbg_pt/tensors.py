@@ -214,9 +214,12 @@ def _nonfinite_rows(pending: Sequence[_Pending]) -> List[Optional[List[float]]]:
     return rows
 
 
-def retained_bytes(handle: Handle) -> int:
-    """Bytes the handle keeps alive until `resolve`: a tensor held for statistics computed at
-    resolve time; 0 for results computed already or enqueued into a device buffer."""
+def retained_bytes(handle: Union[Handle, "_HostCopy"]) -> int:
+    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), or a tensor
+    held for statistics computed at resolve time; 0 for statistics computed already or
+    enqueued into a device buffer."""
+    if isinstance(handle, _HostCopy):
+        return nbytes(handle.tensor)
     if isinstance(handle, _Pending) and handle.tensor is not None:
         return nbytes(handle.tensor)
     return 0

@@ -306,3 +306,20 @@ def test_host_statistics_stream_and_device_statistics_wait_for_stop(tmp_path, mo
         assert during == 0 and calls[0] == 1
     table = precdbg.open_dump(str(tmp_path / "d")).records(step=0)
     assert np.all(np.isfinite(table["norm"][table["dtype"] == "float32"]))
+
+
+def test_host_copies_of_the_tensor_task_bound_a_batch_by_their_bytes(tmp_path, monkeypatch):
+    """Device statistics wait for stop(), but host copies of full tensors do not pile up: a
+    batch crosses once they hold _BATCH_BYTES."""
+    from precdbg import session as session_module
+    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", "torch")
+    model = torch.nn.Sequential(*[torch.nn.ReLU() for _ in range(10)])
+    x = torch.randn(2 << 20)                              # 8 MiB per activation
+    dbg = PrecisionDebugger(task="tensor", level="module", dump_path=str(tmp_path / "d"))
+    calls = count_flushes(monkeypatch)
+    dbg.start(model)
+    model(x)
+    during = calls[0]
+    dbg.stop()
+    assert dbg.close() and dbg.failures == 0
+    assert during >= 11 * x.numel() * 4 // session_module._BATCH_BYTES >= 1, during
