@@ -40,8 +40,13 @@ log = logging.getLogger("precdbg")
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
 _INPUT, _FORWARD = Role.INPUT.value, Direction.FORWARD.value
 _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NONE.value
-_BATCH_TENSORS = 256            # statistics cross to the host once per this many distinct tensors
+_BATCH_TENSORS = 256            # host statistics (and host copies) go to the writer per this many
 _BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
+# A batch's budget is _BATCH_BYTES: a handle costs the bytes it keeps alive, and a handle whose
+# statistics are on the host (not deferrable) at least this share, so host statistics stream to
+# the writer in batches of _BATCH_TENSORS; deferrable (device) handles cost nothing and wait
+# for stop(): the step's records cross to the host once.
+_HOST_HANDLE_SHARE = _BATCH_BYTES // _BATCH_TENSORS
 _MAX_REPORTED_FAILURES = 20     # distinct failures reported; the rest are only counted
 
 
@@ -382,8 +387,13 @@ class Session:
         return self._store_all or self.filter.stores_tensor(entry, api)
 
     def end_call(self) -> None:
-        """Called after a call's records are captured: the batch crosses to the host when full."""
-        if len(self._handles) >= _BATCH_TENSORS or self._held_bytes >= _BATCH_BYTES:
+        """Called after a call's records are captured: the batch crosses to the host when its
+        budget is spent (see _HOST_HANDLE_SHARE; host copies count their bytes) or it holds
+        _BATCH_TENSORS host copies (so the sum below stays short)."""
+        copies = self._copies
+        held = self._held_bytes + (sum(self.tensors.retained_bytes(handle)
+                                       for _, handle, _ in copies) if copies else 0)
+        if held >= _BATCH_BYTES or len(copies) >= _BATCH_TENSORS:
             self.flush_batch()
 
     # ------------------------------------------------------------------ records
@@ -462,8 +472,11 @@ class Session:
         stats = self._stats_seen.get(stats_key) if stats_key is not None else None
         if stats is None or stats.ref() is None or written:
             stats = _Stats(ref, len(self._handles))
-            self._handles.append(self.tensors.summarize(tensor))
-            self._held_bytes += self.tensors.nbytes(tensor)
+            handle = self.tensors.summarize(tensor)
+            self._handles.append(handle)
+            held = self.tensors.retained_bytes(handle)
+            self._held_bytes += held if self.tensors.deferrable(handle) \
+                else max(held, _HOST_HANDLE_SHARE)
             self._batch_stats.append(stats)
             if stats_key is not None:
                 self._stats_seen[stats_key] = stats

@@ -19,8 +19,8 @@ try:
 except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
-__all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
-           "finish_host", "nbytes"]
+__all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve",
+           "retained_bytes", "deferrable", "to_host", "finish_host", "nbytes"]
 
 _NAMES: Dict[Any, str] = {}
 _FAST_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
@@ -122,6 +122,19 @@ def summarize(t: ms.Tensor) -> _Pending:
     x = t.astype(ms.float32) if name in ("float16", "bfloat16") or name not in _FLOATS else t
     x = ops.stop_gradient(x)
     return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum()))
+
+
+def retained_bytes(handle: Any) -> int:
+    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), or the tensor
+    whose statistics are on the device as 0-d tensors; 0 for host statistics computed already."""
+    if isinstance(handle, _HostCopy):
+        return int(handle.data.nbytes)
+    return nbytes(handle.tensor) if handle.tensor is not None else 0
+
+
+def deferrable(handle: _Pending) -> bool:
+    """MindSpore statistics hold their tensor until resolved: never free to wait."""
+    return False
 
 
 def resolve(handles: Sequence[_Pending]) -> np.ndarray:

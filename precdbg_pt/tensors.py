@@ -1,23 +1,29 @@
 """Tensor questions the core asks: describe, identity, statistics on the device, host copies.
 
 CPU tensors (whose device *is* host memory) go through `precdbg._fastats`: one vectorised pass
-over the bytes gives min, max, the finite sum and sum of squares, NaN and Inf counts.
-On other devices:
+over the bytes gives min, max, the finite sum and sum of squares, NaN and Inf counts (float64
+exact); large CPU tensors use torch's multi-threaded reductions, resolved per batch (below).
 
-Statistics: one min/max pass (`aminmax`), one sum, one sum of squares, in float32 (cascade sums,
-relative error ~1e-8 at 16 M elements) or float64 for float64/integer tensors. Results stay on the
-device as 0-d tensors and cross to the host in one `torch.stack(...).cpu()` per batch. NaN/Inf
-counts are only computed (at resolve time) for tensors whose min or max is not finite, and a
-float32 overflow of the sums is redone in float64 - both only if the tensor is unchanged since.
+Other devices (CUDA, NPU, XPU, ...) go through `precdbg_pt.device_stats`: one fused kernel per
+tensor (Triton on CUDA, torch ops elsewhere) writes the statistics into a device result buffer;
+the tensor is not kept, and all rows of a device cross to the host once, when the session
+resolves the step's records (`deferrable` handles do not make the session flush early).
+
+Testing only: ``PRECDBG_DEVICE_STATS=triton|torch`` (read once, at import) sends CPU tensors
+through `device_stats` with that backend, so the device path runs on machines without one.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+import os
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from . import device_stats
+from .device_stats import DeviceHandle
 
 try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
     from precdbg import _fastats
@@ -25,7 +31,10 @@ except ImportError:  # pragma: no cover - exercised on machines without the exte
     _fastats = None
 
 __all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
-           "finish_host", "nbytes"]
+           "finish_host", "nbytes", "retained_bytes", "deferrable"]
+
+# testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
+_FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
 
 _HALF = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
@@ -150,12 +159,27 @@ def _host_stats(t: torch.Tensor, code: int) -> Optional[_Pending]:
     return p
 
 
-def summarize(t: torch.Tensor) -> _Pending:
-    """Queue min, max, sum, sum of squares of a tensor; nothing leaves the device.
-    Called with gradients disabled (the adapter's guard)."""
+Handle = Union[_Pending, DeviceHandle]
+
+
+def _forced(t: torch.Tensor) -> DeviceHandle:
+    backend = _FORCED_BACKEND
+    if backend == "triton" and not (t.dtype in device_stats._KERNEL_DTYPES
+                                    and t.layout is torch.strided):
+        backend = "torch"                       # the kernel does not take this dtype
+    return device_stats.summarize_with(backend, [t])[0]
+
+
+def summarize(t: torch.Tensor) -> Handle:
+    """Queue min, max, sum, sum of squares, NaN and Inf counts of a tensor; nothing leaves the
+    device. Called with gradients disabled (the adapter's guard)."""
     numel = t.numel()
     if numel == 0 or t.is_meta:
         return _Pending(None, numel, None)
+    if t.device.type != "cpu":
+        return device_stats.summarize(t)
+    if _FORCED_BACKEND is not None and t.layout is torch.strided:
+        return _forced(t)
     if _fastats is not None and numel <= _FAST_LIMIT and t.device.type == "cpu":
         code = _FAST_CODES.get(t.dtype)
         if code is not None and t.layout is torch.strided:
@@ -190,13 +214,43 @@ def _nonfinite_rows(pending: Sequence[_Pending]) -> List[Optional[List[float]]]:
     return rows
 
 
-def resolve(handles: Sequence[_Pending]) -> np.ndarray:
-    """Rows of (min, max, mean, norm, nan_count, inf_count), one host transfer per dtype/device.
-    min/max are over all values (so -inf shows); mean and norm over the finite values."""
+def retained_bytes(handle: Union[Handle, "_HostCopy"]) -> int:
+    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), or a tensor
+    held for statistics computed at resolve time; 0 for statistics computed already or
+    enqueued into a device buffer."""
+    if isinstance(handle, _HostCopy):
+        return nbytes(handle.tensor)
+    if isinstance(handle, _Pending) and handle.tensor is not None:
+        return nbytes(handle.tensor)
+    return 0
+
+
+def deferrable(handle: Handle) -> bool:
+    """Whether the handle's statistics can wait for the step's end at no cost: they are being
+    computed on a device into its result buffer, whose rows all cross to the host at once."""
+    return isinstance(handle, DeviceHandle)
+
+
+def _resolve_device(handles: Sequence[Handle], out: np.ndarray) -> None:
+    where = [i for i, h in enumerate(handles) if isinstance(h, DeviceHandle)]
+    if not where:
+        return
+    device = [handles[i] for i in where]
+    raw = device_stats.resolve(device)           # type: ignore[arg-type]
+    out[where] = device_stats.finish_rows(raw, [h.numel for h in device])
+
+
+def resolve(handles: Sequence[Handle]) -> np.ndarray:
+    """Rows of (min, max, mean, norm, nan_count, inf_count), one host transfer per device (and
+    per dtype for large CPU tensors). min/max are over all non-NaN values (so -inf shows); mean
+    and norm over the finite values."""
     out = np.full((len(handles), 6), np.nan, dtype=np.float64)
     out[:, 4:] = 0
+    _resolve_device(handles, out)
     groups: Dict[Tuple[torch.dtype, torch.device], List[int]] = {}
     for i, p in enumerate(handles):
+        if isinstance(p, DeviceHandle):
+            continue
         if p.host is not None:
             out[i] = p.host
         elif p.values is not None:
@@ -225,7 +279,8 @@ def resolve(handles: Sequence[_Pending]) -> np.ndarray:
             out[i, 3] = math.sqrt(sq)
             out[i, 4], out[i, 5] = nan, inf
     for p in handles:
-        p.tensor = None                       # release every tensor once its row is known
+        if isinstance(p, _Pending):
+            p.tensor = None                   # release every tensor once its row is known
     return out
 
 

@@ -10,6 +10,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels (precdbg_pt.device_stats) run on CPU tensors only in Triton's interpreter,
+    # which must be chosen before triton is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch.nn.functional as F
 
 import precdbg
@@ -26,6 +31,19 @@ SEED = 1234
 # every nn.Linear of the tiny GPT, in forward execution order
 LINEAR_PATHS = [f"blocks.{i}.{p}" for i in range(2)
                 for p in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")] + ["lm_head"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 def tiny_config() -> GPTConfig:

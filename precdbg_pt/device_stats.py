@@ -1,0 +1,407 @@
+"""Statistics of accelerator tensors, read once in their own dtype, results kept on the device.
+
+Why: on an accelerator the old path launched 4-5 kernels per tensor (a float32 copy of half
+tensors, `aminmax`, `sum`, a dot for the sum of squares) and crossed to the host every 256 tensors.
+Here each captured tensor costs one kernel launch that reads its bytes once and adds its
+statistics into a row of a device result buffer; nothing crosses to the host until `resolve`,
+which copies all rows of a device in one transfer (one synchronisation per step).
+
+A row holds six float64 values: min, max (over the non-NaN values, so +-Inf shows: the convention
+of the CPU `_fastats` pass), sum and sum of squares of the finite values, NaN count, Inf count.
+The tensor is not kept alive after its kernel is enqueued: stream order guarantees the kernel
+reads the values as they were at capture time, and the caching allocator is stream-aware, so the
+memory is not handed to another stream before the kernel ran.
+
+Backends
+--------
+* ``triton`` (CUDA tensors of float32/float16/bfloat16/float64, when `triton` imports): one fused
+  kernel. Each program reads a contiguous span of ``_SPAN`` elements in blocks of ``_BLOCK``,
+  converts to float32 in registers (float64 inputs stay float64), and reduces each block to
+  float32 partials that are accumulated into float64; the program's results are combined with
+  float64 atomics (`atomic_add`, and `atomic_min/max`, which Triton supports for float32 and
+  float64). A block whose float32 sum of squares overflows is redone in float64, so values up
+  to the float32 maximum give finite sums. Several tensors of one dtype may share one launch
+  (`summarize_many`, up to ``_SLOTS``): a fixed number of pointer arguments rather than a device
+  table of pointers, because a table would need a host-to-device copy per launch (an extra
+  transfer on the capture path) and integer-to-pointer casts the Triton interpreter cannot run.
+* ``torch`` (everything else: NPU, XPU, integer/bool/complex/float8 tensors, no Triton): device
+  neutral torch ops on the float32 (float64 for float64/integer) work view, NaN/Inf masked by
+  `torch.where`, sums accumulated in float64, the row written with one `copy_` into the buffer:
+  no host synchronisation, and the tensor is released once the ops are enqueued.
+
+Accuracy (float32 inputs, checked in tests/test_device_stats.py against numpy float64)
+---------------------------------------------------------------------------------------
+Elements are exact in float32 (float16/bfloat16 convert exactly); a block's sum is a pairwise
+tree of ``log2(_BLOCK) = 10`` levels, so its error is at most ``10 u sum|x|`` (u = 2**-24), and
+the float64 accumulation of partials adds nothing measurable. Hence
+* norm: relative error <= 11 u / 2 ~ 3.3e-7 (all squares are positive: no cancellation);
+* mean: error <= 10 u * mean(|x|) ~ 6e-7 * mean(|x|); a relative error <= 1e-6 whenever
+  ``|mean| >= 0.6 mean(|x|)``; for values that cancel (mean ~ 0) the bound is the absolute one.
+The ``torch`` backend sums in float64: errors ~1e-16 relative to sum|x|.
+
+Testing only: `summarize_with(backend, tensors)` forces a backend, and runs the Triton kernel in
+Triton's interpreter for CPU tensors; ``PRECDBG_DEVICE_STATS=triton|torch`` (read once by
+`precdbg_pt.tensors`) sends CPU tensors through this module so a whole dumped step can be checked
+on a machine without an accelerator.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+__all__ = ["DeviceHandle", "summarize", "summarize_many", "summarize_with", "resolve",
+           "host_transfers", "triton_available"]
+
+log = logging.getLogger("precdbg")
+
+_BLOCK = 1024                 # elements per block (one float32 partial each)
+_SPAN = 16 * _BLOCK           # elements per program: fewer atomics on the result row
+_SLOTS = 4                    # tensors one launch may cover
+_CHUNK_ROWS = 4096            # rows per buffer chunk (192 KiB); a full chunk adds another
+_COLUMNS = 6
+_INIT = (math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0)
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+class DeviceHandle:
+    """Where a tensor's statistics will be: a row of a device buffer (filled by `resolve`)."""
+    __slots__ = ("buffer", "chunk", "row", "numel", "host")
+
+    def __init__(self, buffer: "_Buffer", chunk: int, row: int, numel: int) -> None:
+        self.buffer, self.chunk, self.row, self.numel = buffer, chunk, row, numel
+        self.host: Optional[np.ndarray] = None
+
+
+class _Buffer:
+    """The result rows of one device: chunks of `_CHUNK_ROWS` x 6 float64, allocated on first
+    use and kept for later steps; rows are handed out in order and reset after each transfer."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.chunks: List[torch.Tensor] = []
+        self.current = -1                   # chunk rows are taken from (-1: none yet)
+        self.used = _CHUNK_ROWS             # rows used in the current chunk
+        self.outstanding: List[DeviceHandle] = []
+        # built on the device (fills, no host-to-device copy that could synchronise)
+        self._init_row = torch.zeros(_COLUMNS, dtype=torch.float64, device=device)
+        self._init_row[0] = _INIT[0]
+        self._init_row[1] = _INIT[1]
+
+    def _reset(self, chunk: torch.Tensor) -> None:
+        chunk.copy_(self._init_row.expand_as(chunk))
+
+    def take(self, numels: Sequence[int]) -> List[DeviceHandle]:
+        """Consecutive rows of one chunk, one per tensor (one launch writes them)."""
+        if self.used + len(numels) > _CHUNK_ROWS:
+            self.current += 1
+            self.used = 0
+            if self.current == len(self.chunks):
+                chunk = torch.empty((_CHUNK_ROWS, _COLUMNS), dtype=torch.float64,
+                                    device=self.device)
+                self._reset(chunk)
+                self.chunks.append(chunk)
+        handles = [DeviceHandle(self, self.current, self.used + k, n)
+                   for k, n in enumerate(numels)]
+        self.used += len(numels)
+        self.outstanding.extend(handles)
+        return handles
+
+    def transfer(self) -> None:
+        """One host crossing for every outstanding row of this device, then reset the rows
+        (enqueued after the copy; the chunks are kept for the next step)."""
+        if not self.outstanding:
+            return
+        parts = self.chunks[:self.current] + [self.chunks[self.current][:self.used]]
+        host = _to_host(parts)
+        for h in self.outstanding:
+            h.host = host[h.chunk * _CHUNK_ROWS + h.row]
+        for chunk in self.chunks[:self.current + 1]:
+            self._reset(chunk)
+        self.current, self.used = -1, _CHUNK_ROWS
+        self.outstanding = []
+
+
+_BUFFERS: Dict[torch.device, _Buffer] = {}
+_TRANSFERS = [0]
+
+
+def host_transfers() -> int:
+    """How many times results crossed to the host (one per device per `resolve`)."""
+    return _TRANSFERS[0]
+
+
+def _to_host(parts: Sequence[torch.Tensor]) -> np.ndarray:
+    """The single device-to-host transfer (and synchronisation) of a device's result rows."""
+    _TRANSFERS[0] += 1
+    joined = parts[0] if len(parts) == 1 else torch.cat(list(parts))
+    # a copy: for CPU tensors (testing) `.cpu()` is the buffer itself, which is reset next
+    return np.array(joined.cpu().numpy(), copy=True)
+
+
+def _buffer(device: torch.device) -> _Buffer:
+    buf = _BUFFERS.get(device)
+    if buf is None:
+        buf = _BUFFERS[device] = _Buffer(device)
+    return buf
+
+
+# ------------------------------------------------------------------ triton backend
+_TRITON: Dict[str, Any] = {}
+
+
+def triton_available() -> bool:
+    """Whether the fused kernel can be built (triton imports); tried once."""
+    if "ok" not in _TRITON:
+        try:
+            _TRITON["kernel"] = _build_kernel()
+            _TRITON["ok"] = True
+        except Exception:  # noqa: BLE001 - any import/definition failure means: use torch ops
+            _TRITON["ok"] = False
+    return _TRITON["ok"]
+
+
+def _build_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "c1", "c2", "c3"])
+    def _stats_kernel(p0, p1, p2, p3, n0, n1, n2, n3, c1, c2, c3, out, row0,
+                      BLOCK: tl.constexpr, SPAN: tl.constexpr, F64: tl.constexpr):
+        # which tensor this program reads: programs [0,c1) tensor 0, [c1,c2) tensor 1, ...
+        pid = tl.program_id(0).to(tl.int64)
+        ptr = p0
+        n = n0.to(tl.int64)
+        first = pid
+        # the row: computed, not assigned in branches (branches must yield tensors, not ints)
+        slot = (pid >= c1).to(tl.int64) + (pid >= c2).to(tl.int64) + (pid >= c3).to(tl.int64)
+        if pid >= c1:
+            ptr = p1
+            n = n1.to(tl.int64)
+            first = pid - c1
+        if pid >= c2:
+            ptr = p2
+            n = n2.to(tl.int64)
+            first = pid - c2
+        if pid >= c3:
+            ptr = p3
+            n = n3.to(tl.int64)
+            first = pid - c3
+        acc_t = tl.float64 if F64 else tl.float32
+        begin = first * SPAN
+        end = tl.minimum(begin + SPAN, n)
+        lanes = tl.arange(0, BLOCK)
+        # min/max and counts are exact in any order: kept per lane, reduced once per program;
+        # the sums are reduced per block in float32 and accumulated in float64
+        mn = tl.full((BLOCK,), float("inf"), acc_t)
+        mx = tl.full((BLOCK,), float("-inf"), acc_t)
+        nans = tl.full((BLOCK,), 0, tl.int32)
+        infs = tl.full((BLOCK,), 0, tl.int32)
+        total = tl.full((), 0.0, tl.float64)
+        squares = tl.full((), 0.0, tl.float64)
+        for start in range(begin, end, BLOCK):
+            offs = start + lanes
+            inside = offs < end
+            x = tl.load(ptr + offs, mask=inside, other=0.0).to(acc_t)
+            is_nan = x != x
+            is_inf = tl.abs(x) == float("inf")
+            skip = is_nan | (~inside)
+            mn = tl.where(skip, mn, tl.minimum(mn, x))
+            mx = tl.where(skip, mx, tl.maximum(mx, x))
+            nans += is_nan.to(tl.int32)                  # masked lanes load 0.0: never counted
+            infs += is_inf.to(tl.int32)
+            v = tl.where(is_nan | is_inf, 0.0, x)
+            s = tl.sum(v, axis=0)
+            q = tl.sum(v * v, axis=0)
+            if q == float("inf"):           # float32 overflow of the squares: redo in float64
+                vd = v.to(tl.float64)
+                total += tl.sum(vd, axis=0)
+                squares += tl.sum(vd * vd, axis=0)
+            else:
+                total += s.to(tl.float64)
+                squares += q.to(tl.float64)
+        base = out + (row0 + slot) * 6
+        tl.atomic_min(base, tl.min(mn, axis=0).to(tl.float64))
+        tl.atomic_max(base + 1, tl.max(mx, axis=0).to(tl.float64))
+        tl.atomic_add(base + 2, total)
+        tl.atomic_add(base + 3, squares)
+        tl.atomic_add(base + 4, tl.sum(nans, axis=0).to(tl.float64))
+        tl.atomic_add(base + 5, tl.sum(infs, axis=0).to(tl.float64))
+
+    return _stats_kernel
+
+
+def _interpreted() -> Any:
+    """The same kernel run by Triton's interpreter (numpy, CPU tensors): testing only."""
+    from triton.runtime.interpreter import InterpretedFunction
+    kernel = _TRITON["kernel"]
+    if not isinstance(kernel, InterpretedFunction):
+        raise RuntimeError("the Triton kernel runs on CPU tensors only in Triton's interpreter: "
+                           "set TRITON_INTERPRET=1 before triton is first imported")
+    return kernel
+
+
+def _flat_view(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as one dense block in some order: the tensor itself when it is a
+    permutation of a dense block (statistics do not depend on order), else a contiguous copy."""
+    if t.is_contiguous():
+        return t
+    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return t.contiguous()
+        expected *= size
+    return t
+
+
+def _launch_triton(tensors: Sequence[torch.Tensor], handles: Sequence[DeviceHandle],
+                   interpret: bool) -> None:
+    flats = [_flat_view(t) for t in tensors]
+    numels = [t.numel() for t in flats]
+    programs = [-(-n // _SPAN) for n in numels]
+    pad = _SLOTS - len(flats)
+    ptrs = flats + [flats[0]] * pad
+    ns = numels + [0] * pad
+    bounds = np.cumsum(programs + [0] * pad)
+    chunk = handles[0].buffer.chunks[handles[0].chunk]
+    kernel = _interpreted() if interpret else _TRITON["kernel"]
+    kernel[(int(bounds[-1]),)](*ptrs, *ns, int(bounds[0]), int(bounds[1]), int(bounds[2]),
+                                chunk, handles[0].row, BLOCK=_BLOCK, SPAN=_SPAN,
+                                F64=flats[0].dtype is torch.float64)
+
+
+# ------------------------------------------------------------------ torch backend
+def _work_view(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype in (torch.float32, torch.float64):
+        return x
+    if x.is_complex():
+        return x.abs()
+    if x.is_floating_point() and x.element_size() <= 2:
+        return x.float()
+    return x.double()
+
+
+def _torch_row(t: torch.Tensor) -> torch.Tensor:
+    """The six statistics of one tensor as a float64 device tensor (enqueued, no sync)."""
+    w = _work_view(t).reshape(-1)
+    if w.dtype is torch.float64 and not t.is_floating_point():   # integers, bool: all finite
+        nan = inf = torch.zeros((), dtype=torch.float64, device=w.device)
+        lo, hi = torch.aminmax(w)
+        total = w.sum()
+        squares = torch.dot(w, w)
+    else:
+        is_nan = torch.isnan(w)
+        is_inf = torch.isinf(w)
+        lo = torch.where(is_nan, math.inf, w).amin().double()
+        hi = torch.where(is_nan, -math.inf, w).amax().double()
+        finite = torch.where(is_nan | is_inf, 0.0, w)
+        total = finite.sum(dtype=torch.float64)
+        squares = torch.linalg.vector_norm(finite, dtype=torch.float64).square()
+        nan = is_nan.sum(dtype=torch.float64)
+        inf = is_inf.sum(dtype=torch.float64)
+    return torch.stack([lo.double(), hi.double(), total.double(), squares.double(), nan, inf])
+
+
+def _launch_torch(tensors: Sequence[torch.Tensor], handles: Sequence[DeviceHandle]) -> None:
+    rows = torch.stack([_torch_row(t) for t in tensors])
+    h = handles[0]
+    h.buffer.chunks[h.chunk][h.row:h.row + len(handles)].copy_(rows)
+
+
+# ------------------------------------------------------------------ entry points
+def _kernel_takes(t: torch.Tensor) -> bool:
+    return t.dtype in _KERNEL_DTYPES and t.layout is torch.strided
+
+
+def _enqueue(backend: str, tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
+    """Rows for `tensors` (all on one device, non-empty) and the kernels that fill them."""
+    handles = _buffer(tensors[0].device).take([t.numel() for t in tensors])
+    if backend == "torch":
+        _launch_torch(tensors, handles)
+        return handles
+    interpret = tensors[0].device.type == "cpu"
+    for start in range(0, len(tensors), _SLOTS):
+        group, rows = tensors[start:start + _SLOTS], handles[start:start + _SLOTS]
+        try:
+            _launch_triton(group, rows, interpret)
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built or launched
+            if interpret:
+                raise                           # testing: the kernel itself must work
+            _disable_triton(exc)
+            _launch_torch(group, rows)
+    return handles
+
+
+def _disable_triton(exc: BaseException) -> None:
+    """The fused kernel failed to compile or launch (host-side, before anything ran): use
+    torch ops from now on, and say so once."""
+    _TRITON["ok"] = False
+    log.warning("precdbg: the Triton statistics kernel failed (%s); statistics use torch ops",
+                " ".join(str(exc).split())[:300])
+
+
+def _backend_for(t: torch.Tensor) -> str:
+    if t.device.type == "cuda" and _kernel_takes(t) and triton_available():
+        return "triton"
+    return "torch"
+
+
+def summarize(t: torch.Tensor) -> DeviceHandle:
+    """Enqueue the statistics of one non-empty device tensor; returns where they will be."""
+    return summarize_many([t])[0]
+
+
+def summarize_many(tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
+    """Enqueue the statistics of several non-empty tensors of one device: tensors the kernel
+    takes share launches by dtype (up to `_SLOTS` each), the rest go through torch ops."""
+    groups: Dict[Tuple[str, Any], List[int]] = {}
+    for i, t in enumerate(tensors):
+        backend = _backend_for(t)
+        groups.setdefault((backend, t.dtype if backend == "triton" else None), []).append(i)
+    out: List[Optional[DeviceHandle]] = [None] * len(tensors)
+    for (backend, _), indices in groups.items():
+        for i, h in zip(indices, _enqueue(backend, [tensors[i].detach() for i in indices])):
+            out[i] = h
+    return out  # type: ignore[return-value]
+
+
+def summarize_with(backend: str, tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
+    """Testing only: force `backend` ("triton" or "torch") for non-empty tensors of one device,
+    CPU tensors included (the Triton kernel then runs in Triton's interpreter)."""
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"unknown statistics backend {backend!r}")
+    if backend == "triton" and not (triton_available() and all(map(_kernel_takes, tensors))):
+        raise ValueError("the triton backend needs triton and float32/16, bfloat16, float64")
+    with torch.no_grad():
+        return _enqueue(backend, [t.detach() for t in tensors])
+
+
+def resolve(handles: Sequence[DeviceHandle]) -> np.ndarray:
+    """Raw rows (min, max, sum, sum of squares, nan, inf) of `handles`: one transfer per device
+    whose rows are not on the host yet (every outstanding row of that device comes along)."""
+    for h in handles:
+        if h.host is None:
+            h.buffer.transfer()
+    if not handles:
+        return np.zeros((0, _COLUMNS))
+    return np.stack([h.host for h in handles])
+
+
+def finish_rows(raw: np.ndarray, numels: Sequence[int]) -> np.ndarray:
+    """(min, max, mean, norm, nan, inf) from raw rows: mean over the finite values, min and max
+    NaN when every value is NaN (the `_fastats` convention)."""
+    out = np.array(raw, dtype=np.float64, copy=True)
+    n = np.asarray(numels, dtype=np.float64)
+    finite = n - raw[:, 4] - raw[:, 5]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out[:, 2] = np.where(finite > 0, raw[:, 2] / np.maximum(finite, 1), np.nan)
+    out[:, 3] = np.sqrt(raw[:, 3])
+    all_nan = raw[:, 4] >= n
+    out[all_nan, 0] = np.nan
+    out[all_nan, 1] = np.nan
+    return out
+
