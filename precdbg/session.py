@@ -389,11 +389,8 @@ class Session:
     def end_call(self) -> None:
         """Called after a call's records are captured: the batch crosses to the host when its
         budget is spent (see _HOST_HANDLE_SHARE; host copies count their bytes) or it holds
-        _BATCH_TENSORS host copies (so the sum below stays short)."""
-        copies = self._copies
-        held = self._held_bytes + (sum(self.tensors.retained_bytes(handle)
-                                       for _, handle, _ in copies) if copies else 0)
-        if held >= _BATCH_BYTES or len(copies) >= _BATCH_TENSORS:
+        _BATCH_TENSORS host copies."""
+        if self._held_bytes >= _BATCH_BYTES or len(self._copies) >= _BATCH_TENSORS:
             self.flush_batch()
 
     # ------------------------------------------------------------------ records
@@ -425,7 +422,9 @@ class Session:
             self._first_batch_parts.append((rec, self.tensors.to_host(tensor)))
         if (call.store or self._checksum) and not seen.copied:
             seen.copied = True
-            self._copies.append((seen, self.tensors.to_host(tensor), call.store))
+            handle = self.tensors.to_host(tensor)
+            self._copies.append((seen, handle, call.store))
+            self._held_bytes += self.tensors.retained_bytes(handle)
 
     def grad_produced(self, path: str, tensor: Any, hold: bool = False) -> None:
         """`tensor` holds parameter `path`'s gradient after backward (`.grad`, `main_grad`);

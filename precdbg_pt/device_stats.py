@@ -86,6 +86,7 @@ class _Buffer:
         self.current = -1                   # chunk rows are taken from (-1: none yet)
         self.used = _CHUNK_ROWS             # rows used in the current chunk
         self.outstanding: List[DeviceHandle] = []
+        self.streams: set = set()           # streams kernels were enqueued on since the transfer
         # built on the device (fills, no host-to-device copy that could synchronise)
         self._init_row = torch.zeros(_COLUMNS, dtype=torch.float64, device=device)
         self._init_row[0] = _INIT[0]
@@ -104,6 +105,8 @@ class _Buffer:
                                     device=self.device)
                 self._reset(chunk)
                 self.chunks.append(chunk)
+        if self.device.type != "cpu":
+            self.streams.add(_current_stream(self.device))
         handles = [DeviceHandle(self, self.current, self.used + k, n)
                    for k, n in enumerate(numels)]
         self.used += len(numels)
@@ -116,13 +119,39 @@ class _Buffer:
         if not self.outstanding:
             return
         parts = self.chunks[:self.current] + [self.chunks[self.current][:self.used]]
+        # kernels enqueued on another stream (a side stream, a backward on the autograd
+        # engine's stream) are not ordered before this copy: then wait for the whole device,
+        # before the copy and after the reset (rare; one stream is one synchronisation)
+        elsewhere = bool(self.streams - {_current_stream(self.device)}) \
+            if self.device.type != "cpu" else False
+        if elsewhere:
+            _synchronize(self.device)
         host = _to_host(parts)
         for h in self.outstanding:
             h.host = host[h.chunk * _CHUNK_ROWS + h.row]
         for chunk in self.chunks[:self.current + 1]:
             self._reset(chunk)
+        if elsewhere:
+            _synchronize(self.device)
         self.current, self.used = -1, _CHUNK_ROWS
         self.outstanding = []
+        self.streams = set()
+
+
+def _current_stream(device: torch.device) -> Any:
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None and hasattr(accel, "current_stream"):
+        return accel.current_stream(device)
+    module = getattr(torch, device.type, None)
+    return module.current_stream(device) if module is not None else None
+
+
+def _synchronize(device: torch.device) -> None:
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None and hasattr(accel, "synchronize"):
+        accel.synchronize(device)
+    else:
+        getattr(torch, device.type).synchronize(device)
 
 
 _BUFFERS: Dict[torch.device, _Buffer] = {}
