@@ -12,8 +12,7 @@ import dataclasses
 import logging
 import os
 import tempfile
-import weakref
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 from . import __version__, lifetime
@@ -28,10 +27,11 @@ from .protocols import Adapter, TensorOps
 from .provenance import Provenance
 from .stacks import StackTable
 from .arguments import tensor_results
+from .batch import TensorBatch
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
                      save_entry, torch_param_leaf)
 from .schema import Direction, Phase, Record, RecordKind, Role, Task
-from .writer import DumpWriter, Payload
+from .writer import DumpWriter
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
 
@@ -40,13 +40,6 @@ log = logging.getLogger("precdbg")
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
 _INPUT, _FORWARD = Role.INPUT.value, Direction.FORWARD.value
 _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NONE.value
-_BATCH_TENSORS = 256            # host statistics (and host copies) go to the writer per this many
-_BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
-# A batch's budget is _BATCH_BYTES: a handle costs the bytes it keeps alive, and a handle whose
-# statistics are on the host (not deferrable) at least this share, so host statistics stream to
-# the writer in batches of _BATCH_TENSORS; deferrable (device) handles cost nothing and wait
-# for stop(): the step's records cross to the host once.
-_HOST_HANDLE_SHARE = _BATCH_BYTES // _BATCH_TENSORS
 _MAX_REPORTED_FAILURES = 20     # distinct failures reported; the rest are only counted
 
 
@@ -73,25 +66,6 @@ class Call:
     backward_entry: str
     alias: str = ""
     precision: str = ""          # the lowest precision its forward inputs carried
-
-
-class _Stats:
-    """Statistics of a set of elements (shared by every view that holds exactly those)."""
-    __slots__ = ("ref", "slot", "values")
-
-    def __init__(self, ref: Any, slot: int) -> None:
-        self.ref, self.slot = ref, slot
-        self.values: Optional[List[float]] = None   # min, max, mean, norm, nan, inf
-
-
-class _Seen:
-    """A distinct tensor (same bytes, same order) of this window: its id, statistics, payload."""
-    __slots__ = ("ref", "tensor_id", "stats", "copied", "precision")
-
-    def __init__(self, ref: Any, tensor_id: int, stats: _Stats) -> None:
-        self.ref, self.tensor_id, self.stats = ref, tensor_id, stats
-        self.copied = False
-        self.precision = ""      # the lowest float precision its values went through
 
 
 class Session:
@@ -134,14 +108,7 @@ class Session:
         self.filter.reset_step()
 
     def _reset_window(self) -> None:
-        self._seen: Dict[Hashable, _Seen] = {}
-        self._stats_seen: Dict[Hashable, _Stats] = {}
-        self._next_tensor_id = 0
-        self._handles: List[Any] = []
-        self._batch_stats: List[_Stats] = []
-        self._held_bytes = 0
-        self._pending: List[Tuple[Record, Optional[_Seen]]] = []
-        self._copies: List[Tuple[_Seen, Any, bool]] = []
+        self._batch = TensorBatch(self.tensors, self._checksum)
         self._stacks = StackTable(self.adapter.internal_dirs)
         self._modules: List[Tuple[str, str, str, str]] = []
         self._module_cls: Dict[str, str] = {}
@@ -387,10 +354,9 @@ class Session:
         return self._store_all or self.filter.stores_tensor(entry, api)
 
     def end_call(self) -> None:
-        """Called after a call's records are captured: the batch crosses to the host when its
-        budget is spent (see _HOST_HANDLE_SHARE; host copies count their bytes) or it holds
-        _BATCH_TENSORS host copies."""
-        if self._held_bytes >= _BATCH_BYTES or len(self._copies) >= _BATCH_TENSORS:
+        """Called after a call's records are captured: the batch crosses to the host when full
+        (precdbg.batch: host statistics stream, device statistics wait for stop())."""
+        if self._batch.full():
             self.flush_batch()
 
     # ------------------------------------------------------------------ records
@@ -403,7 +369,8 @@ class Session:
         if not self.filter.keep_record(direction, role):
             return
         dtype, shape, numel = self.tensors.describe(tensor)
-        seen = self._seen_tensor(tensor, written)
+        batch = self._batch
+        seen = batch.seen_tensor(tensor, written)
         precision = self._precisions.of(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
@@ -416,15 +383,12 @@ class Session:
         if direction == _NONE:
             rec.phase = _SETUP
         self.provenance.note(rec, tensor, written)
-        self._pending.append((rec, seen))
+        batch.add(rec, seen)
         if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:
             self._first_batch_parts.append((rec, self.tensors.to_host(tensor)))
         if (call.store or self._checksum) and not seen.copied:
-            seen.copied = True
-            handle = self.tensors.to_host(tensor)
-            self._copies.append((seen, handle, call.store))
-            self._held_bytes += self.tensors.retained_bytes(handle)
+            batch.copy(seen, tensor, call.store)
 
     def grad_produced(self, path: str, tensor: Any, hold: bool = False) -> None:
         """`tensor` holds parameter `path`'s gradient after backward (`.grad`, `main_grad`);
@@ -453,69 +417,13 @@ class Session:
             rec.nan_count = int(number != number)
             rec.inf_count = int(number in (float("inf"), float("-inf")))
         rec.text = repr(value) if not isinstance(value, str) else value
-        self._pending.append((rec, None))
-
-    def _seen_tensor(self, tensor: Any, written: bool = False) -> _Seen:
-        """The distinct tensor this one is (same storage bytes, order and version), reusing the
-        statistics of any live view of exactly the same elements (not when `written`)."""
-        keys = self.tensors.identity(tensor)
-        stats_key, data_key = keys if keys is not None else (None, None)
-        if data_key is not None and not written:
-            seen = self._seen.get(data_key)
-            if seen is not None and seen.ref() is not None:
-                return seen
-        try:
-            ref = weakref.ref(tensor)
-        except TypeError:
-            ref = (lambda: None)
-        stats = self._stats_seen.get(stats_key) if stats_key is not None else None
-        if stats is None or stats.ref() is None or written:
-            stats = _Stats(ref, len(self._handles))
-            handle = self.tensors.summarize(tensor)
-            self._handles.append(handle)
-            held = self.tensors.retained_bytes(handle)
-            self._held_bytes += held if self.tensors.deferrable(handle) \
-                else max(held, _HOST_HANDLE_SHARE)
-            self._batch_stats.append(stats)
-            if stats_key is not None:
-                self._stats_seen[stats_key] = stats
-        seen = _Seen(ref, self._next_tensor_id, stats)
-        self._next_tensor_id += 1
-        if data_key is not None:
-            self._seen[data_key] = seen
-        return seen
+        self._batch.add(rec, None)
 
     def flush_batch(self) -> None:
         """One host sync: statistics (and host copies) of the pending batch, then to the writer."""
-        if not self._pending and not self._handles:
+        if self._batch.empty():
             return
-        # take the batch first: a failure below drops this batch, never the next ones
-        handles, batch_stats, pending, copies = (self._handles, self._batch_stats,
-                                                 self._pending, self._copies)
-        self._handles, self._batch_stats, self._pending, self._copies = [], [], [], []
-        self._held_bytes = 0
-        if handles:
-            try:
-                values = self.tensors.resolve(handles)
-            except Exception:
-                self._forget_stats(batch_stats)
-                raise
-            rows = values.tolist()           # Python floats once, not numpy scalars per field
-            for stats in batch_stats:
-                stats.values = rows[stats.slot]
-        payloads: List[Payload] = []
-        if copies:
-            arrays = self.tensors.finish_host([handle for _, handle, _ in copies])
-            for (seen, _, store), array in zip(copies, arrays):
-                payloads.append(Payload(seen.tensor_id, array, store, self._checksum))
-        records: List[Record] = []
-        for rec, seen in pending:
-            if seen is not None:
-                v = seen.stats.values
-                if v is not None:
-                    rec.min, rec.max, rec.mean, rec.norm, nan, inf = v
-                    rec.nan_count, rec.inf_count = int(nan), int(inf)
-            records.append(rec)
+        records, payloads = self._batch.take()
         if self._overflow:
             records, self._overflow_kept = self.filter.overflow_only(records,
                                                                       self._overflow_kept)
@@ -523,13 +431,6 @@ class Session:
             payloads = [p for p in payloads if p.tensor_id in ids]
         if records or payloads:
             self.writer.submit(records, payloads)
-
-
-    def _forget_stats(self, lost: Sequence[_Stats]) -> None:
-        """Statistics that could not be computed: later records of the same tensors retry."""
-        dead = {id(stats) for stats in lost}
-        self._stats_seen = {k: v for k, v in self._stats_seen.items() if id(v) not in dead}
-        self._seen = {k: v for k, v in self._seen.items() if id(v.stats) not in dead}
 
     def _stack_id(self) -> int:
         return self._stacks.current(3) if self.config.stack else -1

@@ -285,9 +285,9 @@ def count_flushes(monkeypatch) -> List[int]:
 @pytest.mark.parametrize("backend", [None, "torch"])
 def test_host_statistics_stream_and_device_statistics_wait_for_stop(tmp_path, monkeypatch,
                                                                       backend):
-    """CPU statistics go to the writer in batches of _BATCH_TENSORS; device ones (deferrable,
+    """CPU statistics go to the writer in batches of BATCH_TENSORS; device ones (deferrable,
     holding nothing) cross once, at stop()."""
-    from precdbg import session as session_module
+    from precdbg import batch as batch_module
     monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", backend)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(150)])
@@ -301,7 +301,7 @@ def test_host_statistics_stream_and_device_statistics_wait_for_stop(tmp_path, mo
     assert dbg.close() and dbg.failures == 0
     distinct = 150 + 1 + 300                      # activations, input, parameter inventory
     if backend is None:
-        assert during >= distinct // session_module._BATCH_TENSORS >= 1, during
+        assert during >= distinct // batch_module.BATCH_TENSORS >= 1, during
     else:
         assert during == 0 and calls[0] == 1
     table = precdbg.open_dump(str(tmp_path / "d")).records(step=0)
@@ -310,8 +310,8 @@ def test_host_statistics_stream_and_device_statistics_wait_for_stop(tmp_path, mo
 
 def test_host_copies_of_the_tensor_task_bound_a_batch_by_their_bytes(tmp_path, monkeypatch):
     """Device statistics wait for stop(), but host copies of full tensors do not pile up: a
-    batch crosses once they hold _BATCH_BYTES."""
-    from precdbg import session as session_module
+    batch crosses once they hold BATCH_BYTES."""
+    from precdbg import batch as batch_module
     monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", "torch")
     model = torch.nn.Sequential(*[torch.nn.ReLU() for _ in range(10)])
     x = torch.randn(2 << 20)                              # 8 MiB per activation
@@ -322,4 +322,4 @@ def test_host_copies_of_the_tensor_task_bound_a_batch_by_their_bytes(tmp_path, m
     during = calls[0]
     dbg.stop()
     assert dbg.close() and dbg.failures == 0
-    assert during >= 11 * x.numel() * 4 // session_module._BATCH_BYTES >= 1, during
+    assert during >= 11 * x.numel() * 4 // batch_module.BATCH_BYTES >= 1, during

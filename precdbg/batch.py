@@ -1,0 +1,153 @@
+"""The records of a capture window on their way to the writer: distinct tensors, their statistics
+handles, host copies, and when a batch must cross to the host.
+
+A distinct tensor (same storage bytes in the same order at the same version) is summarised once
+and copied once per window, whatever number of records read it; views of exactly the same
+elements in another order (a transpose) share its statistics. Statistics handles come from the
+adapter's `TensorOps`: a host handle (computed at capture, `_fastats`) is cheap to keep but its
+batch streams to the writer every `BATCH_TENSORS`; a deferrable handle (statistics enqueued into
+a device result buffer) costs nothing and waits for the window's end, so a step's device
+statistics cross to the host once. Handles that keep tensors alive, and host copies of the tensor
+task, count their bytes: a batch crosses once it holds `BATCH_BYTES`.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+
+from .protocols import TensorOps
+from .schema import Record
+from .stepfile import Payload
+
+__all__ = ["Seen", "TensorBatch", "BATCH_TENSORS", "BATCH_BYTES"]
+
+BATCH_TENSORS = 256            # host statistics (and host copies) go to the writer per this many
+BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held for them
+# a host (non-deferrable) handle costs at least this share of the budget, so host statistics
+# stream in batches of BATCH_TENSORS
+HOST_HANDLE_SHARE = BATCH_BYTES // BATCH_TENSORS
+
+
+class _Stats:
+    """Statistics of a set of elements (shared by every view that holds exactly those)."""
+    __slots__ = ("ref", "slot", "values")
+
+    def __init__(self, ref: Any, slot: int) -> None:
+        self.ref, self.slot = ref, slot
+        self.values: Optional[List[float]] = None   # min, max, mean, norm, nan, inf
+
+
+class Seen:
+    """A distinct tensor (same bytes, same order) of this window: its id, statistics, payload."""
+    __slots__ = ("ref", "tensor_id", "stats", "copied", "precision")
+
+    def __init__(self, ref: Any, tensor_id: int, stats: _Stats) -> None:
+        self.ref, self.tensor_id, self.stats = ref, tensor_id, stats
+        self.copied = False
+        self.precision = ""      # the lowest float precision its values went through
+
+
+def _dead_ref() -> None:
+    return None
+
+
+class TensorBatch:
+    """One capture window's distinct tensors and the batch not yet handed to the writer."""
+
+    def __init__(self, tensors: TensorOps, checksum: bool) -> None:
+        self.tensors = tensors
+        self.checksum = checksum
+        self._seen: Dict[Hashable, Seen] = {}
+        self._stats_seen: Dict[Hashable, _Stats] = {}
+        self._next_tensor_id = 0
+        self._handles: List[Any] = []
+        self._batch_stats: List[_Stats] = []
+        self._held_bytes = 0
+        self._pending: List[Tuple[Record, Optional[Seen]]] = []
+        self._copies: List[Tuple[Seen, Any, bool]] = []
+
+    def seen_tensor(self, tensor: Any, written: bool = False) -> Seen:
+        """The distinct tensor this one is (same storage bytes, order and version), reusing the
+        statistics of any live view of exactly the same elements (not when `written`)."""
+        keys = self.tensors.identity(tensor)
+        stats_key, data_key = keys if keys is not None else (None, None)
+        if data_key is not None and not written:
+            seen = self._seen.get(data_key)
+            if seen is not None and seen.ref() is not None:
+                return seen
+        try:
+            ref: Any = weakref.ref(tensor)
+        except TypeError:
+            ref = _dead_ref
+        stats = self._stats_seen.get(stats_key) if stats_key is not None else None
+        if stats is None or stats.ref() is None or written:
+            stats = _Stats(ref, len(self._handles))
+            handle = self.tensors.summarize(tensor)
+            self._handles.append(handle)
+            held = self.tensors.retained_bytes(handle)
+            self._held_bytes += held if self.tensors.deferrable(handle) \
+                else max(held, HOST_HANDLE_SHARE)
+            self._batch_stats.append(stats)
+            if stats_key is not None:
+                self._stats_seen[stats_key] = stats
+        seen = Seen(ref, self._next_tensor_id, stats)
+        self._next_tensor_id += 1
+        if data_key is not None:
+            self._seen[data_key] = seen
+        return seen
+
+    def add(self, rec: Record, seen: Optional[Seen]) -> None:
+        self._pending.append((rec, seen))
+
+    def copy(self, seen: Seen, tensor: Any, store: bool) -> None:
+        """Start the host copy of a distinct tensor (once per window)."""
+        if seen.copied:
+            return
+        seen.copied = True
+        handle = self.tensors.to_host(tensor)
+        self._copies.append((seen, handle, store))
+        self._held_bytes += self.tensors.retained_bytes(handle)
+
+    def full(self) -> bool:
+        return self._held_bytes >= BATCH_BYTES or len(self._copies) >= BATCH_TENSORS
+
+    def empty(self) -> bool:
+        return not self._pending and not self._handles
+
+    def take(self) -> Tuple[List[Record], List[Payload]]:
+        """The batch's records with their statistics and its payloads: one host crossing for
+        the statistics and one wait for the copies. The batch is taken first, so a failure
+        drops this batch, never the next ones."""
+        handles, batch_stats, pending, copies = (self._handles, self._batch_stats,
+                                                 self._pending, self._copies)
+        self._handles, self._batch_stats, self._pending, self._copies = [], [], [], []
+        self._held_bytes = 0
+        if handles:
+            try:
+                values = self.tensors.resolve(handles)
+            except Exception:
+                self._forget_stats(batch_stats)
+                raise
+            rows = values.tolist()           # Python floats once, not numpy scalars per field
+            for stats in batch_stats:
+                stats.values = rows[stats.slot]
+        payloads: List[Payload] = []
+        if copies:
+            arrays = self.tensors.finish_host([handle for _, handle, _ in copies])
+            for (seen, _, store), array in zip(copies, arrays):
+                payloads.append(Payload(seen.tensor_id, array, store, self.checksum))
+        records: List[Record] = []
+        for rec, seen in pending:
+            if seen is not None:
+                v = seen.stats.values
+                if v is not None:
+                    rec.min, rec.max, rec.mean, rec.norm, nan, inf = v
+                    rec.nan_count, rec.inf_count = int(nan), int(inf)
+            records.append(rec)
+        return records, payloads
+
+    def _forget_stats(self, lost: Sequence[_Stats]) -> None:
+        """Statistics that could not be computed: later records of the same tensors retry."""
+        dead = {id(stats) for stats in lost}
+        self._stats_seen = {k: v for k, v in self._stats_seen.items() if id(v) not in dead}
+        self._seen = {k: v for k, v in self._seen.items() if id(v.stats) not in dead}
