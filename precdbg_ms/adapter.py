@@ -18,7 +18,6 @@ import mindspore as ms
 from mindspore import nn
 
 import precdbg
-from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 from precdbg.errors import FrameworkError
 from precdbg.instrumentor import BaseInstrumentor, NamedTensor
 from precdbg.manifest import jsonable
@@ -27,6 +26,8 @@ from precdbg.protocols import Recorder
 
 from . import tensors
 from .aliasing import wrap_cell_backward_hook
+from .calls import (in_place, is_floating, is_tensor, memory, scalar_inputs, takes_grad,
+                    tensor_inputs, tensor_outputs)
 from .optimizer import patch_optimizer
 from .patches import PatchRegistry
 
@@ -34,49 +35,6 @@ __all__ = ["MindSporeAdapter"]
 
 _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (ms, precdbg)) + (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
-_FLOAT_NAMES = {"float16", "float32", "float64", "bfloat16"}
-
-
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, ms.Tensor)
-
-
-def _dtype_name(value: Any) -> Optional[str]:
-    return tensors.dtype_name(value) if isinstance(value, ms.dtype.Type) else None
-
-
-def _tensors(args: tuple, kwargs: dict) -> List[Tuple[int, str, Any]]:
-    return tensor_arguments(args, kwargs, _is_tensor)
-
-
-def _outputs(result: Any) -> List[Tuple[int, str, Any]]:
-    return tensor_results(result, _is_tensor)
-
-
-def _scalars(args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
-    return value_arguments(args, kwargs, _dtype_name)
-
-
-def _memory(t: Any) -> Tuple[int, Tuple[int, ...]]:
-    """Where a tensor's elements are: equal for a tensor and MindSpore's hook-wrapped copy."""
-    try:
-        return t.data_ptr(), tuple(t.shape)
-    except Exception:  # noqa: BLE001 - no device memory yet
-        return id(t), ()
-
-
-def _takes_grad(t: Any) -> bool:
-    """Part of a gradient computation (MindSpore refuses hooks on other tensors)."""
-    return bool(getattr(t, "_requires_grad", getattr(t, "requires_grad", False)))
-
-
-def _is_floating(t: Any) -> bool:
-    return tensors.dtype_name(t.dtype) in _FLOAT_NAMES
-
-
-def _in_place(api: str) -> bool:
-    return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or \
-        api in ("__setitem__", "assign", "assign_add", "assign_sub", "scatter_update")
 
 
 class MindSporeAdapter(BaseInstrumentor):
@@ -88,7 +46,7 @@ class MindSporeAdapter(BaseInstrumentor):
                           "dump the step in PyNative mode without @jit")
     tensors = tensors
     internal_dirs = _INTERNAL_DIRS
-    is_tensor = staticmethod(_is_tensor)
+    is_tensor = staticmethod(is_tensor)
 
     def __init__(self) -> None:
         super().__init__()
@@ -203,18 +161,18 @@ class MindSporeAdapter(BaseInstrumentor):
 
     def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict):
         session = self.session
-        inputs = _tensors(args, kwargs)
+        inputs = tensor_inputs(args, kwargs)
         for index, key, t in inputs:
             session.capture(call, "forward", "input", index, key, t)
-        for index, (key, value) in enumerate(_scalars(args, kwargs), len(inputs)):
+        for index, (key, value) in enumerate(scalar_inputs(args, kwargs), len(inputs)):
             session.capture_value(call, index, key, value)
-        if not session.filter.keeps_backward or _in_place(api):
+        if not session.filter.keeps_backward or in_place(api):
             return args, kwargs, []
         # give each floating input to the op through its own view: its hook sees this call's dx
         watched, args, kwargs = [], list(args), dict(kwargs)
         for index, key, t in inputs:
             top = key.split(".")[0]
-            if "." in key or not _is_floating(t) or not _takes_grad(t):
+            if "." in key or not is_floating(t) or not takes_grad(t):
                 continue
             view = self._view(t, t.shape)
             try:
@@ -230,12 +188,12 @@ class MindSporeAdapter(BaseInstrumentor):
 
     def _api_outputs(self, call: Any, watched: list, out: Any) -> None:
         session = self.session
-        outputs = _outputs(out)
+        outputs = tensor_outputs(out)
         for index, key, t in outputs:
             session.capture(call, "forward", "output", index, key, t)
         if session.filter.keeps_backward and watched:
             for index, key, t in outputs:
-                if _is_floating(t) and _takes_grad(t):
+                if is_floating(t) and takes_grad(t):
                     try:
                         t.register_hook(self._grad_hook(call, "grad_output", index, key))
                     except RuntimeError:
@@ -307,8 +265,8 @@ class MindSporeAdapter(BaseInstrumentor):
         slot[0], slot[3] = call, True
         api_call = session.begin_api("Functional", leaf_api) if leaf_api else None
         slot[1] = api_call
-        inputs = _tensors(args, kwargs)
-        slot[2] = {_memory(t) for _, _, t in inputs}
+        inputs = tensor_inputs(args, kwargs)
+        slot[2] = {memory(t) for _, _, t in inputs}
         if call is not None:
             for index, k, t in inputs:
                 session.capture(call, "forward", "input", index, k, t)
@@ -331,9 +289,9 @@ class MindSporeAdapter(BaseInstrumentor):
         call, api_call, input_ids, entered = stack[-1]
         identity = False
         try:
-            outputs = _outputs(output)
+            outputs = tensor_outputs(output)
             # a cell returning its input (Dropout in eval or p=0) has no backward of its own
-            identity = any(_memory(t) in input_ids for _, _, t in outputs)
+            identity = any(memory(t) in input_ids for _, _, t in outputs)
             for target in (api_call, call):
                 if target is not None:
                     for index, k, t in outputs:
@@ -361,9 +319,9 @@ class MindSporeAdapter(BaseInstrumentor):
         for target in (call, api_call):
             if target is None:
                 continue
-            for index, k, g in _outputs(grad_output):
+            for index, k, g in tensor_outputs(grad_output):
                 session.capture(target, "backward", "grad_output", index, k, g)
-            for index, k, g in _outputs(grad_input):
+            for index, k, g in tensor_outputs(grad_input):
                 session.capture(target, "backward", "grad_input", index, k, g)
         session.end_call()
 
