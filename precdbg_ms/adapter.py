@@ -143,8 +143,9 @@ class MindSporeAdapter(BaseInstrumentor):
         watched: List[Tuple[int, str, Any]] = []
         call = self.run_guarded(session.begin_api, f"capturing {prefix}.{api}", prefix, api)
         if call is not None:
-            result = self.run_guarded(self._api_inputs, f"capturing inputs of {call.forward_entry}",
-                               call, api, args, kwargs)
+            result = self.run_guarded(self._api_inputs,
+                                      f"capturing inputs of {call.forward_entry}",
+                                      call, api, args, kwargs)
             if result is not None and not inner:
                 args, kwargs, watched = result
         if not inner:
@@ -155,8 +156,8 @@ class MindSporeAdapter(BaseInstrumentor):
             if not inner:
                 self.busy -= 1
         if call is not None:
-            self.run_guarded(self._api_outputs, f"capturing outputs of {call.forward_entry}", call,
-                      watched, out)
+            self.run_guarded(self._api_outputs, f"capturing outputs of {call.forward_entry}",
+                             call, watched, out)
         return out
 
     def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict):
@@ -221,8 +222,8 @@ class MindSporeAdapter(BaseInstrumentor):
         def pre(c: Any, args: tuple, kwargs: dict) -> None:
             if not self.installed or self.paused:
                 return None
-            self.run_guarded(self._cell_pre, f"forward pre-hook of {path or cls}", cell, path, cls,
-                      leaf_api, args, kwargs)
+            self.run_guarded(self._cell_pre, f"forward pre-hook of {path or cls}", cell, path,
+                             cls, leaf_api, args, kwargs)
             if leaf_api:
                 self.busy += 1          # the primitives inside a leaf cell are that one API
             return None
@@ -238,7 +239,7 @@ class MindSporeAdapter(BaseInstrumentor):
         def backward(c: Any, grad_input: Any, grad_output: Any) -> None:
             if self.installed:
                 self.run_guarded(self._cell_backward, f"backward hook of {path or cls}", key,
-                          grad_input, grad_output)
+                                 grad_input, grad_output)
             return None
 
         self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
@@ -251,7 +252,8 @@ class MindSporeAdapter(BaseInstrumentor):
 
     def _alias(self, original: Any, copy: Any) -> None:
         if self.installed:
-            self.run_guarded(self.session.alias_of, "linking a cell's copy of a tensor", original, copy)
+            self.run_guarded(self.session.alias_of, "linking a cell's copy of a tensor",
+                             original, copy)
 
     def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
                   args: tuple, kwargs: dict) -> None:

@@ -19,7 +19,7 @@ from precdbg.errors import PrecdbgError
 from precdbg.instrumentor import BaseInstrumentor, ClassPatch
 from precdbg_pt import PrecisionDebugger as TorchDebugger
 
-from conftest import loss_of, make_model, make_optimizer, rows_where, torch_hooks_left
+from conftest import loss_of, rows_where, torch_hooks_left
 
 
 class _FailingHandle:
@@ -42,6 +42,15 @@ def _insert_failing(adapter: BaseInstrumentor) -> _FailingHandle:
 def _removal_warnings(caplog: Any) -> List[str]:
     return [r.getMessage() for r in caplog.records
             if "this handle cannot be removed" in r.getMessage()]
+
+
+def _phases_after_stop(dbg: Any, dump_path: str) -> Any:
+    """Stop and close; then the phases the forward records of an API were recorded with."""
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(dump_path).records(step=0)
+    return lambda api: {r["phase"] for r in rows_where(t, api=api, direction="forward")}
 
 
 def _optimizers_in_manifest(dump_path: str) -> List[str]:
@@ -165,7 +174,7 @@ def test_torch_model_walk_names_the_bad_item(tmp_path, gpt):
     dbg = TorchDebugger(dump_path=str(tmp_path))
     with pytest.raises(PrecdbgError, match=r"item 1 is int, not a torch.nn.Module"):
         dbg.start([gpt, 3])
-    with pytest.raises(PrecdbgError, match=r"expected a torch.nn.Module or a list of them, got str"):
+    with pytest.raises(PrecdbgError, match=r"a torch.nn.Module or a list of them, got str"):
         dbg.start("model")
     assert not dbg._session.adapter.installed and torch_hooks_left(gpt) == []
     dbg.close()
@@ -198,11 +207,7 @@ def test_torch_optimizer_restores_the_previous_phase(tmp_path):
     outer.step()
     torch.tanh(x)
     outer.step()                       # noted in the manifest once
-    dbg.stop()
-    dbg.step()
-    assert dbg.close() and dbg.failures == 0
-    t = precdbg.open_dump(str(tmp_path)).records(step=0)
-    phases = lambda api: {r["phase"] for r in rows_where(t, api=api, direction="forward")}
+    phases = _phases_after_stop(dbg, str(tmp_path))
     assert phases("exp") == {"forward"}
     assert phases("sign") == {"optimizer"}      # the inner step ended: the outer's phase is back
     assert phases("tanh") == {"forward"}        # the outer step ended: forward is back
@@ -326,11 +331,7 @@ def test_ms_optimizer_restores_the_previous_phase(tmp_path, mss):
     outer(grads)
     ops.tanh(x)
     outer(grads)
-    dbg.stop()
-    dbg.step()
-    assert dbg.close() and dbg.failures == 0
-    t = precdbg.open_dump(str(tmp_path)).records(step=0)
-    phases = lambda api: {r["phase"] for r in rows_where(t, api=api, direction="forward")}
+    phases = _phases_after_stop(dbg, str(tmp_path))
     assert phases("exp") == {"forward"}
     assert phases("SGD") == {"optimizer"}
     assert phases("sign") == {"optimizer"}      # the inner optimizer ended: the outer's phase
