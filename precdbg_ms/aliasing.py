@@ -5,11 +5,11 @@ the tensor it copies: a consumer of the copy reads what the original's producer 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional
 
 import mindspore as ms
 
-__all__ = ["AliasingHook", "wrap_cell_backward_hook"]
+__all__ = ["AliasingHandle", "AliasingHook", "wrap_cell_backward_hook"]
 
 
 def _tensors(value: Any) -> List[Any]:
@@ -46,19 +46,23 @@ class AliasingHook:
         setattr(self._prim, name, value)
 
 
+class AliasingHandle:
+    """The AliasingHook of one cell as a handle: removing it puts the primitive back."""
+    __slots__ = ("cell", "prim")
+
+    def __init__(self, cell: Any, prim: Any) -> None:
+        self.cell, self.prim = cell, prim
+
+    def remove(self) -> None:
+        if isinstance(self.cell.__dict__.get("_cell_backward_hook"), AliasingHook):
+            object.__setattr__(self.cell, "_cell_backward_hook", self.prim)
+
+
 def wrap_cell_backward_hook(cell: Any, alias: Callable[[Any, Any], None]
-                            ) -> Tuple[Any, Any]:
-    """Put an AliasingHook in place of the cell's primitive; returns (cell, original) for
-    `restore`."""
+                            ) -> Optional[AliasingHandle]:
+    """Put an AliasingHook in place of the cell's primitive; None when there is none to wrap."""
     prim = cell.__dict__.get("_cell_backward_hook")
     if prim is None or isinstance(prim, AliasingHook):
-        return cell, None
+        return None
     object.__setattr__(cell, "_cell_backward_hook", AliasingHook(prim, alias))
-    return cell, prim
-
-
-def restore(saved: List[Tuple[Any, Any]]) -> None:
-    for cell, prim in saved:
-        if prim is not None and isinstance(cell.__dict__.get("_cell_backward_hook"),
-                                           AliasingHook):
-            object.__setattr__(cell, "_cell_backward_hook", prim)
+    return AliasingHandle(cell, prim)

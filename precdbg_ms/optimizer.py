@@ -1,16 +1,17 @@
-"""MindSpore optimizers: their calls run as phase `optimizer`, and each one seen is recorded in
-the run manifest (class, hyperparameters, parameter names in PyTorch style)."""
+"""MindSpore optimizers: their calls run as phase `optimizer` (the core's rule, see
+`BaseInstrumentor.optimizer_begins`), and each one seen is recorded in the run manifest (class,
+hyperparameters, parameter names in PyTorch style)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict
 
 from mindspore import nn
 
+from precdbg.instrumentor import ClassPatch
 from precdbg.manifest import jsonable
 from precdbg.naming import param_alias
-from precdbg.schema import Phase
 
-__all__ = ["OptimizerPatch", "optimizer_manifest"]
+__all__ = ["optimizer_manifest", "patch_optimizer"]
 
 _HYPER = ("learning_rate", "weight_decay", "beta1", "beta2", "eps", "momentum", "loss_scale",
           "use_nesterov", "dampening")
@@ -33,32 +34,14 @@ def optimizer_manifest(optimizer: Any) -> Dict[str, Any]:
             "param_groups": [{"hyper": hyper, "params": names}]}
 
 
-class OptimizerPatch:
-    """Wraps `nn.Optimizer.__call__` while installed; `restore()` puts the original back."""
-
-    def __init__(self) -> None:
-        self._saved: Optional[Tuple[Any, bool]] = None
-        self._noted: set = set()
-
-    def apply(self, adapter: Any) -> None:
-        if self._saved is not None:
-            return
-        original = nn.Optimizer.__call__
-        self._saved = (original, "__call__" in vars(nn.Optimizer))
-        self._noted = set()
-        noted = self._noted
-
+def patch_optimizer(adapter: Any) -> ClassPatch:
+    """Wrap `nn.Optimizer.__call__` under the core's optimizer-phase rule; the patch is a handle
+    of the adapter's (removing it puts the original back)."""
+    def make(original: Any) -> Any:
         def call(opt: Any, *args: Any, **kwargs: Any) -> Any:
-            session = adapter.session
-            if not adapter.installed or session is None:
+            if not adapter.installed:
                 return original(opt, *args, **kwargs)
-            if id(opt) not in noted:
-                noted.add(id(opt))
-                adapter._run(lambda: session.note_optimizer(optimizer_manifest(opt)),
-                             "recording the optimizer")
-            previous = session.phase
-            session.phase = Phase.OPTIMIZER.value
-            adapter.paused = not session.config.include_optimizer
+            token = adapter.optimizer_begins(opt, optimizer_manifest)
             try:
                 if adapter.paused:
                     return original(opt, *args, **kwargs)
@@ -69,16 +52,6 @@ class OptimizerPatch:
                                             "Optimizer", type(opt).__name__, args, kwargs,
                                             inner=True)
             finally:
-                session.phase = previous
-                adapter.paused = False
-        nn.Optimizer.__call__ = call
-
-    def restore(self) -> None:
-        if self._saved is None:
-            return
-        original, own = self._saved
-        self._saved = None
-        if own:
-            nn.Optimizer.__call__ = original
-        elif "__call__" in vars(nn.Optimizer):
-            del nn.Optimizer.__call__
+                adapter.optimizer_ends(token)
+        return call
+    return ClassPatch(nn.Optimizer, "__call__", make)

@@ -2,8 +2,9 @@
 exactly by `stop()`: functions of `mindspore.ops`, `mindspore.mint`, `mindspore.mint.nn.functional`,
 the methods and operators of `Tensor`, and the `__call__` of primitive classes.
 
-Each entry remembers the original object and whether the owner held it in its own `__dict__`
-(otherwise the wrapper is deleted again, so an inherited C method shows through as before).
+The registry only discovers what to wrap; each wrap is a core `ClassPatch`, a handle that
+restores exactly what was there (the owner's own attribute put back, or the wrapper deleted again
+so an inherited C method shows through as before).
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import mindspore as ms
 
+from precdbg.instrumentor import ClassPatch
 from precdbg.naming import framework_table
 
-__all__ = ["Patch", "PatchRegistry"]
+__all__ = ["PatchRegistry"]
 
 _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType)
 _METHOD_TYPES = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -30,15 +32,6 @@ _OPERATORS = {
     "__abs__", "__invert__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
     "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__getitem__", "__setitem__",
 }
-
-
-class Patch:
-    __slots__ = ("owner", "attr", "original", "own", "prefix", "api")
-
-    def __init__(self, owner: Any, attr: str, original: Any, own: bool, prefix: str,
-                 api: str) -> None:
-        self.owner, self.attr, self.original, self.own = owner, attr, original, own
-        self.prefix, self.api = prefix, api
 
 
 def _public_functions(module: Any, ignore: set) -> List[str]:
@@ -82,11 +75,10 @@ def _primitive_classes(ignore: set) -> List[type]:
 
 
 class PatchRegistry:
-    """Builds the list of patches once; `apply(make_wrapper)` installs, `restore()` undoes."""
+    """Builds the list of entries once; `apply(make_wrapper)` wraps them all."""
 
     def __init__(self) -> None:
         self._entries: Optional[List[Tuple[Any, str, str, str]]] = None
-        self.applied: List[Patch] = []
 
     def entries(self) -> List[Tuple[Any, str, str, str]]:
         """(owner, attribute, prefix, API name) of everything wrapped."""
@@ -109,39 +101,27 @@ class PatchRegistry:
             self._entries = entries
         return self._entries
 
-    def apply(self, make_wrapper: Callable[[Any, str, str], Callable]) -> None:
-        """Wrap every entry; `make_wrapper(original, prefix, api)` returns the replacement."""
-        if self.applied:
-            return
+    def apply(self, make_wrapper: Callable[[Any, str, str], Callable]) -> List[ClassPatch]:
+        """Wrap every entry; `make_wrapper(original, prefix, api)` returns the replacement.
+        Returns the patches, each a handle whose `remove()` restores its entry; entries the
+        owner refuses to hold a wrapper for are skipped."""
+        patches: List[ClassPatch] = []
         for owner, attr, prefix, api in self.entries():
-            own = attr in vars(owner)
             try:
-                original = vars(owner)[attr] if own else getattr(owner, attr)
-            except AttributeError:
-                continue
-            wrapper = make_wrapper(original, prefix, api)
-            try:
-                functools.update_wrapper(wrapper, original, updated=())
-            except (AttributeError, TypeError):
-                pass
-            wrapper.__precdbg_original__ = original
-            try:
-                setattr(owner, attr, wrapper)
+                patches.append(ClassPatch(owner, attr, functools.partial(
+                    _wrapped, make_wrapper, prefix=prefix, api=api)))
             except (AttributeError, TypeError):
                 continue
-            self.applied.append(Patch(owner, attr, original, own, prefix, api))
+        return patches
 
-    def restore(self) -> List[str]:
-        """Put every original back; returns the attributes that could not be restored."""
-        failed = []
-        patches, self.applied = self.applied, []
-        for patch in reversed(patches):
-            try:
-                if patch.own:
-                    setattr(patch.owner, patch.attr, patch.original)
-                else:
-                    delattr(patch.owner, patch.attr)
-            except (AttributeError, TypeError) as exc:
-                failed.append(f"{getattr(patch.owner, '__name__', patch.owner)}.{patch.attr}: "
-                              f"{exc}")
-        return failed
+
+def _wrapped(make_wrapper: Callable[[Any, str, str], Callable], original: Any, prefix: str,
+             api: str) -> Callable:
+    """The wrapper of one entry, looking like the original and pointing back at it."""
+    wrapper = make_wrapper(original, prefix, api)
+    try:
+        functools.update_wrapper(wrapper, original, updated=())
+    except (AttributeError, TypeError):
+        pass
+    wrapper.__precdbg_original__ = original
+    return wrapper

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 import precdbg
-from precdbg.errors import PrecdbgError
-from precdbg.layers import raw_settings
+from precdbg.instrumentor import BaseInstrumentor, NamedTensor
 from precdbg.manifest import jsonable
 from precdbg.naming import writes_arguments
-from precdbg.schema import Phase, RecordKind
+from precdbg.protocols import Recorder
 
 from . import tensors
 from .api import CaptureMode, scalar_args, tensor_args, tensor_outputs
@@ -56,22 +55,32 @@ class _Guard:
         self.adapter.busy -= 1
 
 
-class TorchAdapter:
+class _ModeHandle:
+    """The TorchFunctionMode as a handle: removing it leaves the mode."""
+    __slots__ = ("mode",)
+
+    def __init__(self, mode: CaptureMode) -> None:
+        self.mode = mode
+
+    def remove(self) -> None:
+        self.mode.__exit__(None, None, None)
+
+
+class TorchAdapter(BaseInstrumentor):
     """Owner of every hook, mode and handle precdbg puts into torch."""
     framework = "pytorch"
+    module_type = torch.nn.Module
+    module_type_name = "torch.nn.Module"
+    Guard = _Guard
     empty_capture_hint = ("was the training step run between start() and stop()? (code compiled "
                           "with torch.compile or torch.jit runs no Python hooks)")
+    tensors = tensors
+    internal_dirs = _INTERNAL_DIRS
 
     def __init__(self) -> None:
-        self.session: Any = None
-        self.busy = 0
-        self.paused = False     # inside optimizer.step() when optimizer calls are not captured
-        self._handles: List[Any] = []
-        self._mode: Optional[CaptureMode] = None
+        super().__init__()
         self._module_calls: Dict[int, List[Tuple[Any, list]]] = {}
         self._param_names: Dict[int, str] = {}
-        self._optimizers_noted: set = set()
-        self.installed = False
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -112,19 +121,6 @@ class TorchAdapter:
                 "num_threads": torch.get_num_threads()},
         }
 
-    def _note_optimizer(self, optimizer: Any) -> None:
-        """Class, and per param group its hyperparameters and the names of its parameters."""
-        if id(optimizer) in self._optimizers_noted:
-            return
-        self._optimizers_noted.add(id(optimizer))
-        groups = []
-        for group in optimizer.param_groups:
-            groups.append({"hyper": {k: jsonable(v) for k, v in group.items() if k != "params"},
-                           "params": [self._param_names.get(id(p), f"<unnamed {tuple(p.shape)}>")
-                                      for p in group["params"]]})
-        self.session.note_optimizer({"id": id(optimizer), "class": type(optimizer).__name__,
-                                     "param_groups": groups})
-
     @staticmethod
     def _device() -> str:
         accel = getattr(torch, "accelerator", None)
@@ -139,83 +135,43 @@ class TorchAdapter:
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
 
-    # ------------------------------------------------------------------ tensor questions
-    tensors = tensors
-    internal_dirs = _INTERNAL_DIRS
-
     @staticmethod
     def is_tensor(value: Any) -> bool:
         return isinstance(value, torch.Tensor)
 
-    def quietly(self, fn: Callable, *args: Any) -> Any:
-        """Run our own code with torch: no capture, no graph."""
-        with _Guard(self):
-            return fn(*args)
+    # ------------------------------------------------------------------ what the base asks
+    def named_submodules(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
+        return module.named_modules()
 
-    def guard(self) -> "_Guard":
-        return _Guard(self)
+    def own_parameters(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
+        return module.named_parameters(recurse=False)
 
-    # ------------------------------------------------------------------ install / uninstall
-    def install(self, session: Any, model: Any) -> None:
-        self.session = session
-        self.busy = 0
-        self.paused = False
-        self.installed = True
-        modules = self._named_modules(model)
-        cfg = session.config
-        with _Guard(self):
-            if modules:
-                session.set_module_tree([(path, type(m).__name__, path.rpartition(".")[0],
-                                          raw_settings(self.framework, type(m).__name__, m))
-                                         for path, m in modules])
-                self._inventory(modules)
-        for path, module in modules:
-            self._hook_module(path, module)
-        self._param_names = {id(p): name for name, p in self._named_tensors(modules, "param")}
-        self._optimizers_noted = set()
-        for full, param in self._named_tensors(modules, "param"):
-            if param.requires_grad:
-                self._handles.append(param.register_hook(self._param_grad_hook(full)))
-                self._handles.append(param.register_post_accumulate_grad_hook(
-                    self._safe(self._grad_holder(full), f"gradient of {full}")))
+    def own_buffers(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
+        return module.named_buffers(recurse=False)
+
+    def inventory_role(self, leaf: str, value: Any, is_param: bool) -> Tuple[str, bool]:
+        return ("param", bool(value.requires_grad)) if is_param else ("buffer", False)
+
+    def gradient_hooks(self, path: str, param: torch.Tensor) -> Iterable[Any]:
+        return (param.register_hook(self._param_grad_hook(path)),
+                param.register_post_accumulate_grad_hook(
+                    self._safe(self._grad_holder(path), f"gradient of {path}")))
+
+    def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
+        self._param_names = {id(p): name for name, p, _ in params}
         from torch.optim import optimizer as opt
-        self._handles.append(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
-        self._handles.append(opt.register_optimizer_step_post_hook(self._optimizer_post))
-        self._handles.extend(watch_training_state(self))
+        self.hold(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
+        self.hold(opt.register_optimizer_step_post_hook(self._optimizer_post))
+        for patch in watch_training_state(self):
+            self.hold(patch)
+        cfg = session.config
         if cfg.keeps_apis or cfg.keeps_modules:
-            self._mode = CaptureMode(self._on_api_call, lambda: self.busy > 0 or self.paused)
-            self._mode.__enter__()
+            mode = CaptureMode(self._on_api_call, lambda: self.busy > 0 or self.paused)
+            mode.__enter__()
+            self.hold(_ModeHandle(mode))
 
-    def uninstall(self) -> None:
-        if self._mode is not None:
-            mode, self._mode = self._mode, None
-            try:
-                mode.__exit__(None, None, None)
-            except Exception as exc:   # noqa: BLE001 - a mode pushed under ours; still drop it
-                if self.session is not None:
-                    self.session.hook_failed(exc, "removing the torch function mode")
-        handles, self._handles = self._handles, []
-        for handle in handles:
-            handle.remove()
+    def _uninstrument(self) -> None:
         self._module_calls.clear()
-        self.installed = False
-
-    @staticmethod
-    def _named_modules(model: Any) -> List[Tuple[str, torch.nn.Module]]:
-        if model is None:
-            return []
-        if isinstance(model, torch.nn.Module):
-            return list(model.named_modules())
-        if isinstance(model, (list, tuple)):
-            out: List[Tuple[str, torch.nn.Module]] = []
-            for i, m in enumerate(model):
-                if not isinstance(m, torch.nn.Module):
-                    raise PrecdbgError(f"start(model): item {i} is {type(m).__name__}, "
-                                       "not a torch.nn.Module")
-                out.extend((f"{i}.{p}" if p else str(i), sub) for p, sub in m.named_modules())
-            return out
-        raise PrecdbgError(f"start(model): expected a torch.nn.Module or a list of them, got "
-                           f"{type(model).__name__}")
 
     # ------------------------------------------------------------------ guarded hook plumbing
     def _safe(self, fn: Callable, where: str) -> Callable:
@@ -244,7 +200,7 @@ class TorchAdapter:
             return
         outs = [o for o in outputs if o[2].requires_grad]
         if outs:
-            watch_backward(targets, outs, self._grad_sink(call), self._handles.append, limit,
+            watch_backward(targets, outs, self._grad_sink(call), self.hold, limit,
                            lambda hook: self._safe(hook, f"backward hook of {call.backward_entry}"))
 
     # ------------------------------------------------------------------ API calls
@@ -286,7 +242,7 @@ class TorchAdapter:
         return result
 
     # ------------------------------------------------------------------ modules
-    def _hook_module(self, path: str, module: torch.nn.Module) -> None:
+    def hook_module(self, path: str, module: torch.nn.Module) -> None:
         cls = type(module).__name__
         key = id(module)
 
@@ -334,38 +290,10 @@ class TorchAdapter:
                 session.exit_module()
             return None
 
-        self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        self._handles.append(module.register_forward_hook(post, with_kwargs=True,
-                                                          always_call=True))
+        self.hold(module.register_forward_pre_hook(pre, with_kwargs=True))
+        self.hold(module.register_forward_hook(post, with_kwargs=True, always_call=True))
 
     # ------------------------------------------------------------------ parameters
-    @staticmethod
-    def _named_tensors(modules: List[Tuple[str, torch.nn.Module]], kind: str
-                       ) -> List[Tuple[str, torch.Tensor]]:
-        """(full name, tensor) of every parameter or buffer, a shared (tied) one once under its
-        first name, as `named_parameters()` does."""
-        seen, out = set(), []
-        for path, module in modules:
-            items = module.named_parameters(recurse=False) if kind == "param" \
-                else module.named_buffers(recurse=False)
-            for name, value in items:
-                if value is None or id(value) in seen:
-                    continue
-                seen.add(id(value))
-                out.append((f"{path}.{name}" if path else name, value))
-        return out
-
-    def _inventory(self, modules: List[Tuple[str, torch.nn.Module]]) -> None:
-        session = self.session
-        for kind in ("param", "buffer"):
-            for full, value in self._named_tensors(modules, kind):
-                call = session.param_call(full, RecordKind.PARAM.value, role=kind)
-                if call is None:
-                    continue
-                session.capture(call, "none", kind, 0, full.rpartition(".")[2], value,
-                                trainable=bool(kind == "param" and value.requires_grad))
-                session.end_call()
-
     def _param_grad_hook(self, path: str) -> Callable:
         def record(grad: torch.Tensor) -> None:
             call = self.session.param_call(path)
@@ -389,17 +317,19 @@ class TorchAdapter:
 
     # ------------------------------------------------------------------ optimizer phase
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.session is not None:
-            try:
-                self._note_optimizer(optimizer)
-            except Exception as exc:  # noqa: BLE001
-                self.session.hook_failed(exc, "recording the optimizer")
-            self.session.phase = Phase.OPTIMIZER.value
-            self.paused = not self.session.config.include_optimizer
+        if self.installed:
+            self._optimizer_tokens.append(self.optimizer_begins(optimizer, self._describe))
         return None
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.session is not None:
-            self.session.phase = Phase.FORWARD.value
-        self.paused = False
+        if self.installed and self._optimizer_tokens:
+            self.optimizer_ends(self._optimizer_tokens.pop())
         return None
+
+    def _describe(self, optimizer: Any) -> Dict[str, Any]:
+        """Class, and per param group its hyperparameters and the names of its parameters."""
+        groups = [{"hyper": {k: jsonable(v) for k, v in group.items() if k != "params"},
+                   "params": [self._param_names.get(id(p), f"<unnamed {tuple(p.shape)}>")
+                              for p in group["params"]]}
+                  for group in optimizer.param_groups]
+        return {"id": id(optimizer), "class": type(optimizer).__name__, "param_groups": groups}

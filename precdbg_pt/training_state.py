@@ -1,46 +1,27 @@
 """What the run manifest needs beyond hooks: the loss scale of an AMP GradScaler and the state of
 LR schedulers. Both are read after their own `update()`/`step()` through a wrapper on the base
-class, installed at start() and removed (the original put back) at stop()."""
+class (a core ClassPatch), installed at start() and removed (the original put back) at stop()."""
 from __future__ import annotations
 
 from typing import Any, Callable, List
 
 import torch
 
+from precdbg.instrumentor import BaseInstrumentor, ClassPatch
 from precdbg.manifest import jsonable
 
 __all__ = ["watch_training_state"]
 
 
-class _ClassPatch:
-    """A wrapped method of a class; `remove()` restores exactly what was there."""
-
-    def __init__(self, owner: type, attr: str, make: Callable[[Any], Any]) -> None:
-        self.owner, self.attr = owner, attr
-        self.own = attr in vars(owner)
-        self.original = vars(owner)[attr] if self.own else getattr(owner, attr)
-        setattr(owner, attr, make(self.original))
-
-    def remove(self) -> None:
-        if self.own:
-            setattr(self.owner, self.attr, self.original)
-        elif self.attr in vars(self.owner):
-            delattr(self.owner, self.attr)
-
-
-def watch_training_state(adapter: Any) -> List[_ClassPatch]:
+def watch_training_state(adapter: BaseInstrumentor) -> List[ClassPatch]:
     """Wrap GradScaler.update and LRScheduler.step to note their state in the manifest."""
-    patches: List[_ClassPatch] = []
+    patches: List[ClassPatch] = []
 
     def after(original: Any, note: Callable[[Any], None]) -> Any:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
-            if adapter.installed and adapter.session is not None:
-                try:
-                    with adapter.guard():
-                        note(self)
-                except Exception as exc:  # noqa: BLE001 - never raise into training
-                    adapter.session.hook_failed(exc, f"recording {type(self).__name__}")
+            if adapter.installed:
+                adapter.run_guarded(note, f"recording {type(self).__name__}", self)
             return result
         return wrapper
 
@@ -58,7 +39,7 @@ def watch_training_state(adapter: Any) -> List[_ClassPatch]:
 
     grad_scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if grad_scaler is not None:
-        patches.append(_ClassPatch(grad_scaler, "update", lambda o: after(o, scaler)))
-    patches.append(_ClassPatch(torch.optim.lr_scheduler.LRScheduler, "step",
-                               lambda o: after(o, scheduler)))
+        patches.append(ClassPatch(grad_scaler, "update", lambda o: after(o, scaler)))
+    patches.append(ClassPatch(torch.optim.lr_scheduler.LRScheduler, "step",
+                              lambda o: after(o, scheduler)))
     return patches

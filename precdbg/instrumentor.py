@@ -1,0 +1,279 @@
+"""The one shape of a framework adapter: idempotent `install`/`uninstall` around the framework's
+own `_instrument`/`_uninstrument` (as OpenTelemetry's instrumentors do), every hook and patch
+kept as a handle that removes itself, and the rules both frameworks share written once here: the
+model walk, the parameter inventory, the gradient-hook loop, the optimizer phase and guarded hook
+execution. A subclass only says how its framework lists modules and parameters and how it hooks
+them; it never imports another adapter, and this module imports no framework.
+"""
+from __future__ import annotations
+
+from typing import (Any, Callable, ClassVar, ContextManager, Dict, Iterable, List, Optional,
+                    Protocol, Tuple, TypeVar)
+
+from .errors import PrecdbgError
+from .layers import raw_settings
+from .protocols import Recorder
+from .schema import Phase, RecordKind
+
+__all__ = ["BaseInstrumentor", "ClassPatch", "Handle", "NamedTensor", "OptimizerToken"]
+
+T = TypeVar("T")
+_OPTIMIZER, _PARAM = Phase.OPTIMIZER.value, RecordKind.PARAM.value
+
+# (full name, tensor, class name of the module that owns it under that name)
+NamedTensor = Tuple[str, Any, str]
+# what `optimizer_begins` saw before it changed anything: (phase, paused)
+OptimizerToken = Tuple[str, bool]
+
+
+class Handle(Protocol):
+    """Anything installed: torch's RemovableHandle, MindSpore's hook handles, a ClassPatch."""
+
+    def remove(self) -> None: ...
+
+
+class ClassPatch:
+    """One attribute of a class or module replaced by a wrapper of the original.
+
+    `remove()` restores exactly what was there: an attribute the owner held itself is put back
+    (the very same object); an inherited one is deleted again so the base class's shows through,
+    as before. Creating the patch applies it; if the owner refuses the new attribute nothing is
+    changed and the error propagates (AttributeError, TypeError).
+    """
+    __slots__ = ("owner", "attr", "original", "own")
+
+    def __init__(self, owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+        self.owner, self.attr = owner, attr
+        self.own = attr in vars(owner)
+        self.original = vars(owner)[attr] if self.own else getattr(owner, attr)
+        setattr(owner, attr, make(self.original))
+
+    def remove(self) -> None:
+        if self.own:
+            setattr(self.owner, self.attr, self.original)
+        elif self.attr in vars(self.owner):
+            delattr(self.owner, self.attr)
+
+    def __repr__(self) -> str:
+        return f"ClassPatch({getattr(self.owner, '__name__', self.owner)}.{self.attr})"
+
+
+class BaseInstrumentor:
+    """Owner of every hook, patch and mode precdbg puts into one framework.
+
+    Subclasses set `framework`, `module_type`/`module_type_name` and `Guard`, and write
+    `named_submodules`, `own_parameters` (and `own_buffers`), `inventory_role`, `hook_module`,
+    `gradient_hooks` and `_instrument`. Everything is registered through `hold`, so `uninstall`
+    removes it all whatever fails.
+    """
+    framework: ClassVar[str] = ""
+    module_type: ClassVar[type] = object          # nn.Module / nn.Cell
+    module_type_name: ClassVar[str] = ""          # as named in error messages
+    # The framework's guard for our own code, made per use as `Guard(self)` (it counts `busy`
+    # itself). None: the busy counter alone, inlined in run_guarded because MindSpore runs it
+    # several times per record and a context-manager object would add three calls to each.
+    Guard: ClassVar[Optional[Callable[[Any], ContextManager[Any]]]] = None
+
+    def __init__(self) -> None:
+        self.session: Optional[Recorder] = None
+        self.busy = 0            # > 0 inside our own code: nothing it calls is captured
+        self.paused = False      # inside an optimizer whose calls are not captured
+        self.installed = False
+        self._handles: List[Handle] = []
+        # the one way anything installed is registered: the list's own append (a C method, no
+        # Python layer: backward hooks are registered per captured call)
+        self.hold: Callable[[Handle], None] = self._handles.append
+        self._optimizers_noted: set = set()
+        self._optimizer_tokens: List[OptimizerToken] = []
+
+    # ------------------------------------------------------------------ install / uninstall
+    def install(self, session: Recorder, model: Any) -> None:
+        """Hook `model` (a module, a list/tuple of them, or None) and the framework; a second
+        call while installed is a no-op. Invalid arguments raise before anything is hooked."""
+        if self.installed:
+            return
+        self._prepare()
+        modules = self.walk(model)
+        self.session, self.busy, self.paused = session, 0, False
+        self._optimizers_noted, self._optimizer_tokens = set(), []
+        self.installed = True
+        params = self.named_tensors(modules, self.own_parameters)
+        if modules:
+            with self.guard():
+                session.set_module_tree([(path, type(m).__name__, path.rpartition(".")[0],
+                                          raw_settings(self.framework, type(m).__name__, m))
+                                         for path, m in modules])
+                self._inventory(session, params, self.named_tensors(modules, self.own_buffers))
+        for path, module in modules:
+            self.hook_module(path, module)
+        for full, param, _ in params:
+            if param.requires_grad:
+                for handle in self.gradient_hooks(full, param):
+                    self.hold(handle)
+        self._instrument(session, params)
+
+    def uninstall(self) -> None:
+        """Remove every handle (the last installed first) and restore every patch, even when
+        some `remove()` fails (each failure reported once); a no-op when not installed."""
+        if not self.installed:
+            return
+        self.installed = False           # hooks still reached from here on do nothing
+        handles = self._handles[:]
+        self._handles.clear()            # in place: `hold` is bound to this list
+        for handle in reversed(handles):
+            try:
+                handle.remove()
+            except Exception as exc:  # noqa: BLE001 - the rest must still be removed
+                if self.session is not None:
+                    self.session.hook_failed(exc, f"removing {type(handle).__name__}")
+        self._optimizer_tokens = []
+        self.paused = False
+        self._uninstrument()
+
+    # ------------------------------------------------------------------ what subclasses write
+    def _prepare(self) -> None:
+        """Refuse a framework state hooks cannot work in, before anything is installed."""
+
+    def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
+        """Install what is not per module or per parameter (API capture, optimizer, patches)."""
+        raise NotImplementedError
+
+    def _uninstrument(self) -> None:
+        """Forget per-install state after every handle is removed."""
+
+    def named_submodules(self, module: Any) -> Iterable[Tuple[str, Any]]:
+        """(path, module) of a module and everything below it, the module itself as ""."""
+        raise NotImplementedError
+
+    def own_parameters(self, module: Any) -> Iterable[Tuple[str, Any]]:
+        """(name, parameter) held by this module itself (not its children)."""
+        raise NotImplementedError
+
+    def own_buffers(self, module: Any) -> Iterable[Tuple[str, Any]]:
+        """(name, buffer) held by this module itself; frameworks without buffers have none."""
+        return ()
+
+    def inventory_role(self, leaf: str, value: Any, is_param: bool) -> Tuple[str, bool]:
+        """(role, trainable) of one inventory entry."""
+        raise NotImplementedError
+
+    def hook_module(self, path: str, module: Any) -> None:
+        """Register the forward (and backward) hooks of one module through `hold`."""
+        raise NotImplementedError
+
+    def gradient_hooks(self, path: str, param: Any) -> Iterable[Handle]:
+        """The hooks that record a trainable parameter's gradient (dw)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ model walk
+    def walk(self, model: Any) -> List[Tuple[str, Any]]:
+        """(path, module) of every module of `model`: one module, a list/tuple of them (paths
+        prefixed `"{i}."`, the item itself `"{i}"`), or None (no module hooks)."""
+        if model is None:
+            return []
+        if isinstance(model, self.module_type):
+            return list(self.named_submodules(model))
+        if isinstance(model, (list, tuple)):
+            out: List[Tuple[str, Any]] = []
+            for i, item in enumerate(model):
+                if not isinstance(item, self.module_type):
+                    raise PrecdbgError(f"start(model): item {i} is {type(item).__name__}, "
+                                       f"not a {self.module_type_name}")
+                out.extend((f"{i}.{p}" if p else str(i), sub)
+                           for p, sub in self.named_submodules(item))
+            return out
+        raise PrecdbgError(f"start(model): expected a {self.module_type_name} or a list of them, "
+                           f"got {type(model).__name__}")
+
+    # ------------------------------------------------------------------ parameters
+    @staticmethod
+    def named_tensors(modules: List[Tuple[str, Any]],
+                      own: Callable[[Any], Iterable[Tuple[str, Any]]]) -> List[NamedTensor]:
+        """Every parameter (or buffer) of the walked modules, a shared (tied) one once under
+        its first name, as `named_parameters()` does."""
+        seen, out = set(), []
+        for path, module in modules:
+            for name, value in own(module):
+                if value is None or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                out.append((f"{path}.{name}" if path else name, value, type(module).__name__))
+        return out
+
+    def _inventory(self, session: Recorder, params: List[NamedTensor],
+                   buffers: List[NamedTensor]) -> None:
+        """Name, shape, dtype, trainable flag and statistics of every parameter and buffer."""
+        for is_param, items in ((True, params), (False, buffers)):
+            for full, value, owner in items:
+                leaf = full.rpartition(".")[2]
+                role, trainable = self.inventory_role(leaf, value, is_param)
+                call = session.param_call(full, _PARAM, owner, role=role)
+                if call is None:
+                    continue
+                session.capture(call, "none", role, 0, leaf, value, trainable=trainable)
+                session.end_call()
+
+    # ------------------------------------------------------------------ optimizer phase
+    def optimizer_begins(self, optimizer: Any, describe: Callable[[Any], Dict[str, Any]]
+                         ) -> OptimizerToken:
+        """An optimizer starts: noted once in the manifest, phase `optimizer`, capture paused
+        unless `include_optimizer`. Returns what `optimizer_ends` restores."""
+        session = self.session
+        token = (session.phase, self.paused)
+        if id(optimizer) not in self._optimizers_noted:
+            self._optimizers_noted.add(id(optimizer))
+            self.run_guarded(self._note_optimizer, "recording the optimizer", optimizer,
+                             describe)
+        session.phase = _OPTIMIZER
+        self.paused = self.paused or not session.config.include_optimizer
+        return token
+
+    def optimizer_ends(self, token: OptimizerToken) -> None:
+        """The optimizer is done: the phase (and pause) current before it are back, so an
+        optimizer run inside another region leaves that region's phase as it was."""
+        self.session.phase, self.paused = token
+
+    def _note_optimizer(self, optimizer: Any, describe: Callable[[Any], Dict[str, Any]]) -> None:
+        self.session.note_optimizer(describe(optimizer))
+
+    # ------------------------------------------------------------------ guarded execution
+    def guard(self) -> ContextManager[Any]:
+        """Our own code runs inside this: nothing it calls is captured (errors propagate)."""
+        return self.Guard(self) if self.Guard is not None else _Busy(self)
+
+    def quietly(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run our own code with the framework: no capture (errors propagate to the caller)."""
+        with self.guard():
+            return fn(*args)
+
+    def run_guarded(self, fn: Callable[..., T], where: str, *args: Any) -> Optional[T]:
+        """Run our own code from a hook: nothing it calls is captured and nothing it raises
+        reaches training (failures go to `session.hook_failed(exc, where)`)."""
+        guard = self.Guard
+        try:
+            if guard is None:
+                self.busy += 1
+                try:
+                    return fn(*args)
+                finally:
+                    self.busy -= 1
+            with guard(self):
+                return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            self.session.hook_failed(exc, where)
+            return None
+
+
+class _Busy:
+    """The busy counter as a context (for `guard()` where no framework guard is set)."""
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: BaseInstrumentor) -> None:
+        self.owner = owner
+
+    def __enter__(self) -> "_Busy":
+        self.owner.busy += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.owner.busy -= 1

@@ -1,0 +1,59 @@
+"""What one MindSpore call's arguments and results are, for the adapter's hooks: its tensors and
+other values, whether a tensor takes part in a gradient computation, whether the API writes in
+place, and where a tensor's elements lie. Plain functions, imported by name into the hooks."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import mindspore as ms
+
+from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
+
+from . import tensors
+
+__all__ = ["in_place", "is_floating", "is_tensor", "memory", "scalar_inputs", "takes_grad",
+           "tensor_inputs", "tensor_outputs"]
+
+_FLOAT_NAMES = {"float16", "float32", "float64", "bfloat16"}
+
+
+def is_tensor(value: Any) -> bool:
+    return isinstance(value, ms.Tensor)
+
+
+def dtype_of(value: Any) -> Optional[str]:
+    return tensors.dtype_name(value) if isinstance(value, ms.dtype.Type) else None
+
+
+def tensor_inputs(args: tuple, kwargs: dict) -> List[Tuple[int, str, Any]]:
+    return tensor_arguments(args, kwargs, is_tensor)
+
+
+def tensor_outputs(result: Any) -> List[Tuple[int, str, Any]]:
+    return tensor_results(result, is_tensor)
+
+
+def scalar_inputs(args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
+    return value_arguments(args, kwargs, dtype_of)
+
+
+def memory(t: Any) -> Tuple[int, Tuple[int, ...]]:
+    """Where a tensor's elements are: equal for a tensor and MindSpore's hook-wrapped copy."""
+    try:
+        return t.data_ptr(), tuple(t.shape)
+    except Exception:  # noqa: BLE001 - no device memory yet
+        return id(t), ()
+
+
+def takes_grad(t: Any) -> bool:
+    """Part of a gradient computation (MindSpore refuses hooks on other tensors)."""
+    return bool(getattr(t, "_requires_grad", getattr(t, "requires_grad", False)))
+
+
+def is_floating(t: Any) -> bool:
+    return tensors.dtype_name(t.dtype) in _FLOAT_NAMES
+
+
+def in_place(api: str) -> bool:
+    return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or \
+        api in ("__setitem__", "assign", "assign_add", "assign_sub", "scatter_update")
