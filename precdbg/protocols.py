@@ -33,6 +33,9 @@ class TensorOps(Protocol):
     # crosses to the host once, when resolved).
     def retained_bytes(self, handle: Any) -> int: ...
     def deferrable(self, handle: Any) -> bool: ...
+    # Statistics a framework queues to share kernel launches are launched here: at the end of
+    # every hook (the adapter's guard) and of every call's records (`Session.end_call`).
+    def launch_queued(self) -> None: ...
 
 
 class Recorder(Protocol):

@@ -356,6 +356,7 @@ class Session:
     def end_call(self) -> None:
         """Called after a call's records are captured: the batch crosses to the host when full
         (precdbg.batch: host statistics stream, device statistics wait for stop())."""
+        self.tensors.launch_queued()
         if self._batch.full():
             self.flush_batch()
 

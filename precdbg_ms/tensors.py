@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
 __all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve",
-           "retained_bytes", "deferrable", "to_host", "finish_host", "nbytes"]
+           "retained_bytes", "deferrable", "launch_queued", "to_host", "finish_host", "nbytes"]
 
 _NAMES: Dict[Any, str] = {}
 _FAST_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
@@ -135,6 +135,10 @@ def retained_bytes(handle: Any) -> int:
 def deferrable(handle: _Pending) -> bool:
     """MindSpore statistics hold their tensor until resolved: never free to wait."""
     return False
+
+
+def launch_queued() -> None:
+    """MindSpore statistics are enqueued as they are captured: nothing waits for a launch."""
 
 
 def resolve(handles: Sequence[_Pending]) -> np.ndarray:

@@ -32,6 +32,7 @@ _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, pre
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _DisableTorchFunction = torch._C.DisableTorchFunction
+_launch_queued = tensors.launch_queued
 
 
 class _Guard:
@@ -50,6 +51,12 @@ class _Guard:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        try:      # statistics queued by this hook share kernel launches, before torch runs on
+            _launch_queued()
+        except Exception as error:  # noqa: BLE001 - never raise into training
+            session = self.adapter.session
+            if session is not None:
+                session.hook_failed(error, "launching statistics kernels")
         self.disable.__exit__(None, None, None)
         _set_grad_enabled(self.prev_grad)
         self.adapter.busy -= 1

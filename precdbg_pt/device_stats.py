@@ -48,13 +48,15 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["DeviceHandle", "summarize", "summarize_many", "summarize_with", "resolve",
-           "host_transfers", "triton_available"]
+__all__ = ["DeviceHandle", "summarize", "summarize_many", "summarize_with", "launch_queued",
+           "resolve", "host_transfers", "triton_available"]
 
 log = logging.getLogger("precdbg")
 
@@ -64,6 +66,7 @@ _SLOTS = 4                    # tensors one launch may cover
 _CHUNK_ROWS = 4096            # rows per buffer chunk (192 KiB); a full chunk adds another
 _COLUMNS = 6
 _INIT = (math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0)
+_UNKNOWN = np.array([math.nan, math.nan, math.nan, math.nan, -1.0, -1.0])
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -95,8 +98,15 @@ class _Buffer:
     def _reset(self, chunk: torch.Tensor) -> None:
         chunk.copy_(self._init_row.expand_as(chunk))
 
-    def take(self, numels: Sequence[int]) -> List[DeviceHandle]:
-        """Consecutive rows of one chunk, one per tensor (one launch writes them)."""
+    def take(self, numels: Sequence[int],
+             handles: Optional[Sequence[DeviceHandle]] = None) -> List[DeviceHandle]:
+        """Consecutive rows of one chunk, one per tensor (one launch writes them); `handles`:
+        handles made earlier (queued tensors) that get these rows."""
+        with _LOCK:
+            return self._take(numels, handles)
+
+    def _take(self, numels: Sequence[int],
+              given: Optional[Sequence[DeviceHandle]]) -> List[DeviceHandle]:
         if self.used + len(numels) > _CHUNK_ROWS:
             self.current += 1
             self.used = 0
@@ -107,8 +117,13 @@ class _Buffer:
                 self.chunks.append(chunk)
         if self.device.type != "cpu":
             self.streams.add(_current_stream(self.device))
-        handles = [DeviceHandle(self, self.current, self.used + k, n)
-                   for k, n in enumerate(numels)]
+        if given is None:
+            handles = [DeviceHandle(self, self.current, self.used + k, n)
+                       for k, n in enumerate(numels)]
+        else:
+            handles = list(given)
+            for k, h in enumerate(handles):
+                h.buffer, h.chunk, h.row = self, self.current, self.used + k
         self.used += len(numels)
         self.outstanding.extend(handles)
         return handles
@@ -155,6 +170,7 @@ def _synchronize(device: torch.device) -> None:
 
 
 _BUFFERS: Dict[torch.device, _Buffer] = {}
+_LOCK = threading.Lock()            # rows may be taken from autograd's device threads
 _TRANSFERS = [0]
 
 
@@ -346,9 +362,10 @@ def _kernel_takes(t: torch.Tensor) -> bool:
     return t.dtype in _KERNEL_DTYPES and t.layout is torch.strided
 
 
-def _enqueue(backend: str, tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
+def _enqueue(backend: str, tensors: Sequence[torch.Tensor],
+             given: Optional[Sequence[DeviceHandle]] = None) -> List[DeviceHandle]:
     """Rows for `tensors` (all on one device, non-empty) and the kernels that fill them."""
-    handles = _buffer(tensors[0].device).take([t.numel() for t in tensors])
+    handles = _buffer(tensors[0].device).take([t.numel() for t in tensors], given)
     if backend == "torch":
         _launch_torch(tensors, handles)
         return handles
@@ -379,9 +396,62 @@ def _backend_for(t: torch.Tensor) -> str:
     return "torch"
 
 
-def summarize(t: torch.Tensor) -> DeviceHandle:
-    """Enqueue the statistics of one non-empty device tensor; returns where they will be."""
-    return summarize_many([t])[0]
+class _Queue:
+    """Tensors one thread captured for the fused kernel since its last launch. A hook's tensors
+    (a call's inputs, its outputs, the gradients of one backward node) share launches: the
+    adapter calls `launch_queued()` when the hook ends, before the framework runs on (an
+    in-place op could change a queued input), on the thread and stream that captured them."""
+    __slots__ = ("items", "__weakref__")
+
+    def __init__(self) -> None:
+        self.items: List[Tuple[torch.Tensor, DeviceHandle]] = []
+
+
+_LOCAL = threading.local()
+_QUEUES: "weakref.WeakSet[_Queue]" = weakref.WeakSet()    # every thread's, for resolve()
+_QUEUE_LIMIT = 64                   # launch early past this many (a foreach call's tensor list)
+
+
+def _queue() -> _Queue:
+    queue = getattr(_LOCAL, "queue", None)
+    if queue is None:
+        queue = _LOCAL.queue = _Queue()
+        with _LOCK:
+            _QUEUES.add(queue)
+    return queue
+
+
+def summarize(t: torch.Tensor, backend: Optional[str] = None) -> DeviceHandle:
+    """The statistics of one non-empty device tensor: queued for the fused kernel (launched by
+    `launch_queued`), or enqueued now through torch ops. Returns where they will be."""
+    t = t.detach()
+    backend = backend or _backend_for(t)
+    if backend != "triton":
+        return _enqueue(backend, [t])[0]
+    handle = DeviceHandle(None, -1, -1, t.numel())      # rows are taken at launch
+    queue = _queue()
+    queue.items.append((t, handle))
+    if len(queue.items) >= _QUEUE_LIMIT:
+        launch_queued()
+    return handle
+
+
+def launch_queued() -> None:
+    """Launch the fused kernel for the tensors this thread queued: one launch per device and
+    dtype for up to `_SLOTS` tensors. Cheap when nothing is queued."""
+    queue = getattr(_LOCAL, "queue", None)
+    if queue is not None and queue.items:
+        _launch_items(queue)
+
+
+def _launch_items(queue: _Queue) -> None:
+    items, queue.items = queue.items, []
+    groups: Dict[Tuple[torch.device, torch.dtype], List[Tuple[torch.Tensor, DeviceHandle]]] = {}
+    for item in items:
+        groups.setdefault((item[0].device, item[0].dtype), []).append(item)
+    for (device, _), group in groups.items():
+        tensors = [t for t, _ in group]
+        _enqueue("triton", tensors, [h for _, h in group])
 
 
 def summarize_many(tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
@@ -412,12 +482,19 @@ def summarize_with(backend: str, tensors: Sequence[torch.Tensor]) -> List[Device
 def resolve(handles: Sequence[DeviceHandle]) -> np.ndarray:
     """Raw rows (min, max, sum, sum of squares, nan, inf) of `handles`: one transfer per device
     whose rows are not on the host yet (every outstanding row of that device comes along)."""
+    launch_queued()
+    if any(h.buffer is None for h in handles):     # queued by a thread whose hook never ended
+        with _LOCK:
+            queues = [q for q in _QUEUES if q.items]
+        for queue in queues:
+            _launch_items(queue)
     for h in handles:
-        if h.host is None:
+        if h.host is None and h.buffer is not None:
             h.buffer.transfer()
     if not handles:
         return np.zeros((0, _COLUMNS))
-    return np.stack([h.host for h in handles])
+    # a row whose launch failed (reported then): statistics unknown, counts -1
+    return np.stack([h.host if h.host is not None else _UNKNOWN for h in handles])
 
 
 def finish_rows(raw: np.ndarray, numels: Sequence[int]) -> np.ndarray:

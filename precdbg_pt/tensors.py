@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - exercised on machines without the exte
     _fastats = None
 
 __all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
-           "finish_host", "nbytes", "retained_bytes", "deferrable"]
+           "finish_host", "nbytes", "launch_queued", "retained_bytes", "deferrable"]
 
 # testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
 _FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
@@ -167,7 +167,17 @@ def _forced(t: torch.Tensor) -> DeviceHandle:
     if backend == "triton" and not (t.dtype in device_stats._KERNEL_DTYPES
                                     and t.layout is torch.strided):
         backend = "torch"                       # the kernel does not take this dtype
-    return device_stats.summarize_with(backend, [t])[0]
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"PRECDBG_DEVICE_STATS={backend!r}: expected triton or torch")
+    if backend == "triton" and not device_stats.triton_available():
+        raise ValueError("PRECDBG_DEVICE_STATS=triton: triton does not import")
+    with torch.no_grad():
+        return device_stats.summarize(t, backend)
+
+
+def launch_queued() -> None:
+    """Launch the statistics kernels this thread queued (the end of every hook)."""
+    device_stats.launch_queued()
 
 
 def summarize(t: torch.Tensor) -> Handle:
