@@ -202,9 +202,8 @@ class TorchAdapter(BaseInstrumentor):
         return on_grad
 
     def _watch(self, call: Any, targets: list, outputs: list, limit: int) -> None:
-        """Hook the backward of a call whose forward ran with gradients enabled."""
-        if not self.session.filter.keeps_backward:
-            return
+        """Hook the backward of a call whose forward ran with gradients enabled (called only
+        when the backward is captured)."""
         outs = [o for o in outputs if o[2].requires_grad]
         if outs:
             watch_backward(targets, outs, self._grad_sink(call), self.hold, limit,
@@ -214,7 +213,8 @@ class TorchAdapter(BaseInstrumentor):
     def _on_api_call(self, func: Any, ident: Tuple[str, str], args: tuple, kwargs: dict) -> Any:
         session = self.session
         call = inputs = targets = None
-        grad_on = torch.is_grad_enabled()
+        # the graph is read only when the backward is captured (no walk, no closures otherwise)
+        grad_on = _is_grad_enabled() and session.filter.keeps_backward
         try:
             with _Guard(self):
                 call = session.begin_api(*ident)
@@ -257,7 +257,7 @@ class TorchAdapter(BaseInstrumentor):
             session = self.session
             if not self.installed:
                 return None
-            grad_on = torch.is_grad_enabled()
+            grad_on = _is_grad_enabled() and session.filter.keeps_backward
             try:
                 with _Guard(self):
                     call, subtree = session.begin_module("Module", path, cls)

@@ -867,3 +867,21 @@ def test_scope_range_of_two_blocks(gpt_dump, tmp_path):
                                                                                "blocks.0."))
     assert set(np.unique(block0.select(np.isin(block0["kind"], ["api", "module"]))["entry"])) <= \
         set(np.unique(calls["entry"]))
+
+
+def test_forward_only_dump_never_reads_the_autograd_graph(tmp_path, monkeypatch):
+    """data_mode forward: no graph walk, no backward hook, no closure per call."""
+    from precdbg_pt import adapter as pt_adapter
+    walked = collections.Counter()
+    for name in ("watch_backward", "input_targets"):
+        original = getattr(pt_adapter, name)
+
+        def spy(*args, _name=name, _original=original, **kwargs):
+            walked[_name] += 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(pt_adapter, name, spy)
+    dump, dbg = dump_once(tmp_path / "fwd", data_mode=["forward"])
+    assert dbg.failures == 0 and len(dump.records(step=0)) > 50
+    assert not walked, walked
+    dump_once(tmp_path / "all")
+    assert walked["watch_backward"] > 10 and walked["input_targets"] > 10
