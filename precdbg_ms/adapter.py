@@ -108,7 +108,8 @@ class MindSporeAdapter(BaseInstrumentor):
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         cfg = session.config
-        if cfg.keeps_apis or cfg.keeps_modules:
+        # API calls are dumped: wrap the registry (not at level module: nothing kept)
+        if cfg.keeps_apis:
             for patch in self._registry.apply(self._make_wrapper):
                 self.hold(patch)
         self.hold(patch_optimizer(self))

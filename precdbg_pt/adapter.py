@@ -172,7 +172,9 @@ class TorchAdapter(BaseInstrumentor):
         for patch in watch_training_state(self):
             self.hold(patch)
         cfg = session.config
-        if cfg.keeps_apis or cfg.keeps_modules:
+        # API calls are dumped: every torch call goes through the mode (at level module
+        # nothing an API call records is kept, so the mode is not entered at all)
+        if cfg.keeps_apis:
             mode = CaptureMode(self._on_api_call, lambda: self.busy > 0 or self.paused)
             mode.__enter__()
             self.hold(_ModeHandle(mode))

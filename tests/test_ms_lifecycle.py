@@ -49,11 +49,15 @@ def test_stop_restores_every_patched_attribute(tmp_path, settings):
     patched = snapshot_differences(before)
     step(x, y)
     dbg.stop()
-    # the snapshot does see the patches while capturing (so this test can fail)
-    assert len(patched) > 500, patched[:5]
-    assert any(d.startswith("mindspore.ops.matmul:") for d in patched)
-    assert any(".Tensor.__add__:" in d for d in patched)
+    # the snapshot does see the patches while capturing (so this test can fail); at level
+    # module no API call is kept, so nothing but the optimizer is wrapped
     assert any("Optimizer.__call__" in d for d in patched)
+    if settings.get("level") == "module":
+        assert len(patched) == 1, patched[:5]
+    else:
+        assert len(patched) > 500, patched[:5]
+        assert any(d.startswith("mindspore.ops.matmul:") for d in patched)
+        assert any(".Tensor.__add__:" in d for d in patched)
     assert snapshot_differences(before) == []
     dbg.step()
     assert dbg.close()
