@@ -24,7 +24,6 @@ __all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resol
 
 _NAMES: Dict[Any, str] = {}
 _FAST_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
-_FAST_LIMIT = 1 << 19          # the single-threaded C pass; bigger host tensors use ops
 _FLOATS = {"float16", "float32", "float64", "bfloat16"}
 
 
@@ -112,7 +111,7 @@ def summarize(t: ms.Tensor) -> _Pending:
     if numel == 0:
         return _Pending(None, 0, None)
     name = dtype_name(t.dtype)
-    if _on_host(t) and (numel <= _FAST_LIMIT or name not in _FLOATS):
+    if _on_host(t) and (_fastats is not None or name not in _FLOATS):
         p = _Pending(None, numel, None)
         arr = t.asnumpy()                     # host memory: a view, no copy
         if name == "bool" or arr.dtype.kind in "iub":

@@ -409,6 +409,7 @@ class _Queue:
 
 _LOCAL = threading.local()
 _QUEUES: "weakref.WeakSet[_Queue]" = weakref.WeakSet()    # every thread's, for resolve()
+_EVER_QUEUED = [False]              # set once, never reset: a hint that needs no lock
 _QUEUE_LIMIT = 64                   # launch early past this many (a foreach call's tensor list)
 
 
@@ -429,6 +430,7 @@ def summarize(t: torch.Tensor, backend: Optional[str] = None) -> DeviceHandle:
     if backend != "triton":
         return _enqueue(backend, [t])[0]
     handle = DeviceHandle(None, -1, -1, t.numel())      # rows are taken at launch
+    _EVER_QUEUED[0] = True
     queue = _queue()
     queue.items.append((t, handle))
     if len(queue.items) >= _QUEUE_LIMIT:
@@ -439,6 +441,8 @@ def summarize(t: torch.Tensor, backend: Optional[str] = None) -> DeviceHandle:
 def launch_queued() -> None:
     """Launch the fused kernel for the tensors this thread queued: one launch per device and
     dtype for up to `_SLOTS` tensors. Cheap when nothing is queued."""
+    if not _EVER_QUEUED[0]:         # the cost of every hook in a process that never queues
+        return
     queue = getattr(_LOCAL, "queue", None)
     if queue is not None and queue.items:
         _launch_items(queue)
