@@ -47,12 +47,18 @@ def _join(*parts: Any) -> str:
 
 
 def api_entry(prefix: str, api: str, call_index: int, direction: str) -> str:
-    """`Functional.linear.3.forward`"""
+    """`Functional.linear.3.forward` (made for every captured call: one f-string)."""
+    if prefix and api:
+        return f"{prefix}.{api}.{call_index}.{direction}"
     return _join(prefix, api, call_index, direction)
 
 
 def module_entry(prefix: str, path: str, cls: str, direction: str, call_index: int) -> str:
     """`Module.blocks.0.attn.qkv.Linear.forward.0` (the root module has an empty path)."""
+    if prefix and cls:
+        if path:
+            return f"{prefix}.{path}.{cls}.{direction}.{call_index}"
+        return f"{prefix}.{cls}.{direction}.{call_index}"
     return _join(prefix, path, cls, direction, call_index)
 
 
