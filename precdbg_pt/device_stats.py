@@ -15,13 +15,13 @@ memory is not handed to another stream before the kernel ran.
 Backends
 --------
 * ``triton`` (CUDA tensors of float32/float16/bfloat16/float64, when `triton` imports): one fused
-  kernel. Each program reads a contiguous span of ``_SPAN`` elements in blocks of ``_BLOCK``,
+  kernel. Each program reads a contiguous span of ``_SPAN`` elements in blocks of ``_BLOCK`` (precdbg_pt/stats_kernel.py),
   converts to float32 in registers (float64 inputs stay float64), and reduces each block to
   float32 partials that are accumulated into float64; the program's results are combined with
   float64 atomics (`atomic_add`, and `atomic_min/max`, which Triton supports for float32 and
   float64). A block whose float32 sum of squares overflows is redone in float64, so values up
   to the float32 maximum give finite sums. Several tensors of one dtype may share one launch
-  (`summarize_many`, up to ``_SLOTS``): a fixed number of pointer arguments rather than a device
+  (`summarize_many`, up to ``SLOTS``): a fixed number of pointer arguments rather than a device
   table of pointers, because a table would need a host-to-device copy per launch (an extra
   transfer on the capture path) and integer-to-pointer casts the Triton interpreter cannot run.
 * ``torch`` (everything else: NPU, XPU, integer/bool/complex/float8 tensors, no Triton): device
@@ -55,19 +55,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from . import stats_kernel
+
 __all__ = ["DeviceHandle", "summarize", "summarize_many", "summarize_with", "launch_queued",
            "resolve", "host_transfers", "triton_available"]
 
 log = logging.getLogger("precdbg")
 
-_BLOCK = 1024                 # elements per block (one float32 partial each)
-_SPAN = 16 * _BLOCK           # elements per program: fewer atomics on the result row
-_SLOTS = 4                    # tensors one launch may cover
 _CHUNK_ROWS = 4096            # rows per buffer chunk (192 KiB); a full chunk adds another
 _COLUMNS = 6
 _INIT = (math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0)
 _UNKNOWN = np.array([math.nan, math.nan, math.nan, math.nan, -1.0, -1.0])
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 class DeviceHandle:
@@ -195,128 +193,14 @@ def _buffer(device: torch.device) -> _Buffer:
 
 
 # ------------------------------------------------------------------ triton backend
-_TRITON: Dict[str, Any] = {}
-
-
-def triton_available() -> bool:
-    """Whether the fused kernel can be built (triton imports); tried once."""
-    if "ok" not in _TRITON:
-        try:
-            _TRITON["kernel"] = _build_kernel()
-            _TRITON["ok"] = True
-        except Exception:  # noqa: BLE001 - any import/definition failure means: use torch ops
-            _TRITON["ok"] = False
-    return _TRITON["ok"]
-
-
-def _build_kernel() -> Any:
-    import triton
-    import triton.language as tl
-
-    @triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "c1", "c2", "c3"])
-    def _stats_kernel(p0, p1, p2, p3, n0, n1, n2, n3, c1, c2, c3, out, row0,
-                      BLOCK: tl.constexpr, SPAN: tl.constexpr, F64: tl.constexpr):
-        # which tensor this program reads: programs [0,c1) tensor 0, [c1,c2) tensor 1, ...
-        pid = tl.program_id(0).to(tl.int64)
-        ptr = p0
-        n = n0.to(tl.int64)
-        first = pid
-        # the row: computed, not assigned in branches (branches must yield tensors, not ints)
-        slot = (pid >= c1).to(tl.int64) + (pid >= c2).to(tl.int64) + (pid >= c3).to(tl.int64)
-        if pid >= c1:
-            ptr = p1
-            n = n1.to(tl.int64)
-            first = pid - c1
-        if pid >= c2:
-            ptr = p2
-            n = n2.to(tl.int64)
-            first = pid - c2
-        if pid >= c3:
-            ptr = p3
-            n = n3.to(tl.int64)
-            first = pid - c3
-        acc_t = tl.float64 if F64 else tl.float32
-        begin = first * SPAN
-        end = tl.minimum(begin + SPAN, n)
-        lanes = tl.arange(0, BLOCK)
-        # min/max and counts are exact in any order: kept per lane, reduced once per program;
-        # the sums are reduced per block in float32 and accumulated in float64
-        mn = tl.full((BLOCK,), float("inf"), acc_t)
-        mx = tl.full((BLOCK,), float("-inf"), acc_t)
-        nans = tl.full((BLOCK,), 0, tl.int32)
-        infs = tl.full((BLOCK,), 0, tl.int32)
-        total = tl.full((), 0.0, tl.float64)
-        squares = tl.full((), 0.0, tl.float64)
-        for start in range(begin, end, BLOCK):
-            offs = start + lanes
-            inside = offs < end
-            x = tl.load(ptr + offs, mask=inside, other=0.0).to(acc_t)
-            is_nan = x != x
-            is_inf = tl.abs(x) == float("inf")
-            skip = is_nan | (~inside)
-            mn = tl.where(skip, mn, tl.minimum(mn, x))
-            mx = tl.where(skip, mx, tl.maximum(mx, x))
-            nans += is_nan.to(tl.int32)                  # masked lanes load 0.0: never counted
-            infs += is_inf.to(tl.int32)
-            v = tl.where(is_nan | is_inf, 0.0, x)
-            s = tl.sum(v, axis=0)
-            q = tl.sum(v * v, axis=0)
-            if q == float("inf"):           # float32 overflow of the squares: redo in float64
-                vd = v.to(tl.float64)
-                total += tl.sum(vd, axis=0)
-                squares += tl.sum(vd * vd, axis=0)
-            else:
-                total += s.to(tl.float64)
-                squares += q.to(tl.float64)
-        base = out + (row0 + slot) * 6
-        tl.atomic_min(base, tl.min(mn, axis=0).to(tl.float64))
-        tl.atomic_max(base + 1, tl.max(mx, axis=0).to(tl.float64))
-        tl.atomic_add(base + 2, total)
-        tl.atomic_add(base + 3, squares)
-        tl.atomic_add(base + 4, tl.sum(nans, axis=0).to(tl.float64))
-        tl.atomic_add(base + 5, tl.sum(infs, axis=0).to(tl.float64))
-
-    return _stats_kernel
-
-
-def _interpreted() -> Any:
-    """The same kernel run by Triton's interpreter (numpy, CPU tensors): testing only."""
-    from triton.runtime.interpreter import InterpretedFunction
-    kernel = _TRITON["kernel"]
-    if not isinstance(kernel, InterpretedFunction):
-        raise RuntimeError("the Triton kernel runs on CPU tensors only in Triton's interpreter: "
-                           "set TRITON_INTERPRET=1 before triton is first imported")
-    return kernel
-
-
-def _flat_view(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's elements as one dense block in some order: the tensor itself when it is a
-    permutation of a dense block (statistics do not depend on order), else a contiguous copy."""
-    if t.is_contiguous():
-        return t
-    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return t.contiguous()
-        expected *= size
-    return t
+triton_available = stats_kernel.triton_available
 
 
 def _launch_triton(tensors: Sequence[torch.Tensor], handles: Sequence[DeviceHandle],
                    interpret: bool) -> None:
-    flats = [_flat_view(t) for t in tensors]
-    numels = [t.numel() for t in flats]
-    programs = [-(-n // _SPAN) for n in numels]
-    pad = _SLOTS - len(flats)
-    ptrs = flats + [flats[0]] * pad
-    ns = numels + [0] * pad
-    bounds = np.cumsum(programs + [0] * pad)
-    chunk = handles[0].buffer.chunks[handles[0].chunk]
-    kernel = _interpreted() if interpret else _TRITON["kernel"]
-    kernel[(int(bounds[-1]),)](*ptrs, *ns, int(bounds[0]), int(bounds[1]), int(bounds[2]),
-                                chunk, handles[0].row, BLOCK=_BLOCK, SPAN=_SPAN,
-                                F64=flats[0].dtype is torch.float64)
+    """One fused launch for up to `SLOTS` tensors whose rows (consecutive) are `handles`."""
+    first = handles[0]
+    stats_kernel.launch(tensors, first.buffer.chunks[first.chunk], first.row, interpret)
 
 
 # ------------------------------------------------------------------ torch backend
@@ -359,7 +243,7 @@ def _launch_torch(tensors: Sequence[torch.Tensor], handles: Sequence[DeviceHandl
 
 # ------------------------------------------------------------------ entry points
 def _kernel_takes(t: torch.Tensor) -> bool:
-    return t.dtype in _KERNEL_DTYPES and t.layout is torch.strided
+    return t.dtype in stats_kernel.KERNEL_DTYPES and t.layout is torch.strided
 
 
 def _enqueue(backend: str, tensors: Sequence[torch.Tensor],
@@ -370,28 +254,20 @@ def _enqueue(backend: str, tensors: Sequence[torch.Tensor],
         _launch_torch(tensors, handles)
         return handles
     interpret = tensors[0].device.type == "cpu"
-    for start in range(0, len(tensors), _SLOTS):
-        group, rows = tensors[start:start + _SLOTS], handles[start:start + _SLOTS]
+    for start in range(0, len(tensors), stats_kernel.SLOTS):
+        group, rows = tensors[start:start + stats_kernel.SLOTS], handles[start:start + stats_kernel.SLOTS]
         try:
             _launch_triton(group, rows, interpret)
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built or launched
             if interpret:
                 raise                           # testing: the kernel itself must work
-            _disable_triton(exc)
+            stats_kernel.disable(exc)
             _launch_torch(group, rows)
     return handles
 
 
-def _disable_triton(exc: BaseException) -> None:
-    """The fused kernel failed to compile or launch (host-side, before anything ran): use
-    torch ops from now on, and say so once."""
-    _TRITON["ok"] = False
-    log.warning("precdbg: the Triton statistics kernel failed (%s); statistics use torch ops",
-                " ".join(str(exc).split())[:300])
-
-
 def _backend_for(t: torch.Tensor) -> str:
-    if t.device.type == "cuda" and _kernel_takes(t) and triton_available():
+    if t.device.type == "cuda" and _kernel_takes(t) and stats_kernel.triton_available():
         return "triton"
     return "torch"
 
@@ -440,7 +316,7 @@ def summarize(t: torch.Tensor, backend: Optional[str] = None) -> DeviceHandle:
 
 def launch_queued() -> None:
     """Launch the fused kernel for the tensors this thread queued: one launch per device and
-    dtype for up to `_SLOTS` tensors. Cheap when nothing is queued."""
+    dtype for up to `SLOTS` tensors. Cheap when nothing is queued."""
     if not _EVER_QUEUED[0]:         # the cost of every hook in a process that never queues
         return
     queue = getattr(_LOCAL, "queue", None)
@@ -460,7 +336,7 @@ def _launch_items(queue: _Queue) -> None:
 
 def summarize_many(tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
     """Enqueue the statistics of several non-empty tensors of one device: tensors the kernel
-    takes share launches by dtype (up to `_SLOTS` each), the rest go through torch ops."""
+    takes share launches by dtype (up to `SLOTS` each), the rest go through torch ops."""
     groups: Dict[Tuple[str, Any], List[int]] = {}
     for i, t in enumerate(tensors):
         backend = _backend_for(t)
@@ -477,7 +353,7 @@ def summarize_with(backend: str, tensors: Sequence[torch.Tensor]) -> List[Device
     CPU tensors included (the Triton kernel then runs in Triton's interpreter)."""
     if backend not in ("triton", "torch"):
         raise ValueError(f"unknown statistics backend {backend!r}")
-    if backend == "triton" and not (triton_available() and all(map(_kernel_takes, tensors))):
+    if backend == "triton" and not (stats_kernel.triton_available() and all(map(_kernel_takes, tensors))):
         raise ValueError("the triton backend needs triton and float32/16, bfloat16, float64")
     with torch.no_grad():
         return _enqueue(backend, [t.detach() for t in tensors])

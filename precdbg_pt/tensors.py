@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import device_stats
+from . import device_stats, stats_kernel
 from .device_stats import DeviceHandle
 
 try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
@@ -165,7 +165,7 @@ Handle = Union[_Pending, DeviceHandle]
 
 def _forced(t: torch.Tensor) -> DeviceHandle:
     backend = _FORCED_BACKEND
-    if backend == "triton" and not (t.dtype in device_stats._KERNEL_DTYPES
+    if backend == "triton" and not (t.dtype in stats_kernel.KERNEL_DTYPES
                                     and t.layout is torch.strided):
         backend = "torch"                       # the kernel does not take this dtype
     if backend not in ("triton", "torch"):
