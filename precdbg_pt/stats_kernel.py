@@ -12,7 +12,7 @@ from typing import Any, Dict, Sequence
 import numpy as np
 import torch
 
-__all__ = ["SLOTS", "KERNEL_DTYPES", "triton_available", "disable", "launch"]
+__all__ = ["SLOTS", "KERNEL_DTYPES", "triton_available", "disable", "launch", "flat_view"]
 
 log = logging.getLogger("precdbg")
 
@@ -116,7 +116,7 @@ def _interpreted() -> Any:
     return kernel
 
 
-def _flat_view(t: torch.Tensor) -> torch.Tensor:
+def flat_view(t: torch.Tensor) -> torch.Tensor:
     """The tensor's elements as one dense block in some order: the tensor itself when it is a
     permutation of a dense block (statistics do not depend on order), else a contiguous copy."""
     if t.is_contiguous():
@@ -133,7 +133,7 @@ def _flat_view(t: torch.Tensor) -> torch.Tensor:
 def launch(tensors: Sequence[torch.Tensor], chunk: torch.Tensor, row0: int,
            interpret: bool) -> None:
     """One launch for up to SLOTS tensors of one dtype and device, into rows row0.. of chunk."""
-    flats = [_flat_view(t) for t in tensors]
+    flats = [flat_view(t) for t in tensors]
     numels = [t.numel() for t in flats]
     programs = [-(-n // _SPAN) for n in numels]
     pad = SLOTS - len(flats)

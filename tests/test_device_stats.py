@@ -323,3 +323,14 @@ def test_host_copies_of_the_tensor_task_bound_a_batch_by_their_bytes(tmp_path, m
     dbg.stop()
     assert dbg.close() and dbg.failures == 0
     assert during >= 11 * x.numel() * 4 // batch_module.BATCH_BYTES >= 1, during
+
+
+def test_torch_ops_in_pieces_match_numpy(monkeypatch):
+    """The torch-ops backend bounds its temporaries: a tensor of several pieces (and a
+    transposed one, read in memory order without a copy) gives the one-piece statistics."""
+    monkeypatch.setattr(device_stats, "_PIECE", 1000)
+    for t in (sample(4567, torch.float32), sample(3001, torch.bfloat16),
+              sample(60 * 70, torch.float16).reshape(60, 70).t(),
+              torch.arange(-2500, 2500, dtype=torch.int32)):
+        raw = device_stats.resolve(device_stats.summarize_with("torch", [t]))[0]
+        check_raw(raw, t, 1e-12 if t.dtype in (torch.int32,) else KERNEL_BOUND)
