@@ -133,9 +133,9 @@ class TensorBatch:
                 stats.values = rows[stats.slot]
         payloads: List[Payload] = []
         if copies:
-            arrays = self.tensors.finish_host([handle for _, handle, _ in copies])
+            arrays, ready = self.tensors.hand_over([handle for _, handle, _ in copies])
             for (seen, _, store), array in zip(copies, arrays):
-                payloads.append(Payload(seen.tensor_id, array, store, self.checksum))
+                payloads.append(Payload(seen.tensor_id, array, store, self.checksum, ready))
         records: List[Record] = []
         for rec, seen in pending:
             if seen is not None:

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,11 +33,15 @@ _RECORD_BYTES = 512           # upper estimate of one record's bytes in the reco
 
 
 class Payload:
-    """Host bytes of one distinct tensor: stored (tensor task) and/or hashed (checksum)."""
-    __slots__ = ("tensor_id", "array", "store", "checksum")
+    """Host bytes of one distinct tensor: stored (tensor task) and/or hashed (checksum).
+    `ready`: what the writer's thread waits on before reading `array` (a device-to-host copy
+    still under way; None: the bytes are there)."""
+    __slots__ = ("tensor_id", "array", "store", "checksum", "ready")
 
-    def __init__(self, tensor_id: int, array: np.ndarray, store: bool, checksum: bool) -> None:
+    def __init__(self, tensor_id: int, array: np.ndarray, store: bool, checksum: bool,
+                 ready: Optional[Callable[[], None]] = None) -> None:
         self.tensor_id, self.array, self.store, self.checksum = tensor_id, array, store, checksum
+        self.ready = ready
 
 
 def step_file_path(dump_path: str, step: int, rank: int, part: int = 0) -> str:

@@ -247,6 +247,8 @@ class DumpWriter:
         if kind == "batch":
             records, payloads = item
             for payload in payloads:
+                if payload.ready is not None:
+                    payload.ready()          # a device copy: this thread waits, not training
                 flat = np.ascontiguousarray(payload.array).reshape(-1).view(np.uint8)
                 if payload.checksum:
                     import xxhash

@@ -20,7 +20,8 @@ except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
 __all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve",
-           "retained_bytes", "deferrable", "launch_queued", "to_host", "finish_host", "nbytes"]
+           "retained_bytes", "deferrable", "launch_queued", "to_host", "finish_host", "hand_over",
+           "nbytes"]
 
 _NAMES: Dict[Any, str] = {}
 _FAST_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
@@ -178,6 +179,12 @@ def to_host(t: ms.Tensor) -> _HostCopy:
         return _HostCopy(t.move_to("CPU", blocking=False), True)
     except Exception:  # noqa: BLE001 - no asynchronous copy here: copy now
         return _HostCopy(np.array(t.asnumpy(), copy=True), False)
+
+
+def hand_over(handles: Sequence[_HostCopy]
+              ) -> Tuple[List[np.ndarray], Optional[Callable[[], None]]]:
+    """The arrays, waited for here (MindSpore's moves finish with a runtime-wide wait)."""
+    return finish_host(handles), None
 
 
 def finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - exercised on machines without the exte
     _fastats = None
 
 __all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
-           "finish_host", "nbytes", "launch_queued", "retained_bytes", "deferrable"]
+           "finish_host", "hand_over", "nbytes", "launch_queued", "retained_bytes", "deferrable"]
 
 # testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
 _FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
@@ -296,10 +296,11 @@ def resolve(handles: Sequence[Handle]) -> np.ndarray:
 
 
 class _HostCopy:
-    __slots__ = ("tensor", "asynchronous")
+    __slots__ = ("tensor", "asynchronous", "event")
 
-    def __init__(self, tensor: torch.Tensor, asynchronous: bool) -> None:
-        self.tensor, self.asynchronous = tensor, asynchronous
+    def __init__(self, tensor: torch.Tensor, asynchronous: bool,
+                 event: Optional[Any] = None) -> None:
+        self.tensor, self.asynchronous, self.event = tensor, asynchronous, event
 
 
 def to_host(t: torch.Tensor) -> _HostCopy:
@@ -312,7 +313,43 @@ def to_host(t: torch.Tensor) -> _HostCopy:
         else:
             host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
             host.copy_(x, non_blocking=True)
-    return _HostCopy(host.view(raw) if raw is not None else host, x.device.type != "cpu")
+            # done when this stream gets there: the stream that issued the copy (a backward
+            # hook runs on autograd's device thread and stream)
+            event = _new_event(x.device)
+            return _HostCopy(host.view(raw) if raw is not None else host, True, event)
+    return _HostCopy(host.view(raw) if raw is not None else host, False)
+
+
+def _new_event(device: torch.device) -> Optional[Any]:
+    try:
+        event = torch.Event(device=device)
+        event.record()
+        return event
+    except (AttributeError, RuntimeError, TypeError):   # no generic events for this device
+        return None
+
+
+def hand_over(handles: Sequence[_HostCopy]
+              ) -> Tuple[List[np.ndarray], Optional[Callable[[], None]]]:
+    """Arrays of the copies now, and the wait (for the writer's thread) until their bytes are
+    there: each copy's event, or the whole device where a copy has none."""
+    arrays = [h.tensor.numpy() for h in handles]
+    pending = [h for h in handles if h.asynchronous]
+    if not pending:
+        return arrays, None
+    events = [h.event for h in pending if h.event is not None]
+    whole_device = len(events) < len(pending)
+    done = [False]
+
+    def wait() -> None:
+        if done[0]:
+            return
+        for event in events:
+            event.synchronize()
+        if whole_device:
+            _synchronize()
+        done[0] = True
+    return arrays, wait
 
 
 def finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:
