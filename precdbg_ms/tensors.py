@@ -37,9 +37,47 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+class _Facts:
+    """What the core asks of the tensor it is recording, read once: in PyNative's asynchronous
+    pipeline `shape` and `data_ptr()` can each cost tens to hundreds of microseconds, and one
+    record asks for them from describe(), identity(), storage() and summarize()."""
+    __slots__ = ("ref", "version", "shape", "numel", "_ptr")
+
+    def __init__(self, t: ms.Tensor) -> None:
+        self.ref = weakref.ref(t)
+        self.version = t._version
+        self.shape = tuple(t.shape)
+        self.numel = int(np.prod(self.shape)) if self.shape else 1
+        self._ptr: Optional[int] = None
+
+    def ptr(self, t: ms.Tensor) -> int:
+        if self._ptr is None:
+            self._ptr = t.data_ptr()
+        return self._ptr
+
+
+_LAST: List[Optional[_Facts]] = [None]      # the tensor being recorded (one record at a time)
+
+
+def _facts(t: ms.Tensor) -> _Facts:
+    last = _LAST[0]
+    if last is not None and last.ref() is t and last.version == t._version:
+        return last
+    try:
+        facts = _Facts(t)
+    except TypeError:                        # no weak reference to this object: not remembered
+        facts = _Facts.__new__(_Facts)
+        facts.ref, facts.version, facts._ptr = (lambda: None), t._version, None
+        facts.shape = tuple(t.shape)
+        facts.numel = int(np.prod(facts.shape)) if facts.shape else 1
+        return facts
+    _LAST[0] = facts
+    return facts
+
+
 def describe(t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int]:
-    shape = tuple(t.shape)
-    return dtype_name(t.dtype), shape, int(np.prod(shape)) if shape else 1
+    facts = _facts(t)
+    return dtype_name(t.dtype), facts.shape, facts.numel
 
 
 def nbytes(t: ms.Tensor) -> int:
@@ -56,7 +94,8 @@ def _on_host(t: ms.Tensor) -> bool:
 def identity(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
     """(statistics key, data key): the same storage, shape, strides and version."""
     try:
-        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype), t._version)
+        facts = _facts(t)
+        key = (facts.ptr(t), facts.shape, tuple(t.stride()), dtype_name(t.dtype), facts.version)
     except Exception:  # noqa: BLE001 - tensors without device memory yet
         return None
     return key, key
@@ -66,8 +105,9 @@ def storage(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
     """(storage, view, version): where the tensor's memory starts, which elements (start and
     count), and its write count."""
     try:
-        ptr = t.data_ptr()
-        return ptr, (ptr, int(np.prod(t.shape)) if t.shape else 1), t._version
+        facts = _facts(t)
+        ptr = facts.ptr(t)
+        return ptr, (ptr, facts.numel), facts.version
     except Exception:  # noqa: BLE001 - tensors without device memory yet
         return None
 
@@ -107,8 +147,7 @@ def _host_row(arr: np.ndarray) -> Tuple[float, float, float, float, int, int]:
 
 
 def summarize(t: ms.Tensor) -> _Pending:
-    shape = tuple(t.shape)
-    numel = int(np.prod(shape)) if shape else 1
+    numel = _facts(t).numel
     if numel == 0:
         return _Pending(None, 0, None)
     name = dtype_name(t.dtype)
