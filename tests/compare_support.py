@@ -265,15 +265,21 @@ def dump_torch_numpy(path: str, x: Any, y: Any, more: Sequence[Tuple[Any, Any]] 
     state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2) if adamw else \
         torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum)
+    dump_torch_steps(path, net, opt, [(x, y), *more])
+    return state
+
+
+def dump_torch_steps(path: str, net: torch.nn.Module, opt: Any,
+                     batches: Sequence[Tuple[Any, Any]]) -> None:
+    """Train `net` one step per numpy batch, each step dumped (level mix) into `path`."""
     dbg = PrecisionDebugger(dump_path=str(path), level="mix")
-    for xs, ys in [(x, y), *more]:
+    for xs, ys in batches:
         xt, yt = torch.from_numpy(xs.astype("int64")), torch.from_numpy(ys.astype("int64"))
         dbg.start(net)
         train_step(net, opt, xt, yt)
         dbg.stop()
         dbg.step()
-    assert dbg.close(), "the dump writer did not finish"
-    return state
+    assert dbg.close() and not dbg.failures, "the dump failed or its writer did not finish"
 
 
 def dump_mindspore(path: str, state: Dict[str, Any], x: Any, y: Any,

@@ -106,10 +106,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-import precdbg_pt
 from precdbg_examples import gpt_torch
 sys.path.insert(0, "tests")
-from compare_support import SEED, numpy_batch, tiny_config
+from compare_support import SEED, dump_torch_steps, numpy_batch, tiny_config
 
 class MLP(nn.Module):            # same class name as the twin's cell, no `act` child
     def __init__(self, fc, proj):
@@ -126,12 +125,7 @@ for block in net.blocks:
     block.mlp = MLP(block.mlp.fc, block.mlp.proj)
 x, y = numpy_batch()
 np.savez(sys.argv[2], **state)
-opt = torch.optim.SGD(net.parameters(), lr=0.1)
-dbg = precdbg_pt.PrecisionDebugger(dump_path=sys.argv[1], level="mix")
-dbg.start(net)
-gpt_torch.train_step(net, opt, torch.from_numpy(x.astype("int64")), torch.from_numpy(y.astype("int64")))
-dbg.stop()
-assert dbg.close() and not dbg.failures
+dump_torch_steps(sys.argv[1], net, torch.optim.SGD(net.parameters(), lr=0.1), [(x, y)])
 """
 
 _MS_SCRIPT = r"""
@@ -175,19 +169,14 @@ import torch
 from mindspore import nn as msnn
 sys.path.insert(0, "tests")
 import compare_support as cs
-import precdbg_ms, precdbg_pt
+import precdbg_ms
 from precdbg_examples import gpt_ms, gpt_torch
 x, y = cs.numpy_batch()
 torch.manual_seed(cs.SEED)
 net = gpt_torch.GPT(cs.tiny_config())
 state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
 net = net.to(torch.float16)
-opt = torch.optim.SGD(net.parameters(), lr=0.1)
-dbg = precdbg_pt.PrecisionDebugger(dump_path=sys.argv[1], level="mix")
-dbg.start(net)
-gpt_torch.train_step(net, opt, torch.from_numpy(x.astype("int64")), torch.from_numpy(y.astype("int64")))
-dbg.stop()
-assert dbg.close() and not dbg.failures
+cs.dump_torch_steps(sys.argv[1], net, torch.optim.SGD(net.parameters(), lr=0.1), [(x, y)])
 model = gpt_ms.GPT(gpt_ms.GPTConfig(**cs.TINY))
 gpt_ms.load_torch_state(model, state)
 for p in model.get_parameters():
