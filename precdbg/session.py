@@ -3,7 +3,7 @@
 A `Session` owns the writer, the filters and every per-step counter; an `Adapter` (PyTorch,
 MindSpore) owns the framework hooks and only translates: it calls `begin_call`/`capture`/
 `end_call` with framework tensors, and answers the few tensor questions the core cannot
-(`describe`, `identity`, `summarize`/`resolve` for device statistics, `to_host`/`finish_host`).
+(`describe`, `identity`, `summarize`/`resolve` for device statistics, `to_host`/`hand_over`).
 Statistics stay on the device until `resolve` is called once per batch of records.
 """
 from __future__ import annotations
@@ -223,7 +223,9 @@ class Session:
         parts, self._first_batch_parts = self._first_batch_parts, []
         if self.run.first_batch_done or not parts:
             return
-        arrays = self.tensors.finish_host([handle for _, handle in parts])
+        arrays, ready = self.tensors.hand_over([handle for _, handle in parts])
+        if ready is not None:
+            ready()                          # once, at the end of the first dumped step
         self.run.first_batch(self.current_step, parts, arrays)
 
     def note_optimizer(self, info: Dict[str, Any]) -> None:

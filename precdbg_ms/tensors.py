@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
 __all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve",
-           "retained_bytes", "deferrable", "launch_queued", "to_host", "finish_host", "hand_over",
+           "retained_bytes", "deferrable", "launch_queued", "to_host", "hand_over",
            "nbytes"]
 
 _NAMES: Dict[Any, str] = {}
@@ -223,10 +223,10 @@ def to_host(t: ms.Tensor) -> _HostCopy:
 def hand_over(handles: Sequence[_HostCopy]
               ) -> Tuple[List[np.ndarray], Optional[Callable[[], None]]]:
     """The arrays, waited for here (MindSpore's moves finish with a runtime-wide wait)."""
-    return finish_host(handles), None
+    return _finish_host(handles), None
 
 
-def finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:
+def _finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:
     """Wait once for the moves still under way; bfloat16 leaves as its raw 16-bit words."""
     if any(h.moved for h in handles):
         ms.runtime.synchronize()

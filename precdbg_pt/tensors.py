@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - exercised on machines without the exte
     _fastats = None
 
 __all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
-           "finish_host", "hand_over", "nbytes", "launch_queued", "retained_bytes", "deferrable"]
+           "hand_over", "nbytes", "launch_queued", "retained_bytes", "deferrable"]
 
 # testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
 _FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
@@ -350,13 +350,6 @@ def hand_over(handles: Sequence[_HostCopy]
             _synchronize()
         done[0] = True
     return arrays, wait
-
-
-def finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:
-    """Wait once for all pending copies and hand out numpy arrays."""
-    if any(h.asynchronous for h in handles):
-        _synchronize()
-    return [h.tensor.numpy() for h in handles]
 
 
 def _synchronize() -> None:
