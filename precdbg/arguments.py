@@ -31,14 +31,22 @@ def tensor_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any],
     """[(ordinal, key, tensor)] of the tensors among a call's arguments."""
     found: List[Tuple[str, Any]] = []
     for i, arg in enumerate(args):
-        _flatten(arg, str(i), found, is_tensor)
+        if is_tensor(arg):              # the common case, without a call of _flatten
+            found.append((str(i), arg))
+        elif isinstance(arg, (list, tuple, dict)):
+            _flatten(arg, str(i), found, is_tensor)
     for name, arg in kwargs.items():
-        _flatten(arg, name, found, is_tensor)
+        if is_tensor(arg):
+            found.append((name, arg))
+        elif isinstance(arg, (list, tuple, dict)):
+            _flatten(arg, name, found, is_tensor)
     return [(i, key, t) for i, (key, t) in enumerate(found)]
 
 
 def tensor_results(result: Any, is_tensor: Callable[[Any], bool]) -> List[Tuple[int, str, Any]]:
     """[(ordinal, key, tensor)] of the tensors a call returned."""
+    if is_tensor(result):
+        return [(0, "0", result)]
     found: List[Tuple[str, Any]] = []
     _flatten(result, "", found, is_tensor)
     return [(i, key or "0", t) for i, (key, t) in enumerate(found)]

@@ -39,12 +39,13 @@ class _Stats:
 
 class Seen:
     """A distinct tensor (same bytes, same order) of this window: its id, statistics, payload."""
-    __slots__ = ("ref", "tensor_id", "stats", "copied", "precision")
+    __slots__ = ("ref", "tensor_id", "stats", "copied", "precision", "storage")
 
     def __init__(self, ref: Any, tensor_id: int, stats: _Stats) -> None:
         self.ref, self.tensor_id, self.stats = ref, tensor_id, stats
         self.copied = False
         self.precision = ""      # the lowest float precision its values went through
+        self.storage: Any = None     # its storage key, filled in by precdbg.provenance
 
 
 def _dead_ref() -> None:
@@ -66,10 +67,12 @@ class TensorBatch:
         self._pending: List[Tuple[Record, Optional[Seen]]] = []
         self._copies: List[Tuple[Seen, Any, bool]] = []
 
-    def seen_tensor(self, tensor: Any, written: bool = False) -> Seen:
+    def seen_tensor(self, tensor: Any, written: bool = False, keys: Any = False) -> Seen:
         """The distinct tensor this one is (same storage bytes, order and version), reusing the
-        statistics of any live view of exactly the same elements (not when `written`)."""
-        keys = self.tensors.identity(tensor)
+        statistics of any live view of exactly the same elements (not when `written`). `keys`:
+        the tensor's identity when the caller has it already (None: it has none)."""
+        if keys is False:
+            keys = self.tensors.identity(tensor)
         stats_key, data_key = keys if keys is not None else (None, None)
         if data_key is not None and not written:
             seen = self._seen.get(data_key)

@@ -112,6 +112,10 @@ class CaptureFilter:
         return [r for r in records if r.entry in keep or (r.is_nonfinite and full)], kept_so_far
 
     # -- record level -------------------------------------------------------------------------
+    def keeps_every_record(self) -> bool:
+        """Whether `keep_record` is true whatever it is asked (the default data mode)."""
+        return self.roles is None and self.directions == frozenset({"forward", "backward"})
+
     def keep_record(self, direction: str, role: str) -> bool:
         if direction != _NONE and direction not in self.directions:
             return False

@@ -10,7 +10,7 @@ the compare's tolerance follows it (precdbg/compare/metrics.py).
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from .schema import Direction, Role
 
@@ -27,14 +27,24 @@ def is_floating(dtype: str) -> bool:
     return dtype in MANTISSA_BITS
 
 
-def lowest(a: str, b: str) -> str:
-    """The coarser of two floating dtypes ('' and non-floating dtypes count as unknown)."""
+def _coarser(a: str, b: str) -> str:
     bits_a, bits_b = MANTISSA_BITS.get(a), MANTISSA_BITS.get(b)
     if bits_a is None:
         return b if bits_b is not None else ""
     if bits_b is None:
         return a
     return a if bits_a <= bits_b else b
+
+
+_LOWEST: Dict[Tuple[str, str], str] = {}      # asked several times per record: answered once
+
+
+def lowest(a: str, b: str) -> str:
+    """The coarser of two floating dtypes ('' and non-floating dtypes count as unknown)."""
+    found = _LOWEST.get((a, b))
+    if found is None:
+        found = _LOWEST[(a, b)] = _coarser(a, b)
+    return found
 
 
 _FORWARD, _NONE, _INPUT = Direction.FORWARD.value, Direction.NONE.value, Role.INPUT.value

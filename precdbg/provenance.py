@@ -26,6 +26,21 @@ __all__ = ["Provenance"]
 
 _PARAM_GRAD = Role.PARAM_GRAD.value
 _Entry = Tuple[int, Callable[[], bool]]          # (producing record's seq, storage alive?)
+_MAX_HOLDERS = 8       # live objects kept per (storage, version) whose memory they all hold
+
+
+class _AnyAlive:
+    """Alive while any of several holders of the same memory is."""
+    __slots__ = ("refs",)
+
+    def __init__(self, refs: List[Callable[[], bool]]) -> None:
+        self.refs = refs
+
+    def __call__(self) -> bool:
+        for ref in self.refs:
+            if ref():
+                return True
+        return False
 
 
 class Provenance:
@@ -52,17 +67,29 @@ class Provenance:
             return hit[0]
         return NO_PRODUCER
 
-    def note(self, rec: Record, tensor: Any, written: bool = False) -> None:
+    def note(self, rec: Record, tensor: Any, written: bool = False, seen: Any = None,
+             key: Any = False) -> None:
         """Set `rec.producer` for a record that reads its tensor; register a producing record
-        (`written`: it wrote the bytes in place without a new version, so it produced them)."""
-        key = self.tensors.storage(tensor)
-        if key is None:
-            return
-        store, view, version = key
-        known = self._storages.get(store)
-        if known is None or not known[1]():
-            known = self._storages[store] = (self._next_storage, self.tensors.storage_ref(tensor))
-            self._next_storage += 1
+        (`written`: it wrote the bytes in place without a new version, so it produced them).
+        `seen`: the window's distinct-tensor object (precdbg.batch.Seen) of these very bytes;
+        where it is, the storage key found for its first record serves every later one. `key`:
+        the tensor's `storage` when the caller has it already (None: it has none)."""
+        where = seen.storage if seen is not None else None
+        if where is None:
+            if key is False:
+                key = self.tensors.storage(tensor)
+            if key is None:
+                return
+            store = key[0]
+            known = self._storages.get(store)
+            if known is None or not known[1]():
+                known = self._storages[store] = (self._next_storage,
+                                                 self.tensors.storage_ref(tensor))
+                self._next_storage += 1
+            where = (store, key[1], key[2], known)
+            if seen is not None:
+                seen.storage = where
+        store, view, version, known = where
         rec.storage = known[0]
         role = rec.role
         dw = role == _PARAM_GRAD
@@ -93,9 +120,15 @@ class Provenance:
 
     def _hold(self, store: Hashable, version: int, have: _Entry, tensor: Any) -> None:
         """Another object holds the same memory (a framework that wraps tensors in new objects
-        without copying): the producer stays known while any of them lives."""
-        first, second = have[1], self.tensors.storage_ref(tensor)
-        self._by_version[(store, version)] = (have[0], lambda: first() or second())
+        without copying): the producer stays known while any of them lives. The holders are a
+        flat list, pruned of dead ones, of at most `_MAX_HOLDERS` (the same bytes passed through
+        a thousand calls cost neither a thousand checks nor a recursion)."""
+        known = have[1]
+        refs = [ref for ref in (known.refs if isinstance(known, _AnyAlive) else (known,))
+                if ref()]
+        if len(refs) < _MAX_HOLDERS:
+            refs.append(self.tensors.storage_ref(tensor))
+        self._by_version[(store, version)] = (have[0], _AnyAlive(refs))
 
     def grad_of(self, path: str, tensor: Any, hold: bool = False) -> None:
         """`tensor` holds the gradient of parameter `path` (its `.grad`, `main_grad`): its

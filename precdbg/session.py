@@ -76,6 +76,7 @@ class Session:
         self.adapter = adapter
         self.tensors = adapter.tensors
         self.filter = CaptureFilter(config)
+        self._every_record = self.filter.keeps_every_record()
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = 0
         self.active = False
@@ -369,11 +370,11 @@ class Session:
         """Record one framework tensor of a call. `written`: the call wrote the tensor in place
         without the framework counting a new version (a collective): nothing earlier about
         these bytes still holds."""
-        if not self.filter.keep_record(direction, role):
+        if not self._every_record and not self.filter.keep_record(direction, role):
             return
-        dtype, shape, numel = self.tensors.describe(tensor)
+        dtype, shape, numel, keys, where = self.tensors.facts(tensor)
         batch = self._batch
-        seen = batch.seen_tensor(tensor, written)
+        seen = batch.seen_tensor(tensor, written, keys)
         precision = self._precisions.of(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
@@ -385,7 +386,7 @@ class Session:
                      alias=call.alias, precision=precision)
         if direction == _NONE:
             rec.phase = _SETUP
-        self.provenance.note(rec, tensor, written)
+        self.provenance.note(rec, tensor, written, seen, where)
         batch.add(rec, seen)
         if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:

@@ -19,7 +19,7 @@ try:
 except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
-__all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve",
+__all__ = ["describe", "facts", "identity", "storage", "storage_ref", "summarize", "resolve",
            "retained_bytes", "deferrable", "launch_queued", "to_host", "hand_over",
            "nbytes"]
 
@@ -110,6 +110,14 @@ def storage(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
         return ptr, (ptr, facts.numel), facts.version
     except Exception:  # noqa: BLE001 - tensors without device memory yet
         return None
+
+
+def facts(t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int,
+                                 Optional[Tuple[Hashable, Hashable]],
+                                 Optional[Tuple[Hashable, Hashable, int]]]:
+    """`describe`, `identity` and `storage` in one call (the facts are read once anyway)."""
+    dtype, shape, numel = describe(t)
+    return dtype, shape, numel, identity(t), storage(t)
 
 
 def storage_ref(t: ms.Tensor) -> Callable[[], bool]:

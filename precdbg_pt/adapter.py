@@ -175,7 +175,7 @@ class TorchAdapter(BaseInstrumentor):
         # API calls are dumped: every torch call goes through the mode (at level module
         # nothing an API call records is kept, so the mode is not entered at all)
         if cfg.keeps_apis:
-            mode = CaptureMode(self._on_api_call, lambda: self.busy > 0 or self.paused)
+            mode = CaptureMode(self._on_api_call, self)
             mode.__enter__()
             self.hold(_ModeHandle(mode))
 
@@ -183,7 +183,9 @@ class TorchAdapter(BaseInstrumentor):
         self._module_calls.clear()
 
     # ------------------------------------------------------------------ guarded hook plumbing
-    def _safe(self, fn: Callable, where: str) -> Callable:
+    def _safe(self, fn: Callable, where: str, subject: str = "") -> Callable:
+        """`fn` as a hook that never raises; a failure is reported as `where` + `subject` (two
+        parts, joined only then: backward hooks are wrapped per captured call)."""
         def guarded(*args: Any) -> None:
             if not self.installed:
                 return None
@@ -192,7 +194,7 @@ class TorchAdapter(BaseInstrumentor):
                     fn(*args)
                     self.session.end_call()
             except Exception as exc:  # noqa: BLE001 - never raise into training
-                self.session.hook_failed(exc, where)
+                self.session.hook_failed(exc, where + subject)
             return None
         return guarded
 
@@ -209,7 +211,7 @@ class TorchAdapter(BaseInstrumentor):
         outs = [o for o in outputs if o[2].requires_grad]
         if outs:
             watch_backward(targets, outs, self._grad_sink(call), self.hold, limit,
-                           lambda hook: self._safe(hook, f"backward hook of {call.backward_entry}"))
+                           lambda hook: self._safe(hook, "backward hook of ", call.backward_entry))
 
     # ------------------------------------------------------------------ API calls
     def _on_api_call(self, func: Any, ident: Tuple[str, str], args: tuple, kwargs: dict) -> Any:

@@ -101,20 +101,28 @@ def scalar_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[str
 
 
 class CaptureMode(TorchFunctionMode):
-    """Routes every torch function call to `on_call(func, ident, args, kwargs)`."""
+    """Routes every torch function call to `on_call(func, ident, args, kwargs)`, unless `state`
+    (the adapter: its `busy` and `paused`) says precdbg's own code or a skipped phase runs."""
 
-    def __init__(self, on_call: Any, is_busy: Any) -> None:
+    def __init__(self, on_call: Any, state: Any) -> None:
         super().__init__()
         self._on_call = on_call
-        self._is_busy = is_busy
+        self._state = state
+        self._table = _table()
 
     def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (),
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
         if kwargs is None:
             kwargs = {}
-        if self._is_busy():
+        state = self._state
+        if state.busy or state.paused:
             return func(*args, **kwargs)
-        ident = identify(func)
+        try:                        # every torch call, attribute reads included: one lookup
+            ident = self._table.get(func)
+        except TypeError:
+            ident = None
         if ident is None:
+            ident = identify(func)
+        if ident is None or ident is _IGNORED:
             return func(*args, **kwargs)
         return self._on_call(func, ident, args, kwargs)

@@ -67,9 +67,9 @@ def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, 
         by_node.setdefault(id(node), (node, []))[1].append((t.output_nr, index, key))
     if not by_node:
         return True
-    for node, outs in by_node.values():
-        add_handle(node.register_prehook(wrap(_dy_hook(outs, on_grad))))
     if not targets:
+        for node, outs in by_node.values():
+            add_handle(node.register_prehook(wrap(_dy_hook(outs, on_grad))))
         return True
     state = _DxState(len(targets))
     edges: Dict[int, Tuple[Any, List[Tuple[int, int]]]] = {}
@@ -94,6 +94,16 @@ def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, 
                 state.expected[ti] += 1
             elif id(nxt) not in target_nodes and id(nxt) not in visited:
                 stack.append(nxt)
+    # a node that received an output's dy and sends dx to an input (most API calls are one
+    # node) gets one hook for both: its post-hook sees the gradients it consumed and produced
+    for key, (node, outs) in by_node.items():
+        node_edges = edges.pop(key, (None, None))[1]
+        dy = _dy_hook(outs, on_grad)
+        if node_edges is None:
+            add_handle(node.register_prehook(wrap(dy)))
+        else:
+            add_handle(node.register_hook(wrap(_dx_hook(node_edges, state, targets, on_grad,
+                                                        dy))))
     for node, node_edges in edges.values():
         add_handle(node.register_hook(wrap(_dx_hook(node_edges, state, targets, on_grad))))
     return True
@@ -109,8 +119,11 @@ def _dy_hook(outs: List[Tuple[int, int, str]], on_grad: Callable) -> Callable:
 
 
 def _dx_hook(node_edges: List[Tuple[int, int]], state: _DxState, targets: Sequence[Target],
-             on_grad: Callable) -> Callable:
-    def hook(grad_inputs: Sequence[Optional[torch.Tensor]], _grad_outputs: Any) -> None:
+             on_grad: Callable, dy: Optional[Callable] = None) -> Callable:
+    def hook(grad_inputs: Sequence[Optional[torch.Tensor]],
+             grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
+        if dy is not None:                     # the dy of the outputs this node produced
+            dy(grad_outputs)
         for position, ti in node_edges:
             grad = grad_inputs[position] if position < len(grad_inputs) else None
             state.arrived[ti] += 1

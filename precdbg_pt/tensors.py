@@ -20,7 +20,6 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 
 import numpy as np
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import device_stats, stats_kernel
 from .device_stats import DeviceHandle
@@ -30,7 +29,7 @@ try:   # one-pass C statistics for tensors in host memory; optional (needs a C c
 except ImportError:  # pragma: no cover - exercised on machines without the extension
     _fastats = None
 
-__all__ = ["describe", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
+__all__ = ["describe", "facts", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
            "hand_over", "nbytes", "launch_queued", "retained_bytes", "deferrable"]
 
 # testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
@@ -89,6 +88,29 @@ def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
         return None
 
 
+def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
+                                    Optional[Tuple[Hashable, Hashable]],
+                                    Optional[Tuple[Hashable, Hashable, int]]]:
+    """`describe`, `identity` and `storage` of a tensor in one call (asked for every record):
+    dtype name, shape, numel, (statistics key, data key), (storage, view, version)."""
+    dtype = t.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = dtype_name(dtype)
+    shape = tuple(t.shape)
+    numel = t.numel()
+    try:
+        ptr, version = t.data_ptr(), t._version
+        base = (ptr, dtype, version, t.device)
+        if t.is_contiguous():
+            keys = ((base, (numel,)), (base, shape, None))
+        else:
+            keys = ((base, _layout(t)), (base, shape, t.stride()))
+        return name, shape, numel, keys, (t.untyped_storage()._cdata, (ptr, numel), version)
+    except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses, ...)
+        return name, shape, numel, identity(t), storage(t)
+
+
 def storage(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
     """(storage, view, version): which storage holds the tensor (every view of it shares one),
     which elements of it (start and count), and the storage's write count (views share it)."""
@@ -98,10 +120,26 @@ def storage(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
         return None
 
 
+class _StorageAlive:
+    """Whether a storage still exists, through the storage's own weak reference (what torch's
+    StorageWeakRef holds, without its Python layers: asked once per record)."""
+    __slots__ = ("cdata",)
+    _expired = staticmethod(torch.UntypedStorage._expired)
+    _free = staticmethod(torch.UntypedStorage._free_weak_ref)   # kept: torch may be torn down first
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.cdata = storage._weak_ref()
+
+    def __call__(self) -> bool:
+        return not self._expired(self.cdata)
+
+    def __del__(self) -> None:
+        self._free(self.cdata)
+
+
 def storage_ref(t: torch.Tensor) -> Callable[[], bool]:
     """Whether the tensor's storage still exists (a freed one's key may come back)."""
-    ref = StorageWeakRef(t.untyped_storage())
-    return lambda: not ref.expired()
+    return _StorageAlive(t.untyped_storage())
 
 
 class _Pending:
@@ -176,9 +214,9 @@ def _forced(t: torch.Tensor) -> DeviceHandle:
         return device_stats.summarize(t, backend)
 
 
-def launch_queued() -> None:
-    """Launch the statistics kernels this thread queued (the end of every hook)."""
-    device_stats.launch_queued()
+# Launch the statistics kernels this thread queued (the end of every hook): device_stats' own
+# function, not a wrapper (called twice per captured call).
+launch_queued = device_stats.launch_queued
 
 
 def summarize(t: torch.Tensor) -> Handle:

@@ -885,3 +885,34 @@ def test_forward_only_dump_never_reads_the_autograd_graph(tmp_path, monkeypatch)
     assert not walked, walked
     dump_once(tmp_path / "all")
     assert walked["watch_backward"] > 10 and walked["input_targets"] > 10
+
+
+def test_bytes_passed_through_thousands_of_calls_keep_their_producer(tmp_path):
+    """`contiguous()` of a contiguous tensor returns the same bytes: each call is one more holder
+    of the producing record's memory. Two thousand of them in one step once built a chain of
+    liveness checks that blew the recursion limit (every later record failed)."""
+    class Passes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            for _ in range(2000):
+                y = y.contiguous()
+            return y * 2
+
+    folder = str(tmp_path / "dump")
+    dbg = PrecisionDebugger(dump_path=folder, level="api", step=[0])
+    model = Passes()
+    dbg.start(model)
+    model(torch.randn(4, 8)).sum().backward()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    table = precdbg.open_dump(folder).records(step=0)
+    names = {int(s): e for s, e in zip(table["seq"], table["entry"])}
+    mul_input = one_row(table, entry="Tensor.mul.0.forward", role="input", arg_index=0)
+    assert names[int(mul_input["producer"])] == "Functional.linear.0.forward"
+    last = one_row(table, entry="Tensor.contiguous.1999.forward", role="input")
+    assert names[int(last["producer"])] == "Functional.linear.0.forward"
