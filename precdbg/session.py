@@ -373,6 +373,8 @@ class Session:
         if not self._every_record and not self.filter.keep_record(direction, role):
             return
         dtype, shape, numel, keys, where = self.tensors.facts(tensor)
+        if numel == 0:
+            keys = None          # no elements, no unique address: every empty tensor is its own
         batch = self._batch
         seen = batch.seen_tensor(tensor, written, keys)
         precision = self._precisions.of(call, direction, role, dtype, seen)

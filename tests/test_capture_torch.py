@@ -916,3 +916,27 @@ def test_bytes_passed_through_thousands_of_calls_keep_their_producer(tmp_path):
     assert names[int(mul_input["producer"])] == "Functional.linear.0.forward"
     last = one_row(table, entry="Tensor.contiguous.1999.forward", role="input")
     assert names[int(last["producer"])] == "Functional.linear.0.forward"
+
+
+def test_each_empty_tensor_keeps_its_own_producer(tmp_path):
+    """Empty tensors have no unique data address (often 0): two of them alive at once are still
+    two tensors, each read with the producer that made it."""
+    class Empties(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, b = torch.zeros(0), torch.ones(0)
+            return torch.cat([a, x.flatten()]) + torch.cat([b, x.flatten()])
+
+    folder = str(tmp_path / "dump")
+    dbg = PrecisionDebugger(dump_path=folder, level="api", step=[0])
+    model = Empties()
+    dbg.start(model)
+    model(torch.randn(2, 3))
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    table = precdbg.open_dump(folder).records(step=0)
+    names = {int(s): e for s, e in zip(table["seq"], table["entry"])}
+    for cat, factory in (("Torch.cat.0.forward", "Torch.zeros.0.forward"),
+                         ("Torch.cat.1.forward", "Torch.ones.0.forward")):
+        empty = one_row(table, entry=cat, role="input", arg_key="0.0")
+        assert names[int(empty["producer"])] == factory, (cat, names.get(int(empty["producer"])))
