@@ -7,11 +7,17 @@ Backward: a captured API call hands each floating-point input to the op through 
 input (dx); a hook on each output receives the gradient arriving at it (dy). Cells use MindSpore's
 own cell backward hooks (grad_input, grad_output). dw comes from `Parameter.register_hook`: the
 gradient of this backward pass, before the optimizer.
+
+Nothing here reads a tensor's memory while capturing (PyNative would wait for the op, see
+precdbg_ms/tensors.py): tensors are known by their objects, and MindSpore's other objects over
+the same memory are linked to them: a cell's hook copies (`_alias`) and the gradients a grad
+function returns (`link_returned_grads`).
 """
 from __future__ import annotations
 
 import os
 import platform
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import mindspore as ms
@@ -26,10 +32,11 @@ from precdbg.protocols import Recorder
 
 from . import tensors
 from .aliasing import wrap_cell_backward_hook
-from .calls import (in_place, is_floating, is_tensor, memory, scalar_inputs, takes_grad,
-                    tensor_inputs, tensor_outputs)
+from .calls import (in_place, is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
+                    tensor_outputs)
 from .optimizer import patch_optimizer
 from .patches import PatchRegistry
+from .returned_grads import GradientLinks, patch_grad_executor
 
 __all__ = ["MindSporeAdapter"]
 
@@ -55,6 +62,9 @@ class MindSporeAdapter(BaseInstrumentor):
         self._param_users: Dict[int, Tuple[Any, int, str]] = {}
         self._leaf_cells: Dict[str, str] = {}
         self._view = ms.Tensor.view       # the original, unpatched
+        # id(copy) -> (weak reference to the copy, id of the tensor it copies), per capture
+        self._copy_of: Dict[int, Tuple[Any, int]] = {}
+        self._grad_links = GradientLinks()
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -92,6 +102,7 @@ class MindSporeAdapter(BaseInstrumentor):
                 "inside @jit functions); call ms.set_context(mode=ms.PYNATIVE_MODE) before the "
                 "steps you dump")
         self._leaf_cells = dict(framework_table("mindspore").get("leaf_cells", {}))
+        tensors.use_device_target()
 
     def named_submodules(self, module: nn.Cell) -> Iterable[Tuple[str, Any]]:
         return module.cells_and_names()
@@ -113,10 +124,14 @@ class MindSporeAdapter(BaseInstrumentor):
             for patch in self._registry.apply(self._make_wrapper):
                 self.hold(patch)
         self.hold(patch_optimizer(self))
+        self.hold(patch_grad_executor(self))
 
     def _uninstrument(self) -> None:
         self._cell_calls.clear()
         self._param_users.clear()
+        self._copy_of.clear()
+        self._grad_links.clear()
+        tensors.forget_writes()
 
     # ------------------------------------------------------------------ API calls
     def _make_wrapper(self, original: Any, prefix: str, api: str) -> Callable:
@@ -134,12 +149,14 @@ class MindSporeAdapter(BaseInstrumentor):
             if adapter.busy or adapter.paused or not adapter.installed:
                 return original(prim, *args, **kwargs)
             bound = lambda *a, **k: original(prim, *a, **k)  # noqa: E731
-            return adapter._on_api_call(bound, prefix, type(prim).__name__, args, kwargs)
+            return adapter._on_api_call(bound, prefix, type(prim).__name__, args, kwargs,
+                                        writes=bool(getattr(prim, "side_effect_mem", False)))
         return call_primitive
 
     def _on_api_call(self, func: Any, prefix: str, api: str, args: tuple, kwargs: dict,
-                     inner: bool = False) -> Any:
-        """Record one call; the calls it makes are not separate entries unless `inner`."""
+                     inner: bool = False, writes: bool = False) -> Any:
+        """Record one call; the calls it makes are not separate entries unless `inner`.
+        `writes`: the call writes memory in place (as do APIs named so, see `in_place`)."""
         session = self.session
         watched: List[Tuple[int, str, Any]] = []
         call = self.run_guarded(session.begin_api, f"capturing {prefix}.{api}", prefix, api)
@@ -149,6 +166,9 @@ class MindSporeAdapter(BaseInstrumentor):
                                       call, api, args, kwargs)
             if result is not None and not inner:
                 args, kwargs, watched = result
+        writes = writes or in_place(api)
+        if writes:
+            self.settle_statistics()
         if not inner:
             self.busy += 1
         try:
@@ -156,10 +176,19 @@ class MindSporeAdapter(BaseInstrumentor):
         finally:
             if not inner:
                 self.busy -= 1
+        if writes:                # the first tensor argument is the one written
+            written = next((a for a in args if is_tensor(a)), None)
+            if written is not None:
+                tensors.note_write(written)
         if call is not None:
             self.run_guarded(self._api_outputs, f"capturing outputs of {call.forward_entry}",
                              call, watched, out)
         return out
+
+    def settle_statistics(self) -> None:
+        """Something is about to write in place: the statistics deferred so far are read now,
+        with the values they had when captured (one wait for the pipeline)."""
+        self.run_guarded(tensors.settle, "reading deferred statistics before an in-place write")
 
     def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict):
         session = self.session
@@ -253,8 +282,24 @@ class MindSporeAdapter(BaseInstrumentor):
 
     def _alias(self, original: Any, copy: Any) -> None:
         if self.installed:
-            self.run_guarded(self.session.alias_of, "linking a cell's copy of a tensor",
-                             original, copy)
+            self.run_guarded(self._link_copy, "linking a cell's copy of a tensor", original, copy)
+
+    def _link_copy(self, original: Any, copy: Any) -> None:
+        self._copy_of[id(copy)] = (weakref.ref(copy), self._origin(original))
+        self.session.alias_of(original, copy)
+
+    def _origin(self, t: Any) -> int:
+        """The id of the tensor `t` is a cell's hook copy of (through any number of copies), or
+        its own: equal for a tensor and its copies, without reading their memory."""
+        entry = self._copy_of.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        return id(t)
+
+    def link_returned_grads(self, returned: Any) -> None:
+        """A grad function returned: its gradients are the parameter hooks' ones, in new objects."""
+        for grad, copy in self._grad_links.pairs(returned):
+            self.session.alias_of(grad, copy)
 
     def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
                   args: tuple, kwargs: dict) -> None:
@@ -269,7 +314,7 @@ class MindSporeAdapter(BaseInstrumentor):
         api_call = session.begin_api("Functional", leaf_api) if leaf_api else None
         slot[1] = api_call
         inputs = tensor_inputs(args, kwargs)
-        slot[2] = {memory(t) for _, _, t in inputs}
+        slot[2] = {self._origin(t) for _, _, t in inputs}
         if call is not None:
             for index, k, t in inputs:
                 session.capture(call, "forward", "input", index, k, t)
@@ -294,7 +339,7 @@ class MindSporeAdapter(BaseInstrumentor):
         try:
             outputs = tensor_outputs(output)
             # a cell returning its input (Dropout in eval or p=0) has no backward of its own
-            identity = any(memory(t) in input_ids for _, _, t in outputs)
+            identity = any(self._origin(t) in input_ids for _, _, t in outputs)
             for target in (api_call, call):
                 if target is not None:
                     for index, k, t in outputs:
@@ -336,6 +381,7 @@ class MindSporeAdapter(BaseInstrumentor):
                 self.session.capture(call, "backward", "param_grad", 0, "", grad)
                 # the gradient value_and_grad returns is this memory in another object
                 self.session.grad_produced(path, grad, hold=True)
+                self._grad_links.saw(grad)
             user = self._param_users.get(id(param))
             if user is not None:                 # dw of the leaf cell's functional call
                 api_call, index, key = user

@@ -11,7 +11,7 @@ from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 
 from . import tensors
 
-__all__ = ["in_place", "is_floating", "is_tensor", "memory", "scalar_inputs", "takes_grad",
+__all__ = ["in_place", "is_floating", "is_tensor", "scalar_inputs", "takes_grad",
            "tensor_inputs", "tensor_outputs"]
 
 _FLOAT_NAMES = {"float16", "float32", "float64", "bfloat16"}
@@ -35,14 +35,6 @@ def tensor_outputs(result: Any) -> List[Tuple[int, str, Any]]:
 
 def scalar_inputs(args: tuple, kwargs: dict) -> List[Tuple[str, Any]]:
     return value_arguments(args, kwargs, dtype_of)
-
-
-def memory(t: Any) -> Tuple[int, Tuple[int, ...]]:
-    """Where a tensor's elements are: equal for a tensor and MindSpore's hook-wrapped copy."""
-    try:
-        return t.data_ptr(), tuple(t.shape)
-    except Exception:  # noqa: BLE001 - no device memory yet
-        return id(t), ()
 
 
 def takes_grad(t: Any) -> bool:

@@ -11,6 +11,8 @@ from precdbg.instrumentor import ClassPatch
 from precdbg.manifest import jsonable
 from precdbg.naming import param_alias
 
+from . import tensors
+
 __all__ = ["optimizer_manifest", "patch_optimizer"]
 
 _HYPER = ("learning_rate", "weight_decay", "beta1", "beta2", "eps", "momentum", "loss_scale",
@@ -41,6 +43,7 @@ def patch_optimizer(adapter: Any) -> ClassPatch:
         def call(opt: Any, *args: Any, **kwargs: Any) -> Any:
             if not adapter.installed:
                 return original(opt, *args, **kwargs)
+            adapter.settle_statistics()      # it updates the parameters in place
             token = adapter.optimizer_begins(opt, optimizer_manifest)
             try:
                 if adapter.paused:
@@ -53,5 +56,7 @@ def patch_optimizer(adapter: Any) -> ClassPatch:
                                             inner=True)
             finally:
                 adapter.optimizer_ends(token)
+                for param in getattr(opt, "parameters", ()):
+                    tensors.note_write(param)
         return call
     return ClassPatch(nn.Optimizer, "__call__", make)

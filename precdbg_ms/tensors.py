@@ -1,8 +1,22 @@
 """Tensor questions the core asks, for MindSpore tensors.
 
-CPU tensors: `precdbg._fastats` reads their host memory in one pass (min, max, finite sum and sum
-of squares in float64, NaN and Inf counts). Other devices (Ascend): min, max, sum and sum of
-squares stay on the device as 0-d tensors and cross to the host in one `ops.stack(...)` per batch.
+PyNative runs ops asynchronously: a Python call only enqueues the op. Reading a tensor's memory
+(`data_ptr()`, `asnumpy()`, `device`) makes the host wait until the op has run, and so does
+`_version` inside a gradient computation (MindSpore 2.10 on the CPU; it also never counts a
+write there: `copy_`, `__setitem__` and `ops.assign` leave it at 0). One such wait per record
+drained the pipeline about a thousand times a GPT step, so a record reads only its dtype and
+shape when it is captured:
+
+- a tensor is known by its Python object (`id`, alive while the batch's weak reference is), not
+  by its data pointer; MindSpore's other objects over the same memory are linked by the adapter;
+- CPU statistics are deferred: the handle holds the tensor, and `resolve` (once per batch) or
+  `settle` reads every held tensor after one wait, with `precdbg._fastats` (one pass: min, max,
+  finite sum and sum of squares in float64, NaN and Inf counts). The value read is the value
+  at capture because the adapter settles before anything captured writes in place (in-place
+  APIs, primitives with memory side effects, optimizers); parameters that are not trainable
+  (running statistics that kernels update in place) are read at capture;
+- other devices (Ascend): min, max, sum and sum of squares stay on the device as 0-d tensors
+  and cross to the host in one `ops.stack(...)` per batch.
 """
 from __future__ import annotations
 
@@ -21,11 +35,19 @@ except ImportError:  # pragma: no cover - machines without a C compiler
 
 __all__ = ["describe", "facts", "identity", "storage", "storage_ref", "summarize", "resolve",
            "retained_bytes", "deferrable", "launch_queued", "to_host", "hand_over",
-           "nbytes"]
+           "nbytes", "use_device_target", "pointer", "settle", "note_write",
+           "forget_writes"]
 
 _NAMES: Dict[Any, str] = {}
 _FAST_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
 _FLOATS = {"float16", "float32", "float64", "bfloat16"}
+_ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2,
+             "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8,
+             "float64": 8, "complex64": 8, "complex128": 16}
+_HOST_TARGET = [True]          # the context's device target is the CPU: every tensor is host
+# id(tensor) -> (weak reference to it, writes seen): the adapter's count of the in-place writes
+# made by captured calls, in place of `_version` (see above)
+_WRITES: Dict[int, Tuple[Any, int]] = {}
 
 
 def dtype_name(dtype: Any) -> str:
@@ -37,23 +59,22 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+def use_device_target() -> None:
+    """Read the context's device target (at start()): on the CPU every tensor is in host memory,
+    without asking each tensor's `device` (which waits for the op that makes it)."""
+    _HOST_TARGET[0] = ms.get_context("device_target") == "CPU"
+
+
 class _Facts:
     """What the core asks of the tensor it is recording, read once: in PyNative's asynchronous
-    pipeline `shape` and `data_ptr()` can each cost tens to hundreds of microseconds, and one
-    record asks for them from describe(), identity(), storage() and summarize()."""
-    __slots__ = ("ref", "version", "shape", "numel", "_ptr")
+    pipeline the first read of `shape` waits for the op's shape inference, and one record asks
+    for it from describe(), identity(), storage() and summarize()."""
+    __slots__ = ("ref", "shape", "numel")
 
     def __init__(self, t: ms.Tensor) -> None:
         self.ref = weakref.ref(t)
-        self.version = t._version
         self.shape = tuple(t.shape)
         self.numel = int(np.prod(self.shape)) if self.shape else 1
-        self._ptr: Optional[int] = None
-
-    def ptr(self, t: ms.Tensor) -> int:
-        if self._ptr is None:
-            self._ptr = t.data_ptr()
-        return self._ptr
 
 
 _LAST: List[Optional[_Facts]] = [None]      # the tensor being recorded (one record at a time)
@@ -61,13 +82,13 @@ _LAST: List[Optional[_Facts]] = [None]      # the tensor being recorded (one rec
 
 def _facts(t: ms.Tensor) -> _Facts:
     last = _LAST[0]
-    if last is not None and last.ref() is t and last.version == t._version:
+    if last is not None and last.ref() is t:
         return last
     try:
         facts = _Facts(t)
     except TypeError:                        # no weak reference to this object: not remembered
         facts = _Facts.__new__(_Facts)
-        facts.ref, facts.version, facts._ptr = (lambda: None), t._version, None
+        facts.ref = lambda: None
         facts.shape = tuple(t.shape)
         facts.numel = int(np.prod(facts.shape)) if facts.shape else 1
         return facts
@@ -85,30 +106,66 @@ def nbytes(t: ms.Tensor) -> int:
 
 
 def _on_host(t: ms.Tensor) -> bool:
+    if _HOST_TARGET[0]:
+        return True
     try:
         return "CPU" in str(t.device).upper()
     except Exception:  # noqa: BLE001 - older tensors without .device: ask the context
         return ms.get_context("device_target") == "CPU"
 
 
-def identity(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
-    """(statistics key, data key): the same storage, shape, strides and version."""
+def note_write(t: ms.Tensor) -> None:
+    """A captured call wrote `t` in place: later records of it are a new version."""
+    entry = _WRITES.get(id(t))
+    count = entry[1] if entry is not None and entry[0]() is t else 0
     try:
-        facts = _facts(t)
-        key = (facts.ptr(t), facts.shape, tuple(t.stride()), dtype_name(t.dtype), facts.version)
-    except Exception:  # noqa: BLE001 - tensors without device memory yet
+        _WRITES[id(t)] = (weakref.ref(t), count + 1)
+    except TypeError:                        # no weak reference to this object: not counted
+        pass
+
+
+def forget_writes() -> None:
+    """The capture window ended: its tensors' write counts are no longer asked for."""
+    _WRITES.clear()
+
+
+def _writes(t: ms.Tensor) -> int:
+    entry = _WRITES.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else 0
+
+
+def identity(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
+    """(statistics key, data key): the same tensor object, written as often by captured calls
+    (`note_write`; MindSpore's `_version` waits for the pipeline). The object, not its memory:
+    `data_ptr()` waits for the op that makes the tensor. Two objects over the same memory are
+    summarised twice; an id is never taken for another object's, since the batch holds a weak
+    reference to the tensor each key came from and drops dead ones."""
+    try:
+        _facts(t)
+        key = (id(t), _writes(t))
+    except Exception:  # noqa: BLE001 - not a tensor the framework can describe
         return None
     return key, key
 
 
 def storage(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
-    """(storage, view, version): where the tensor's memory starts, which elements (start and
-    count), and its write count."""
+    """(storage, view, version): the tensor object (alive as `storage_ref` tells), all of its
+    elements, and the writes captured calls made (`note_write`). Its other objects over the same
+    memory (a gradient value_and_grad returns, a cell's hook copy) are linked to it by the
+    adapter (`alias_of`)."""
     try:
         facts = _facts(t)
-        ptr = facts.ptr(t)
-        return ptr, (ptr, facts.numel), facts.version
-    except Exception:  # noqa: BLE001 - tensors without device memory yet
+        key = id(t)
+        return key, (key, facts.numel), _writes(t)
+    except Exception:  # noqa: BLE001 - not a tensor the framework can describe
+        return None
+
+
+def pointer(t: ms.Tensor) -> Optional[int]:
+    """Where the tensor's memory starts (waits for the op that makes it: use sparingly)."""
+    try:
+        return t.data_ptr()
+    except Exception:  # noqa: BLE001 - no device memory yet
         return None
 
 
@@ -130,14 +187,23 @@ def storage_ref(t: ms.Tensor) -> Callable[[], bool]:
 
 
 class _Pending:
-    __slots__ = ("tensor", "numel", "values", "host")
+    """Statistics of one tensor on their way: a host row (`host`), a host tensor read later
+    (`deferred`: `tensor` is read by `settle`), or 0-d device tensors (`values`, with the
+    `tensor` kept for an exact pass over non-finite values)."""
+    __slots__ = ("tensor", "numel", "values", "host", "deferred_bytes")
 
     def __init__(self, tensor: Optional[ms.Tensor], numel: int, values: Any) -> None:
         self.tensor, self.numel, self.values = tensor, numel, values
         self.host: Optional[Tuple[float, float, float, float, int, int]] = None
+        self.deferred_bytes = 0
+
+
+_UNSETTLED: List[_Pending] = []     # deferred host statistics not read yet, in capture order
 
 
 def _host_row(arr: np.ndarray) -> Tuple[float, float, float, float, int, int]:
+    if arr.dtype == np.bool_ or arr.dtype.kind in "iub":
+        arr = arr.astype(np.float64)
     code = _FAST_CODES.get(str(arr.dtype))
     arr = np.ascontiguousarray(arr)
     if _fastats is not None and code is not None:
@@ -154,34 +220,70 @@ def _host_row(arr: np.ndarray) -> Tuple[float, float, float, float, int, int]:
     return (mn, mx, total / finite_n if finite_n else math.nan, math.sqrt(sq), nan, inf)
 
 
+def _read_at_capture(t: ms.Tensor) -> bool:
+    """A parameter that is not trainable (BatchNorm's running statistics): kernels write it in
+    place inside the cells that use it, where no hook sees the write. (`_param_info`, not
+    `requires_grad`: the property waits for the whole pipeline.)"""
+    if not isinstance(t, ms.Parameter):
+        return False
+    info = getattr(t, "_param_info", None)
+    return not (info.requires_grad if info is not None else t.requires_grad)
+
+
 def summarize(t: ms.Tensor) -> _Pending:
     numel = _facts(t).numel
     if numel == 0:
         return _Pending(None, 0, None)
     name = dtype_name(t.dtype)
     if _on_host(t) and (_fastats is not None or name not in _FLOATS):
-        p = _Pending(None, numel, None)
-        arr = t.asnumpy()                     # host memory: a view, no copy
-        if name == "bool" or arr.dtype.kind in "iub":
-            arr = arr.astype(np.float64)
-        p.host = _host_row(arr)
+        if _read_at_capture(t):
+            p = _Pending(None, numel, None)
+            p.host = _host_row(t.asnumpy())   # host memory: a view, no copy
+            return p
+        p = _Pending(t, numel, None)
+        p.deferred_bytes = numel * _ITEMSIZE.get(name, 8)
+        _UNSETTLED.append(p)
         return p
     x = t.astype(ms.float32) if name in ("float16", "bfloat16") or name not in _FLOATS else t
     x = ops.stop_gradient(x)
     return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum()))
 
 
+def settle() -> None:
+    """Read every deferred host tensor now (one wait for the pipeline): before anything writes
+    in place, so each record keeps the value it had when captured."""
+    if not _UNSETTLED:
+        return
+    pending = _UNSETTLED[:]
+    del _UNSETTLED[:]
+    failure: Optional[Exception] = None
+    for p in pending:
+        if p.host is None and p.tensor is not None:
+            try:
+                p.host = _host_row(p.tensor.asnumpy())
+            except Exception as exc:  # noqa: BLE001 - the others are still read; then raise
+                failure = exc
+            p.tensor = None
+    if failure is not None:
+        raise failure
+
+
 def retained_bytes(handle: Any) -> int:
-    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), or the tensor
-    whose statistics are on the device as 0-d tensors; 0 for host statistics computed already."""
+    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), the host tensor
+    read later, or the tensor whose statistics are on the device as 0-d tensors; 0 for host
+    statistics computed already."""
     if isinstance(handle, _HostCopy):
         return int(handle.data.nbytes)
+    if handle.deferred_bytes:
+        return handle.deferred_bytes if handle.host is None else 0
     return nbytes(handle.tensor) if handle.tensor is not None else 0
 
 
 def deferrable(handle: _Pending) -> bool:
-    """MindSpore statistics hold their tensor until resolved: never free to wait."""
-    return False
+    """Deferred host statistics wait for the batch's end at no cost but the bytes they hold
+    (retained_bytes): the host waits for the pipeline once per batch, not once per record.
+    Device statistics hold their tensor until resolved: never free to wait."""
+    return handle.deferred_bytes > 0
 
 
 def launch_queued() -> None:
@@ -189,7 +291,9 @@ def launch_queued() -> None:
 
 
 def resolve(handles: Sequence[_Pending]) -> np.ndarray:
-    """Rows of (min, max, mean, norm, nan_count, inf_count); one host transfer per batch."""
+    """Rows of (min, max, mean, norm, nan_count, inf_count); one wait for the pipeline per
+    batch (the first deferred read waits, the rest are done by then)."""
+    settle()
     out = np.full((len(handles), 6), np.nan, dtype=np.float64)
     out[:, 4:] = 0
     device = [i for i, p in enumerate(handles) if p.host is None and p.values is not None]
