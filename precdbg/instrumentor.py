@@ -92,7 +92,7 @@ class BaseInstrumentor:
         call while installed is a no-op. Invalid arguments raise before anything is hooked."""
         if self.installed:
             return
-        self._prepare()
+        self._prepare(session)
         modules = self.walk(model)
         self.session, self.busy, self.paused = session, 0, False
         self._optimizers_noted, self._optimizer_tokens = set(), []
@@ -131,8 +131,9 @@ class BaseInstrumentor:
         self._uninstrument()
 
     # ------------------------------------------------------------------ what subclasses write
-    def _prepare(self) -> None:
-        """Refuse a framework state hooks cannot work in, before anything is installed."""
+    def _prepare(self, session: Recorder) -> None:
+        """Refuse a framework state hooks cannot work in, and read what this window needs of
+        the framework, before anything is installed."""
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         """Install what is not per module or per parameter (API capture, optimizer, patches)."""

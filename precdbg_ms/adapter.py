@@ -95,14 +95,16 @@ class MindSporeAdapter(BaseInstrumentor):
         return 0, 1
 
     # ------------------------------------------------------------------ what the base asks
-    def _prepare(self) -> None:
+    def _prepare(self, session: Recorder) -> None:
         if ms.get_context("mode") != ms.PYNATIVE_MODE:
             raise FrameworkError(
                 "MindSpore is in GRAPH_MODE: precdbg's hooks only run in PyNative mode (and not "
                 "inside @jit functions); call ms.set_context(mode=ms.PYNATIVE_MODE) before the "
                 "steps you dump")
         self._leaf_cells = dict(framework_table("mindspore").get("leaf_cells", {}))
-        tensors.use_device_target()
+        # host statistics wait for the batch only where every in-place write goes through a
+        # wrapped API first (it settles them): not at level module, where nothing wraps APIs
+        tensors.begin_window(defer_host_statistics=session.config.keeps_apis)
 
     def named_submodules(self, module: nn.Cell) -> Iterable[Tuple[str, Any]]:
         return module.cells_and_names()

@@ -9,7 +9,9 @@ shape when it is captured:
 
 - a tensor is known by its Python object (`id`, alive while the batch's weak reference is), not
   by its data pointer; MindSpore's other objects over the same memory are linked by the adapter;
-- CPU statistics are deferred: the handle holds the tensor, and `resolve` (once per batch) or
+- CPU statistics are deferred (where the API wrappers are installed, levels mix and api: at
+  level module nothing sees an in-place write coming, so they are read at capture): the handle
+  holds the tensor, and `resolve` (once per batch) or
   `settle` reads every held tensor after one wait, with `precdbg._fastats` (one pass: min, max,
   finite sum and sum of squares in float64, NaN and Inf counts). The value read is the value
   at capture because the adapter settles before anything captured writes in place (in-place
@@ -35,7 +37,7 @@ except ImportError:  # pragma: no cover - machines without a C compiler
 
 __all__ = ["describe", "facts", "identity", "storage", "storage_ref", "summarize", "resolve",
            "retained_bytes", "deferrable", "launch_queued", "to_host", "hand_over",
-           "nbytes", "use_device_target", "pointer", "settle", "note_write",
+           "nbytes", "begin_window", "pointer", "settle", "note_write",
            "forget_writes"]
 
 _NAMES: Dict[Any, str] = {}
@@ -45,6 +47,7 @@ _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16
              "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8,
              "float64": 8, "complex64": 8, "complex128": 16}
 _HOST_TARGET = [True]          # the context's device target is the CPU: every tensor is host
+_DEFER = [True]                # host statistics may be read at the batch's end (begin_window)
 # id(tensor) -> (weak reference to it, writes seen): the adapter's count of the in-place writes
 # made by captured calls, in place of `_version` (see above)
 _WRITES: Dict[int, Tuple[Any, int]] = {}
@@ -59,10 +62,13 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-def use_device_target() -> None:
-    """Read the context's device target (at start()): on the CPU every tensor is in host memory,
-    without asking each tensor's `device` (which waits for the op that makes it)."""
+def begin_window(defer_host_statistics: bool) -> None:
+    """A capture window starts: read the context's device target (on the CPU every tensor is in
+    host memory, without asking each tensor's `device`, which waits for the op that makes it),
+    and whether host statistics may wait for the batch (only where the adapter sees, and settles
+    before, every in-place write: its API wrappers are installed)."""
     _HOST_TARGET[0] = ms.get_context("device_target") == "CPU"
+    _DEFER[0] = defer_host_statistics
 
 
 class _Facts:
@@ -236,7 +242,7 @@ def summarize(t: ms.Tensor) -> _Pending:
         return _Pending(None, 0, None)
     name = dtype_name(t.dtype)
     if _on_host(t) and (_fastats is not None or name not in _FLOATS):
-        if _read_at_capture(t):
+        if not _DEFER[0] or _read_at_capture(t):
             p = _Pending(None, numel, None)
             p.host = _host_row(t.asnumpy())   # host memory: a view, no copy
             return p

@@ -612,3 +612,33 @@ def test_tensor_task_on_the_gpt(tmp_path):
     inv = dump.tensor("Param.blocks.1.mlp.fc.weight", step=0)     # taken at start()
     assert inv.shape == (256, 64) and inv.dtype == np.float32
     np.testing.assert_array_equal(inv, make_model().blocks[1].mlp.fc.weight.asnumpy())
+
+
+class _Keep(nn.Cell):
+    def construct(self, x):
+        return x * 1.0
+
+
+class _KeepThenWrite(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.keep = _Keep()
+
+    def construct(self, x):
+        y = self.keep(x)
+        y[0] = 100.0              # __setitem__: in place, into what the sub-cell returned
+        return y + 0.0
+
+
+@pytest.mark.parametrize("level", ["module", "mix"])
+def test_a_later_in_place_write_does_not_change_a_record(tmp_path, level):
+    """Statistics are of the value at capture, also where MindSpore's are read after the op ran
+    (deferred to the batch, to spare the pipeline a wait per record)."""
+    model = _KeepThenWrite()
+    x = ms.Tensor(np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3))
+    t, dbg, _ = capture(tmp_path, lambda: model(x), model=model, level=level)
+    assert dbg.failures == 0
+    kept = one_row(t, entry="Cell.keep._Keep.forward.0", role="output")
+    assert kept["max"] == 6.0 and kept["min"] == 1.0, kept
+    whole = one_row(t, entry="Cell._KeepThenWrite.forward.0", role="output")
+    assert whole["max"] == 100.0, whole
