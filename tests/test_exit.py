@@ -194,12 +194,27 @@ def test_mindspore_guide_pattern_exits_cleanly(tmp_path, variant):
     repeat(tmp_path, variant, VARIANTS[variant]("mindspore"))
 
 
+def _rank_logs(log_dir: str, limit: int = 4000) -> str:
+    """The end of every rank's own stdout and stderr (torchrun's summary of a failed rank keeps
+    little of them: how a rank died, e.g. a fatal error's stack, is in these files)."""
+    parts = []
+    for root, _, files in sorted(os.walk(log_dir)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            with open(path, "r", encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+            if text.strip():
+                parts.append(f"--- {os.path.relpath(path, log_dir)}\n{text[-limit:]}")
+    return "\n".join(parts)
+
+
 def test_torchrun_two_ranks_without_close(tmp_path):
     def once(folder: str) -> None:
+        log_dir = os.path.join(folder, "rank_logs")
         run = run_guide(folder, "torch", "torchrun", command=[
             PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--no-python", PYTHON])
-        assert run.rc == 0, run
+            "--log-dir", log_dir, "--tee", "3", "--no-python", PYTHON])
+        assert run.rc == 0, f"{run}\nranks' own output:\n{_rank_logs(log_dir)}"
         check_dump(run, steps=[0, 1], ranks=[0, 1])
     repeat(tmp_path, "torchrun", once)
 
