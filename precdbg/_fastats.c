@@ -34,36 +34,95 @@ static float half_to_float(uint16_t h);
 #endif
 
 /* Compiled with -ffinite-math-only so min/max vectorise: non-finite values are therefore
- * recognised through their bits, never through float compares, and a buffer holding any is
- * summarised again by the exact scalar pass `careful` below. Sums and sums of squares
- * accumulate in float64 (so squares of large float32 values cannot overflow). */
+ * recognised through their bits, never through float compares. The float32 (and float16,
+ * bfloat16) pass sums every value as it is, so a NaN or Inf leaves the float64 sum non-finite;
+ * the float64 pass counts them. Either way a buffer holding any is summarised again by the
+ * exact scalar pass `careful` below. Sums and sums of squares accumulate in float64 (so
+ * squares of large float32 values cannot overflow). */
 #define BLK 1024
 #define F32_EXP 0x7f800000u
 #define F64_EXP 0x7ff0000000000000ull
 
-MULTIVERSION
-static void run_f32(const float *p, size_t n, acc_t *a) {
+static void run_f32_plain(const float *p, size_t n, acc_t *a) {
     for (size_t i = 0; i < n; i += BLK) {
         size_t m = n - i < BLK ? n - i : BLK;
         const float *q = p + i;
         double s = 0.0, sq = 0.0;
         float mn = INFINITY, mx = -INFINITY;
-        int bad = 0;
         for (size_t k = 0; k < m; k++) {
             float x = q[k];
-            uint32_t u; memcpy(&u, &x, sizeof u);
-            int fin = (u & F32_EXP) != F32_EXP;
-            uint32_t vu = fin ? u : 0u;
-            float v; memcpy(&v, &vu, sizeof v);
-            double d = (double)v;
-            s += d; sq += d * d; bad += !fin;
-            mn = v < mn ? v : mn;
-            mx = v > mx ? v : mx;
+            double d = (double)x;
+            s += d; sq += d * d;
+            mn = x < mn ? x : mn;
+            mx = x > mx ? x : mx;
         }
-        a->sum += s; a->sq += sq; a->nonfinite += bad;
+        a->sum += s; a->sq += sq;
         if (mn < a->mn) a->mn = mn;
         if (mx > a->mx) a->mx = mx;
     }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+/* 16 values per round into four independent float64 sums and sums of squares, so the adds
+ * of one round do not wait for the previous round's. */
+__attribute__((target("avx2")))
+static void run_f32_avx2(const float *p, size_t n, acc_t *a) {
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        const float *q = p + i;
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+        __m256d t0 = s0, t1 = s0, t2 = s0, t3 = s0;
+        __m256 mn0 = _mm256_set1_ps(INFINITY), mn1 = mn0;
+        __m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0;
+        size_t k = 0;
+        for (; k + 16 <= m; k += 16) {
+            __m256 x0 = _mm256_loadu_ps(q + k), x1 = _mm256_loadu_ps(q + k + 8);
+            mn0 = _mm256_min_ps(mn0, x0); mx0 = _mm256_max_ps(mx0, x0);
+            mn1 = _mm256_min_ps(mn1, x1); mx1 = _mm256_max_ps(mx1, x1);
+            __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x0));
+            __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1));
+            __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(x1));
+            __m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1));
+            s0 = _mm256_add_pd(s0, d0); t0 = _mm256_add_pd(t0, _mm256_mul_pd(d0, d0));
+            s1 = _mm256_add_pd(s1, d1); t1 = _mm256_add_pd(t1, _mm256_mul_pd(d1, d1));
+            s2 = _mm256_add_pd(s2, d2); t2 = _mm256_add_pd(t2, _mm256_mul_pd(d2, d2));
+            s3 = _mm256_add_pd(s3, d3); t3 = _mm256_add_pd(t3, _mm256_mul_pd(d3, d3));
+        }
+        double sv[4], tv[4];
+        float nv[8], xv[8];
+        _mm256_storeu_pd(sv, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+        _mm256_storeu_pd(tv, _mm256_add_pd(_mm256_add_pd(t0, t1), _mm256_add_pd(t2, t3)));
+        _mm256_storeu_ps(nv, _mm256_min_ps(mn0, mn1));
+        _mm256_storeu_ps(xv, _mm256_max_ps(mx0, mx1));
+        double s = (sv[0] + sv[1]) + (sv[2] + sv[3]), sq = (tv[0] + tv[1]) + (tv[2] + tv[3]);
+        float mn = nv[0], mx = xv[0];
+        for (int j = 1; j < 8; j++) {
+            mn = nv[j] < mn ? nv[j] : mn;
+            mx = xv[j] > mx ? xv[j] : mx;
+        }
+        for (; k < m; k++) {
+            float x = q[k];
+            double d = (double)x;
+            s += d; sq += d * d;
+            mn = x < mn ? x : mn;
+            mx = x > mx ? x : mx;
+        }
+        a->sum += s; a->sq += sq;
+        if (mn < a->mn) a->mn = mn;
+        if (mx > a->mx) a->mx = mx;
+    }
+}
+#endif
+
+static void run_f32(const float *p, size_t n, acc_t *a) {
+#ifdef HAVE_AVX2_PATH
+    static int avx2 = -1;
+    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (avx2) { run_f32_avx2(p, n, a); return; }
+#endif
+    run_f32_plain(p, n, a);
 }
 
 MULTIVERSION
@@ -124,6 +183,11 @@ static void run_half(const uint16_t *p, size_t n, int bf16, acc_t *a) {
     }
 }
 
+static int finite_bits(double x) {
+    uint64_t u; memcpy(&u, &x, sizeof u);
+    return (u & F64_EXP) != F64_EXP;
+}
+
 static void run(const char *base, size_t n, int dtype, acc_t *acc) {
     acc_init(acc);
     switch (dtype) {
@@ -132,10 +196,12 @@ static void run(const char *base, size_t n, int dtype, acc_t *acc) {
     case DT_F16: run_half((const uint16_t *)base, n, 0, acc); break;
     case DT_BF16: run_half((const uint16_t *)base, n, 1, acc); break;
     }
+    if (dtype != DT_F64 && (!finite_bits(acc->sum) || !finite_bits(acc->sq))) acc->nonfinite = 1;
 }
 
 /* Exact pass for a buffer holding NaN or Inf (rare): min/max over non-NaN values (so +-Inf
- * shows), NaN count, Inf count. Bits only: the file is compiled with -ffinite-math-only. */
+ * shows), sum and sum of squares of the finite values, NaN count, Inf count. Bits only: the
+ * file is compiled with -ffinite-math-only. */
 static double load(const char *base, size_t i, int dtype) {
     switch (dtype) {
     case DT_F32: return ((const float *)base)[i];
@@ -146,11 +212,11 @@ static double load(const char *base, size_t i, int dtype) {
     }
 }
 
-static void careful(const char *base, size_t n, int dtype, double *mn_out, double *mx_out,
-                    long long *nan_out, long long *inf_out) {
+static void careful(const char *base, size_t n, int dtype, acc_t *acc, long long *nan_out,
+                    long long *inf_out) {
     long long nan = 0, inf = 0;
     int pos_inf = 0, neg_inf = 0, any = 0;
-    double mn = 0.0, mx = 0.0;
+    double mn = 0.0, mx = 0.0, sum = 0.0, sq = 0.0;
     for (size_t i = 0; i < n; i++) {
         double x = load(base, i, dtype);
         uint64_t u; memcpy(&u, &x, sizeof u);
@@ -160,11 +226,13 @@ static void careful(const char *base, size_t n, int dtype, double *mn_out, doubl
             if (u >> 63) neg_inf = 1; else pos_inf = 1;
             continue;
         }
+        sum += x; sq += x * x;
         if (!any) { mn = mx = x; any = 1; }
         else { if (x < mn) mn = x; if (x > mx) mx = x; }
     }
-    *mn_out = neg_inf ? -INFINITY : any ? mn : (pos_inf ? INFINITY : NAN);
-    *mx_out = pos_inf ? INFINITY : any ? mx : (neg_inf ? -INFINITY : NAN);
+    acc->mn = neg_inf ? -INFINITY : any ? mn : (pos_inf ? INFINITY : NAN);
+    acc->mx = pos_inf ? INFINITY : any ? mx : (neg_inf ? -INFINITY : NAN);
+    acc->sum = sum; acc->sq = sq;
     *nan_out = nan; *inf_out = inf;
 }
 
@@ -284,8 +352,8 @@ static PyObject *fastats_stats(PyObject *self, PyObject *args) {
     double mn, mx;
     Py_BEGIN_ALLOW_THREADS
     run_split(base, n, dtype, &acc);
+    if (acc.nonfinite) careful(base, n, dtype, &acc, &nan, &inf);
     mn = acc.mn; mx = acc.mx;
-    if (acc.nonfinite) careful(base, n, dtype, &mn, &mx, &nan, &inf);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(ddddLL)", mn, mx, acc.sum, acc.sq, nan, inf);
 }

@@ -50,6 +50,34 @@ def test_matches_numpy_float64(dtype, n, specials):
     check(sample(n, dtype, specials), CODES[dtype])
 
 
+@pytest.mark.parametrize("n", [15, 16, 17, 1024, 1040, 5000])
+@pytest.mark.parametrize("special", ["one-nan", "plus-inf", "minus-inf", "both-inf", "all-nan",
+                                     "float32-max"])
+def test_one_special_value_anywhere(n, special):
+    """The float32 pass sums every value as it is and finds NaN/Inf through the sum: one special
+    value in the 16-wide part or in the tail, alone or cancelling (+Inf and -Inf), and the
+    largest finite float32 values (whose squares still fit a float64) are all exact."""
+    for where in (0, n // 2, n - 1):
+        a = sample(n, np.float32, False, seed=where)
+        if special == "one-nan":
+            a[where] = np.nan
+        elif special == "plus-inf":
+            a[where] = np.inf
+        elif special == "minus-inf":
+            a[where] = -np.inf
+        elif special == "both-inf":
+            a[where], a[(where + 1) % n] = np.inf, -np.inf
+        elif special == "all-nan":
+            a[:] = np.nan
+        else:
+            a[where], a[(where + 7) % n] = np.finfo(np.float32).max, np.finfo(np.float32).min
+        if special == "all-nan":
+            mn, mx, total, sq, nan, inf = fastats.stats(a.ctypes.data, a.size, 0)
+            assert np.isnan(mn) and np.isnan(mx) and (total, sq, nan, inf) == (0.0, 0.0, n, 0)
+        else:
+            check(a, 0)
+
+
 def test_bfloat16_bits_above_the_split():
     a = sample((1 << 20) + 3, np.float32, True)
     bits = (a.view(np.uint32) >> 16).astype(np.uint16)          # truncated to bfloat16
