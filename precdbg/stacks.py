@@ -15,26 +15,28 @@ class StackTable:
 
     def __init__(self, skip: Tuple[str, ...]) -> None:
         self.skip = skip
-        self._ids: Dict[Tuple, int] = {}              # (code, instruction) per frame -> id
+        self._ids: Dict[Tuple[int, ...], int] = {}    # (code id, instruction) per frame -> id
         self._by_text: Dict[str, int] = {}
-        self._internal: Dict[CodeType, bool] = {}     # per code object: inside `skip`?
+        # per code object id: inside `skip`? The code object is kept, so its id stays its own.
+        self._internal: Dict[int, Tuple[CodeType, bool]] = {}
         self.texts: List[str] = []
 
     def current(self, depth: int = 2) -> int:
         """The id of the caller's stack, `depth` frames above this call. Runs once per captured
-        call: frames are keyed by (code object, instruction offset), which needs no line-table
-        lookup; lines are read, and the text made, once per distinct key."""
+        call: frames are keyed by (code object id, instruction offset), which needs neither a
+        line-table lookup nor a code object's hash (it hashes the code's contents); lines are
+        read, and the text made, once per distinct key."""
         frame = sys._getframe(depth)
         internal = self._internal
-        key = []
+        key: List[int] = []
         frames = []
         while frame is not None and len(frames) < _DEPTH:
             code = frame.f_code
-            skip = internal.get(code)
-            if skip is None:
-                skip = internal[code] = code.co_filename.startswith(self.skip)
-            if not skip:
-                key.append(code)
+            known = internal.get(id(code))
+            if known is None:
+                known = internal[id(code)] = (code, code.co_filename.startswith(self.skip))
+            if not known[1]:
+                key.append(id(code))
                 key.append(frame.f_lasti)
                 frames.append(frame)
             frame = frame.f_back

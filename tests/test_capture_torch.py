@@ -940,3 +940,42 @@ def test_each_empty_tensor_keeps_its_own_producer(tmp_path):
                          ("Torch.cat.1.forward", "Torch.ones.0.forward")):
         empty = one_row(table, entry=cat, role="input", arg_key="0.0")
         assert names[int(empty["producer"])] == factory, (cat, names.get(int(empty["producer"])))
+
+
+def _helper_that_adds(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.add(a, b)
+
+
+def test_call_stacks_name_the_user_code(tmp_path):
+    """Each API record holds the id of its caller's stack: the user's frames (file:line in
+    function), never precdbg's or torch's; one call site in a loop is one stack, two call
+    sites two, and a helper called from two places gives two stacks."""
+    model = nn.Linear(4, 4)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    dbg = PrecisionDebugger(task="statistics", level="mix", dump_path=str(tmp_path))
+    dbg.start(model)
+    for _ in range(3):
+        torch.mul(a, b)                                   # one site, three calls
+    torch.sub(a, b)
+    _helper_that_adds(a, b)
+    _helper_that_adds(b, a)
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    t = dump.records(step=0)
+    texts = dump.stacks(0)
+    here = os.path.abspath(__file__)
+
+    def stacks_of(api):
+        rows = [r for r in rows_where(t, kind="api", api=api, direction="forward", role="output")]
+        return [texts[r["stack_id"]] for r in sorted(rows, key=lambda r: r["order"])]
+    mul, sub, add = stacks_of("mul"), stacks_of("sub"), stacks_of("add")
+    assert len(mul) == 3 and len(set(mul)) == 1 and len(add) == 2
+    assert len({mul[0], sub[0], add[0], add[1]}) == 4
+    first = mul[0].splitlines()[0]
+    assert first.startswith(here + ":") and first.endswith(" in test_call_stacks_name_the_user_code")
+    assert add[0].splitlines()[0].endswith(" in _helper_that_adds")
+    assert add[0].splitlines()[1].endswith(" in test_call_stacks_name_the_user_code")
+    internal = (os.path.dirname(torch.__file__), os.path.dirname(precdbg.__file__))
+    assert not any(line.startswith(internal) for text in texts for line in text.splitlines())
