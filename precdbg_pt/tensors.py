@@ -229,10 +229,17 @@ def summarize(t: torch.Tensor) -> Handle:
         return device_stats.summarize(t)
     if _FORCED_BACKEND is not None and t.layout is torch.strided:
         return _forced(t)
-    if _fastats is not None:
+    if _fastats is not None and t.layout is torch.strided:
         code = _FAST_CODES.get(t.dtype)
-        if code is not None and t.layout is torch.strided:
+        if code is not None:
             return _host_stats(t, code)
+        # integers and bools as float64 (exact below 2**53), complex as its magnitude: one C
+        # pass over the converted copy, not five torch reductions, each of which may wake the
+        # intra-op thread pool (~1 ms for a 4 K-element bool mask)
+        w = t.detach().abs() if t.is_complex() else t.detach().double()
+        code = _FAST_CODES.get(w.dtype)
+        if code is not None:
+            return _host_stats(w, code)
     t = t.detach()
     w = _work_view(t)
     lo, hi = torch.aminmax(w)

@@ -485,25 +485,38 @@ def test_backward_runs_in_reverse(gpt_dump):
 
 # ----------------------------------------------------------------------------- statistics
 def _stats_of(tmp_path, x: torch.Tensor):
+    op = torch.clone if x.dtype is torch.bool else torch.neg     # no neg of a bool
     dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api")
     with dbg.capture():
-        torch.neg(x)
+        op(x)
     assert dbg.close()
     assert dbg.failures == 0
     return one_row(precdbg.open_dump(str(tmp_path)).records(step=0),
-                   entry="Torch.neg.0.forward", role="input")
+                   entry=f"Torch.{op.__name__}.0.forward", role="input")
 
 
 @pytest.mark.parametrize("dtype,numel", [(torch.float32, 1000), (torch.float32, (1 << 21) + 123),
                                          (torch.float64, 777), (torch.bfloat16, 4096),
-                                         (torch.float16, 513), (torch.int64, 100)])
+                                         (torch.float16, 513), (torch.int64, 100),
+                                         (torch.int32, 5000), (torch.int8, 77), (torch.uint8, 300),
+                                         (torch.bool, 4096), (torch.complex64, 129)])
 def test_statistics_match_numpy(tmp_path, dtype, numel):
+    """Floats of every width, integers and bools (as float64), complex (its magnitude)."""
     rng = np.random.RandomState(7)
     values = rng.randn(numel) * 3.0 + 1.25
-    if dtype is torch.int64:
+    if dtype in (torch.int64, torch.int32):
         values = np.round(values * 10)
+    elif dtype in (torch.int8, torch.uint8):
+        values = np.round(np.abs(values) * 10) if dtype is torch.uint8 else np.round(values * 10)
+    elif dtype is torch.bool:
+        values = values > 1.25
+    elif dtype is torch.complex64:
+        values = values + 1j * rng.randn(numel)
     x = torch.tensor(values).to(dtype)
-    ref = x.double().numpy() if dtype is not torch.bfloat16 else x.float().double().numpy()
+    if dtype is torch.complex64:
+        ref = x.abs().double().numpy()
+    else:
+        ref = x.double().numpy() if dtype is not torch.bfloat16 else x.float().double().numpy()
     r = _stats_of(tmp_path, x)
     assert r["dtype"] == str(dtype).replace("torch.", "")
     assert r["shape"] == (numel,) and r["numel"] == numel
