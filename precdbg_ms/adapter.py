@@ -37,6 +37,7 @@ from .calls import (in_place, is_floating, is_tensor, scalar_inputs, takes_grad,
 from .optimizer import patch_optimizer
 from .patches import PatchRegistry
 from .returned_grads import GradientLinks, patch_grad_executor
+from .writes import patch_writes
 
 __all__ = ["MindSporeAdapter"]
 
@@ -127,6 +128,8 @@ class MindSporeAdapter(BaseInstrumentor):
                 self.hold(patch)
         self.hold(patch_optimizer(self))
         self.hold(patch_grad_executor(self))
+        for patch in patch_writes(self):
+            self.hold(patch)
 
     def _uninstrument(self) -> None:
         self._cell_calls.clear()

@@ -122,6 +122,9 @@ def _on_host(t: ms.Tensor) -> bool:
 
 def note_write(t: ms.Tensor) -> None:
     """A captured call wrote `t` in place: later records of it are a new version."""
+    last = _LAST[0]
+    if last is not None and last.ref() is t:
+        _LAST[0] = None                      # set_data may change its shape too
     entry = _WRITES.get(id(t))
     count = entry[1] if entry is not None and entry[0]() is t else 0
     try:

@@ -642,3 +642,59 @@ def test_a_later_in_place_write_does_not_change_a_record(tmp_path, level):
     assert kept["max"] == 6.0 and kept["min"] == 1.0, kept
     whole = one_row(t, entry="Cell._KeepThenWrite.forward.0", role="output")
     assert whole["max"] == 100.0, whole
+
+
+class _Scale(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = ms.Parameter(ms.Tensor(np.ones((4,), np.float32)), name="w")
+
+    def construct(self, x):
+        return x * self.w
+
+
+def _write_outside_captured_apis(how: str, model: _Scale, y: ms.Tensor) -> None:
+    seven = ms.Tensor(np.full((4,), 7.0, np.float32))
+    if how == "set_data":                   # a manual update of a parameter
+        model.w.set_data(seven)
+    elif how == "assign_value":
+        y.assign_value(seven)
+    else:                                   # through the host view asnumpy() hands out
+        y.asnumpy()[:] = 7.0
+
+
+@pytest.mark.parametrize("level", ["module", "mix"])
+@pytest.mark.parametrize("how", ["set_data", "assign_value", "asnumpy_view"])
+def test_writes_outside_captured_apis_keep_earlier_records_and_start_a_new_version(
+        tmp_path, level, how):
+    """`Parameter.set_data`, `Tensor.assign_value` and a write into `asnumpy()`'s view are no
+    captured API: a record taken before keeps the value at its capture (the parameter's
+    inventory, an API's output), and a record of the same object after the write has the new
+    value, not the statistics of the old one. (The tensors written are an API's output: a
+    hooked cell's output does not share its memory with asnumpy()'s view, in MindSpore itself.)"""
+    model = _Scale()
+    x = ms.Tensor(np.full((4,), 2.0, np.float32))
+
+    def body():
+        y = model(x) if how == "set_data" else x * 1.0            # 2.0
+        written = model.w if how == "set_data" else y
+        _write_outside_captured_apis(how, model, y)
+        return model(written)                           # reads the written tensor again
+
+    t, dbg, _ = capture(tmp_path, body, model=model, level=level)
+    assert dbg.failures == 0
+    inventory = one_row(t, entry="Param.w", role="param")
+    assert (inventory["min"], inventory["max"]) == (1.0, 1.0), inventory
+    if how == "set_data":
+        first = one_row(t, entry="Cell._Scale.forward.0", role="output")
+        assert (first["min"], first["max"]) == (2.0, 2.0), first
+    elif level == "mix":
+        first = one_row(t, op="mul", kind="api", role="output", call_index=0)
+        assert (first["min"], first["max"]) == (2.0, 2.0), first
+    index = 1 if how == "set_data" else 0
+    second = one_row(t, entry=f"Cell._Scale.forward.{index}", role="input")
+    if how == "set_data":      # the second call reads the new weight: 7 * 7
+        out = one_row(t, entry="Cell._Scale.forward.1", role="output")
+        assert out["max"] == 49.0, out
+    else:                      # the second call's input is the written tensor
+        assert (second["min"], second["max"]) == (7.0, 7.0), second
