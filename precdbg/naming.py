@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any, Dict, Iterable
 
-__all__ = ["COLLECTIVE_OPS", "is_collective", "writes_arguments",
+__all__ = ["COLLECTIVE_OPS", "is_collective", "in_place", "writes_arguments",
            "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
            "normalize_api_name", "param_alias", "torch_param_leaf", "inventory_role"]
 
@@ -34,6 +34,13 @@ COLLECTIVE_OPS = frozenset({
 
 def is_collective(op: str) -> bool:
     return op in COLLECTIVE_OPS
+
+
+def in_place(api: str) -> bool:
+    """An API that writes its first tensor argument in place: `add_`, `__iadd__`,
+    `__setitem__`, MindSpore's `assign` family."""
+    return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or \
+        api in ("__setitem__", "assign", "assign_add", "assign_sub", "scatter_update")
 
 
 def writes_arguments(api: str, op: str) -> bool:

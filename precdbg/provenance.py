@@ -9,6 +9,13 @@ by the adapter through `grad_of`; a later read of those elements at another vers
 something not captured, e.g. a collective inside DDP) still names the dw record, and the compare
 sees that the bytes changed in between.
 
+A version counter belongs to a tensor object, not to its memory: PyTorch's `p.data` is another
+object over `p`'s storage with a counter of its own, so `p.data.mul_(2)` leaves `p._version`
+where it was. A captured in-place call therefore also counts a write epoch of the storage it
+wrote (`wrote`): the state of a storage is (epoch, version) once it has one, so no tensor over
+that memory is taken for its state before the write, and a read whose own counter did not move
+names the epoch's writer as its producer.
+
 Only framework-neutral bookkeeping lives here; the adapter answers `storage(tensor)` (keys) and
 `storage_ref(tensor)` (is that storage still alive: a freed storage's key may come back).
 Each record also gets the number of its storage in the step (`storage`): when several tensors
@@ -57,14 +64,34 @@ class Provenance:
         self._held: List[Any] = []
         self._storages: Dict[Hashable, _Entry] = {}    # storage -> (its number, alive?)
         self._next_storage = 0
+        self.epochs: Dict[Hashable, int] = {}          # storage -> in-place writes captured
+        self._epoch_writer: Dict[Hashable, Tuple[int, _Entry]] = {}
 
-    def _lookup(self, store: Hashable, view: Hashable, version: int) -> int:
-        hit = self._by_version.get((store, version))
+    def wrote(self, tensor: Any) -> None:
+        """A captured call wrote `tensor` in place: every tensor over its storage (whatever
+        its own version counter says) now holds a new state."""
+        key = self.tensors.storage(tensor)
+        if key is not None:
+            self.epochs[key[0]] = self.epochs.get(key[0], 0) + 1
+
+    def state(self, store: Hashable, version: int) -> Hashable:
+        """The state of a storage as its producers are kept: the version, with the storage's
+        write epoch once it has one."""
+        epoch = self.epochs.get(store, 0) if self.epochs else 0
+        return (epoch, version) if epoch else version
+
+    def _lookup(self, store: Hashable, view: Hashable, state: Hashable) -> int:
+        hit = self._by_version.get((store, state))
         if hit is not None and hit[1]():
             return hit[0]
         hit = self._grads.get((store, view))
         if hit is not None and hit[1]():
             return hit[0]
+        if self._epoch_writer:           # written through another object at this epoch
+            last = self._epoch_writer.get(store)
+            if last is not None and isinstance(state, tuple) and last[0] == state[0] \
+                    and last[1][1]():
+                return last[1][0]
         return NO_PRODUCER
 
     def note(self, rec: Record, tensor: Any, written: bool = False, seen: Any = None,
@@ -86,7 +113,7 @@ class Provenance:
                 known = self._storages[store] = (self._next_storage,
                                                  self.tensors.storage_ref(tensor))
                 self._next_storage += 1
-            where = (store, key[1], key[2], known)
+            where = (store, key[1], self.state(store, key[2]), known)
             if seen is not None:
                 seen.storage = where
         store, view, version, known = where
@@ -99,7 +126,9 @@ class Provenance:
             have = self._by_version.get((store, version))
             if dw or written or have is None or not have[1]():
                 # every version of a storage lives exactly as long as the storage: one reference
-                self._by_version[(store, version)] = (rec.seq, known[1])
+                entry = self._by_version[(store, version)] = (rec.seq, known[1])
+                if isinstance(version, tuple):      # (epoch, version): this epoch's writer
+                    self._epoch_writer[store] = (version[0], entry)
             else:                            # passed through: alive while either holder is
                 self._hold(store, version, have, tensor)
             if dw:
@@ -108,17 +137,19 @@ class Provenance:
     def alias(self, original: Any, copy: Any) -> None:
         """`copy` is a copy of `original` made outside any captured call: same producer."""
         key = self.tensors.storage(original)
-        seq = self._lookup(*key) if key is not None else NO_PRODUCER
+        seq = self._lookup(key[0], key[1], self.state(key[0], key[2])) if key is not None \
+            else NO_PRODUCER
         dst = self.tensors.storage(copy) if seq != NO_PRODUCER else None
         if dst is None:
             return
-        have = self._by_version.get((dst[0], dst[2]))
+        state = self.state(dst[0], dst[2])
+        have = self._by_version.get((dst[0], state))
         if have is not None and have[1]():
-            self._hold(dst[0], dst[2], have, copy)
+            self._hold(dst[0], state, have, copy)
         else:
-            self._by_version[(dst[0], dst[2])] = (seq, self.tensors.storage_ref(copy))
+            self._by_version[(dst[0], state)] = (seq, self.tensors.storage_ref(copy))
 
-    def _hold(self, store: Hashable, version: int, have: _Entry, tensor: Any) -> None:
+    def _hold(self, store: Hashable, version: Hashable, have: _Entry, tensor: Any) -> None:
         """Another object holds the same memory (a framework that wraps tensors in new objects
         without copying): the producer stays known while any of them lives. The holders are a
         flat list, pruned of dead ones, of at most `_MAX_HOLDERS` (the same bytes passed through
@@ -143,5 +174,5 @@ class Provenance:
         if hold:
             self._held.append(tensor)
         entry = (seq, (lambda: True) if hold else self.tensors.storage_ref(tensor))
-        self._by_version[(store, version)] = entry
+        self._by_version[(store, self.state(store, version))] = entry
         self._grads[(store, view)] = entry

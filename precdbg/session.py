@@ -375,6 +375,10 @@ class Session:
         dtype, shape, numel, keys, where = self.tensors.facts(tensor)
         if numel == 0:
             keys = None          # no elements, no unique address: every empty tensor is its own
+        elif self.provenance.epochs and keys is not None and where is not None:
+            epoch = self.provenance.epochs.get(where[0])
+            if epoch:            # written in place through another object: a state of its own
+                keys = ((keys[0], epoch), (keys[1], epoch))
         batch = self._batch
         seen = batch.seen_tensor(tensor, written, keys)
         precision = self._precisions.of(call, direction, role, dtype, seen)
@@ -395,6 +399,11 @@ class Session:
             self._first_batch_parts.append((rec, self.tensors.to_host(tensor)))
         if (call.store or self._checksum) and not seen.copied:
             batch.copy(seen, tensor, call.store)
+
+    def wrote(self, tensor: Any) -> None:
+        """A captured call just wrote `tensor` in place (before its outputs are captured): any
+        tensor over the same memory holds new values, whatever its own version counter says."""
+        self.provenance.wrote(tensor)
 
     def grad_produced(self, path: str, tensor: Any, hold: bool = False) -> None:
         """`tensor` holds parameter `path`'s gradient after backward (`.grad`, `main_grad`);

@@ -27,12 +27,12 @@ import precdbg
 from precdbg.errors import FrameworkError
 from precdbg.instrumentor import BaseInstrumentor, NamedTensor
 from precdbg.manifest import jsonable
-from precdbg.naming import framework_table, inventory_role
+from precdbg.naming import framework_table, in_place, inventory_role
 from precdbg.protocols import Recorder
 
 from . import tensors
 from .aliasing import wrap_cell_backward_hook
-from .calls import (in_place, is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
+from .calls import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
                     tensor_outputs)
 from .optimizer import patch_optimizer
 from .patches import PatchRegistry

@@ -11,7 +11,7 @@ from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
 
 from . import tensors
 
-__all__ = ["in_place", "is_floating", "is_tensor", "scalar_inputs", "takes_grad",
+__all__ = ["is_floating", "is_tensor", "scalar_inputs", "takes_grad",
            "tensor_inputs", "tensor_outputs"]
 
 _FLOAT_NAMES = {"float16", "float32", "float64", "bfloat16"}
@@ -46,6 +46,3 @@ def is_floating(t: Any) -> bool:
     return tensors.dtype_name(t.dtype) in _FLOAT_NAMES
 
 
-def in_place(api: str) -> bool:
-    return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or \
-        api in ("__setitem__", "assign", "assign_add", "assign_sub", "scatter_update")

@@ -13,7 +13,7 @@ import torch
 import precdbg
 from precdbg.instrumentor import BaseInstrumentor, NamedTensor
 from precdbg.manifest import jsonable
-from precdbg.naming import writes_arguments
+from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
 
 from . import tensors
@@ -238,6 +238,10 @@ class TorchAdapter(BaseInstrumentor):
         try:
             outputs = tensor_outputs(result)
             with _Guard(self):
+                if inputs and in_place(call.api):      # also every other object over it
+                    session.wrote(inputs[0][2])
+                elif "out" in kwargs and self.is_tensor(kwargs["out"]):
+                    session.wrote(kwargs["out"])
                 for index, key, t in outputs:
                     session.capture(call, "forward", "output", index, key, t)
                 if not outputs and writes_arguments(call.api, call.op):

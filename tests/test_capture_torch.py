@@ -992,3 +992,37 @@ def test_call_stacks_name_the_user_code(tmp_path):
     assert add[0].splitlines()[1].endswith(" in test_call_stacks_name_the_user_code")
     internal = (os.path.dirname(torch.__file__), os.path.dirname(precdbg.__file__))
     assert not any(line.startswith(internal) for text in texts for line in text.splitlines())
+
+
+@pytest.mark.parametrize("write", ["data_mul", "detach_fill", "no_grad_mul"])
+def test_an_in_place_write_through_another_object_is_a_new_state(tmp_path, write):
+    """`p.data.mul_(2)` (custom optimizers, EMA, Megatron's param copies) writes p's memory
+    through another object whose version counter is its own: p._version does not move. A
+    later read of p still has the new values, and names the write as its producer; the
+    inventory taken before keeps the old ones."""
+    model = nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    dbg = PrecisionDebugger(task="statistics", level="mix", dump_path=str(tmp_path))
+    dbg.start(model)
+    if write == "data_mul":
+        model.weight.data.mul_(2.0)
+    elif write == "detach_fill":
+        model.weight.detach().fill_(2.0)
+    else:
+        with torch.no_grad():
+            model.weight.mul_(2.0)
+    model(torch.ones(2, 4)).sum().backward()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    inventory = one_row(t, entry="Param.weight", role="param")
+    assert (inventory["min"], inventory["max"]) == (1.0, 1.0)
+    weight = one_row(t, entry="Functional.linear.0.forward", role="input", arg_index=1)
+    assert (weight["min"], weight["max"]) == (2.0, 2.0), weight
+    writer = rows_where(t, kind="api", direction="forward", role="output",
+                        api="mul_" if write != "detach_fill" else "fill_")
+    assert len(writer) == 1 and weight["producer"] == writer[0]["seq"], (weight, writer)
+    out = one_row(t, entry="Functional.linear.0.forward", role="output")
+    assert (out["min"], out["max"]) == (8.0, 8.0)
