@@ -43,22 +43,34 @@ static float half_to_float(uint16_t h);
 #define F32_EXP 0x7f800000u
 #define F64_EXP 0x7ff0000000000000ull
 
+/* One block's partial results, folded into the buffer's once the block is done. */
+typedef struct {
+    double s, sq;
+    float mn, mx;
+} block_t;
+
+static inline void f32_values(const float *q, size_t k, size_t m, block_t *b) {
+    for (; k < m; k++) {
+        float x = q[k];
+        double d = (double)x;
+        b->s += d; b->sq += d * d;
+        b->mn = x < b->mn ? x : b->mn;
+        b->mx = x > b->mx ? x : b->mx;
+    }
+}
+
+static inline void block_done(const block_t *b, acc_t *a) {
+    a->sum += b->s; a->sq += b->sq;
+    if (b->mn < a->mn) a->mn = b->mn;
+    if (b->mx > a->mx) a->mx = b->mx;
+}
+
 static void run_f32_plain(const float *p, size_t n, acc_t *a) {
     for (size_t i = 0; i < n; i += BLK) {
         size_t m = n - i < BLK ? n - i : BLK;
-        const float *q = p + i;
-        double s = 0.0, sq = 0.0;
-        float mn = INFINITY, mx = -INFINITY;
-        for (size_t k = 0; k < m; k++) {
-            float x = q[k];
-            double d = (double)x;
-            s += d; sq += d * d;
-            mn = x < mn ? x : mn;
-            mx = x > mx ? x : mx;
-        }
-        a->sum += s; a->sq += sq;
-        if (mn < a->mn) a->mn = mn;
-        if (mx > a->mx) a->mx = mx;
+        block_t b = {0.0, 0.0, INFINITY, -INFINITY};
+        f32_values(p + i, 0, m, &b);
+        block_done(&b, a);
     }
 }
 
@@ -96,22 +108,14 @@ static void run_f32_avx2(const float *p, size_t n, acc_t *a) {
         _mm256_storeu_pd(tv, _mm256_add_pd(_mm256_add_pd(t0, t1), _mm256_add_pd(t2, t3)));
         _mm256_storeu_ps(nv, _mm256_min_ps(mn0, mn1));
         _mm256_storeu_ps(xv, _mm256_max_ps(mx0, mx1));
-        double s = (sv[0] + sv[1]) + (sv[2] + sv[3]), sq = (tv[0] + tv[1]) + (tv[2] + tv[3]);
-        float mn = nv[0], mx = xv[0];
+        block_t b = {(sv[0] + sv[1]) + (sv[2] + sv[3]), (tv[0] + tv[1]) + (tv[2] + tv[3]),
+                     nv[0], xv[0]};
         for (int j = 1; j < 8; j++) {
-            mn = nv[j] < mn ? nv[j] : mn;
-            mx = xv[j] > mx ? xv[j] : mx;
+            b.mn = nv[j] < b.mn ? nv[j] : b.mn;
+            b.mx = xv[j] > b.mx ? xv[j] : b.mx;
         }
-        for (; k < m; k++) {
-            float x = q[k];
-            double d = (double)x;
-            s += d; sq += d * d;
-            mn = x < mn ? x : mn;
-            mx = x > mx ? x : mx;
-        }
-        a->sum += s; a->sq += sq;
-        if (mn < a->mn) a->mn = mn;
-        if (mx > a->mx) a->mx = mx;
+        f32_values(q, k, m, &b);             /* the last values of the block, one by one */
+        block_done(&b, a);
     }
 }
 #endif
