@@ -238,8 +238,11 @@ class TorchAdapter(BaseInstrumentor):
         try:
             outputs = tensor_outputs(result)
             with _Guard(self):
-                if inputs and in_place(call.api):      # also every other object over it
-                    session.wrote(inputs[0][2])
+                if args and in_place(call.api):        # also every other object over it
+                    first = args[0]                    # a tensor, or _foreach_*_'s list
+                    for t in first if isinstance(first, (list, tuple)) else (first,):
+                        if self.is_tensor(t):
+                            session.wrote(t)
                 elif "out" in kwargs and self.is_tensor(kwargs["out"]):
                     session.wrote(kwargs["out"])
                 for index, key, t in outputs:

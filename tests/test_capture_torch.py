@@ -994,7 +994,7 @@ def test_call_stacks_name_the_user_code(tmp_path):
     assert not any(line.startswith(internal) for text in texts for line in text.splitlines())
 
 
-@pytest.mark.parametrize("write", ["data_mul", "detach_fill", "no_grad_mul"])
+@pytest.mark.parametrize("write", ["data_mul", "foreach_mul", "detach_fill", "no_grad_mul"])
 def test_an_in_place_write_through_another_object_is_a_new_state(tmp_path, write):
     """`p.data.mul_(2)` (custom optimizers, EMA, Megatron's param copies) writes p's memory
     through another object whose version counter is its own: p._version does not move. A
@@ -1007,6 +1007,8 @@ def test_an_in_place_write_through_another_object_is_a_new_state(tmp_path, write
     dbg.start(model)
     if write == "data_mul":
         model.weight.data.mul_(2.0)
+    elif write == "foreach_mul":                 # the second tensor of the list is the weight
+        torch._foreach_mul_([torch.ones(3), model.weight.data], 2.0)
     elif write == "detach_fill":
         model.weight.detach().fill_(2.0)
     else:
@@ -1021,8 +1023,10 @@ def test_an_in_place_write_through_another_object_is_a_new_state(tmp_path, write
     assert (inventory["min"], inventory["max"]) == (1.0, 1.0)
     weight = one_row(t, entry="Functional.linear.0.forward", role="input", arg_index=1)
     assert (weight["min"], weight["max"]) == (2.0, 2.0), weight
-    writer = rows_where(t, kind="api", direction="forward", role="output",
-                        api="mul_" if write != "detach_fill" else "fill_")
+    api = {"detach_fill": "fill_", "foreach_mul": "_foreach_mul_"}.get(write, "mul_")
+    # _foreach_mul_ returns nothing: what it wrote are its outputs, the weight the second
+    writer = rows_where(t, kind="api", direction="forward", api=api, role="output",
+                        **({"arg_index": 1} if write == "foreach_mul" else {}))
     assert len(writer) == 1 and weight["producer"] == writer[0]["seq"], (weight, writer)
     out = one_row(t, entry="Functional.linear.0.forward", role="output")
     assert (out["min"], out["max"]) == (8.0, 8.0)
