@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["tensor_arguments", "tensor_results", "value_arguments"]
+__all__ = ["call_arguments", "tensor_arguments", "tensor_results", "value_arguments"]
 
 _MAX_DEPTH = 2
 
@@ -29,18 +29,7 @@ def _flatten(value: Any, key: str, out: List[Tuple[str, Any]], is_tensor: Callab
 def tensor_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any],
                      is_tensor: Callable[[Any], bool]) -> List[Tuple[int, str, Any]]:
     """[(ordinal, key, tensor)] of the tensors among a call's arguments."""
-    found: List[Tuple[str, Any]] = []
-    for i, arg in enumerate(args):
-        if is_tensor(arg):              # the common case, without a call of _flatten
-            found.append((str(i), arg))
-        elif isinstance(arg, (list, tuple, dict)):
-            _flatten(arg, str(i), found, is_tensor)
-    for name, arg in kwargs.items():
-        if is_tensor(arg):
-            found.append((name, arg))
-        elif isinstance(arg, (list, tuple, dict)):
-            _flatten(arg, name, found, is_tensor)
-    return [(i, key, t) for i, (key, t) in enumerate(found)]
+    return call_arguments(args, kwargs, is_tensor, _no_dtype)[0]
 
 
 def tensor_results(result: Any, is_tensor: Callable[[Any], bool]) -> List[Tuple[int, str, Any]]:
@@ -52,21 +41,62 @@ def tensor_results(result: Any, is_tensor: Callable[[Any], bool]) -> List[Tuple[
     return [(i, key or "0", t) for i, (key, t) in enumerate(found)]
 
 
+_SKIP = object()        # an argument not worth recording as a value
+
+
+def _no_dtype(value: Any) -> None:
+    return None
+
+
+def _value_of(value: Any, dtype_name: Callable[[Any], Optional[str]]) -> Any:
+    """What a non-tensor argument is recorded as, or _SKIP."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        if value and len(value) <= 8 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+        return _SKIP
+    name = dtype_name(value)
+    return _SKIP if name is None else name
+
+
 def value_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any],
                     dtype_name: Callable[[Any], Optional[str]]) -> List[Tuple[str, Any]]:
     """[(key, value)] of the non-tensor arguments worth recording; `dtype_name` names a
     framework dtype object (or returns None for anything else)."""
     out: List[Tuple[str, Any]] = []
-    items = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
-    for key, value in items:
-        if isinstance(value, (bool, int, float, str)):
-            out.append((key, value))
-        elif isinstance(value, (tuple, list)):
-            if value and len(value) <= 8 and all(
-                    isinstance(v, int) and not isinstance(v, bool) for v in value):
-                out.append((key, tuple(value)))
-        else:
-            name = dtype_name(value)
-            if name is not None:
-                out.append((key, name))
+    for key, value in [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items()):
+        recorded = _value_of(value, dtype_name)
+        if recorded is not _SKIP:
+            out.append((key, recorded))
     return out
+
+
+def call_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                   is_tensor: Callable[[Any], bool],
+                   dtype_name: Callable[[Any], Optional[str]]
+                   ) -> Tuple[List[Tuple[int, str, Any]], List[Tuple[str, Any]]]:
+    """`tensor_arguments` and `value_arguments` of one call in one pass over its arguments
+    (asked for every captured API call)."""
+    found: List[Tuple[str, Any]] = []
+    values: List[Tuple[str, Any]] = []
+    for i, arg in enumerate(args):
+        if is_tensor(arg):
+            found.append((str(i), arg))
+            continue
+        if isinstance(arg, (list, tuple, dict)):
+            _flatten(arg, str(i), found, is_tensor)
+        recorded = _value_of(arg, dtype_name)
+        if recorded is not _SKIP:
+            values.append((str(i), recorded))
+    for name, arg in kwargs.items():
+        if is_tensor(arg):
+            found.append((name, arg))
+            continue
+        if isinstance(arg, (list, tuple, dict)):
+            _flatten(arg, name, found, is_tensor)
+        recorded = _value_of(arg, dtype_name)
+        if recorded is not _SKIP:
+            values.append((name, recorded))
+    return [(i, key, t) for i, (key, t) in enumerate(found)], values

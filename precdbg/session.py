@@ -8,7 +8,6 @@ Statistics stay on the device until `resolve` is called once per batch of record
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import tempfile
@@ -30,7 +29,7 @@ from .arguments import tensor_results
 from .batch import TensorBatch
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
                      save_entry, torch_param_leaf)
-from .schema import Direction, Phase, Record, RecordKind, Role, Task
+from .schema import NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task
 from .writer import DumpWriter
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
@@ -40,6 +39,7 @@ log = logging.getLogger("precdbg")
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
 _INPUT, _FORWARD = Role.INPUT.value, Direction.FORWARD.value
 _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NONE.value
+_NAN = float("nan")
 _MAX_REPORTED_FAILURES = 20     # distinct failures reported; the rest are only counted
 
 
@@ -49,23 +49,36 @@ def one_line(exc: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-@dataclasses.dataclass
 class Call:
-    """One entry occurrence (an API call or a module call) with its forward identity."""
-    kind: str
-    prefix: str
-    api: str
-    op: str
-    module: str
-    call_index: int
-    order: int
-    phase: str
-    stack_id: int
-    store: bool
-    forward_entry: str
-    backward_entry: str
-    alias: str = ""
-    precision: str = ""          # the lowest precision its forward inputs carried
+    """One entry occurrence (an API call or a module call) with its forward identity. The
+    backward entry's name is made when a backward record first asks for it (most calls never
+    see one captured)."""
+    __slots__ = ("kind", "prefix", "api", "op", "module", "call_index", "order", "phase",
+                 "stack_id", "store", "forward_entry", "_backward_entry", "alias", "precision")
+
+    def __init__(self, kind: str, prefix: str, api: str, op: str, module: str, call_index: int,
+                 order: int, phase: str, stack_id: int, store: bool, forward_entry: str,
+                 backward_entry: Optional[str] = None, alias: str = "") -> None:
+        self.kind, self.prefix, self.api, self.op, self.module = kind, prefix, api, op, module
+        self.call_index, self.order, self.phase = call_index, order, phase
+        self.stack_id, self.store, self.forward_entry = stack_id, store, forward_entry
+        self._backward_entry = backward_entry
+        self.alias = alias
+        self.precision = ""          # the lowest precision its forward inputs carried
+
+    @property
+    def backward_entry(self) -> str:
+        name = self._backward_entry
+        if name is None:
+            if self.kind == _API:
+                name = api_entry(self.prefix, self.api, self.call_index, _BACKWARD)
+            elif self.kind == _MODULE:
+                name = module_entry(self.prefix, self.module, self.api, _BACKWARD,
+                                    self.call_index)
+            else:
+                name = self.forward_entry
+            self._backward_entry = name
+        return name
 
 
 class Session:
@@ -299,7 +312,7 @@ class Session:
         self._order += 1
         return Call(_API, prefix, api, canonical_op(api), module, index,
                     self._order, self.phase, self._stack_id(), self._stores(forward, api),
-                    forward, api_entry(prefix, api, index, "backward"))
+                    forward)
 
     def begin_module(self, prefix: str, path: str, cls: str) -> Tuple[Optional[Call], bool]:
         """A module call starts: (Call or None, whether the module selects its whole subtree)."""
@@ -313,7 +326,7 @@ class Session:
         self._order += 1
         return Call(_MODULE, prefix, cls, canonical_op(cls), path, index,
                     self._order, self.phase, self._stack_id(), self._stores(forward, cls),
-                    forward, module_entry(prefix, path, cls, "backward", index)), subtree
+                    forward), subtree
 
     def param_call(self, path: str, kind: str = RecordKind.PARAM_GRAD.value, owner_cls: str = "",
                    role: str = Role.PARAM.value) -> Optional[Call]:
@@ -385,11 +398,12 @@ class Session:
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
         self._seq += 1
+        # every field positionally, in Record's order (~0.3 us less than keywords, per record)
         rec = Record(entry, call.kind, call.prefix, call.api, call.op, call.module, direction, role,
                      call.phase if direction != _BACKWARD else _BACKWARD, arg_index,
                      arg_key, call.call_index, call.order, self._seq, dtype, shape, numel,
-                     trainable=trainable, stack_id=call.stack_id, tensor_id=seen.tensor_id,
-                     alias=call.alias, precision=precision)
+                     _NAN, _NAN, _NAN, _NAN, 0, 0, "", "", call.alias, trainable, call.stack_id,
+                     -1, 0, seen.tensor_id, NO_PRODUCER, -1, precision)
         if direction == _NONE:
             rec.phase = _SETUP
         self.provenance.note(rec, tensor, written, seen, where)

@@ -17,7 +17,7 @@ from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
 
 from . import tensors
-from .api import CaptureMode, scalar_args, tensor_args, tensor_outputs
+from .api import CaptureMode, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
 from .training_state import watch_training_state
 
@@ -223,10 +223,10 @@ class TorchAdapter(BaseInstrumentor):
             with _Guard(self):
                 call = session.begin_api(*ident)
                 if call is not None:
-                    inputs = tensor_args(args, kwargs)
+                    inputs, values = call_args(args, kwargs)
                     for index, key, t in inputs:
                         session.capture(call, "forward", "input", index, key, t)
-                    for index, (key, value) in enumerate(scalar_args(args, kwargs), len(inputs)):
+                    for index, (key, value) in enumerate(values, len(inputs)):
                         session.capture_value(call, index, key, value)
                     targets = input_targets(inputs) if grad_on else []
         except Exception as exc:  # noqa: BLE001

@@ -13,10 +13,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 
-from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
+from precdbg.arguments import call_arguments, tensor_arguments, tensor_results
 from precdbg.naming import framework_table
 
-__all__ = ["identify", "CaptureMode", "tensor_args", "tensor_outputs", "scalar_args"]
+__all__ = ["identify", "CaptureMode", "call_args", "tensor_args", "tensor_outputs"]
 
 _IGNORED = "ignored"
 _Ident = Optional[Tuple[str, str]]
@@ -96,8 +96,10 @@ def tensor_outputs(result: Any) -> List[Tuple[int, str, Any]]:
     return tensor_results(result, _is_tensor)
 
 
-def scalar_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[str, Any]]:
-    return value_arguments(args, kwargs, _dtype_name)
+def call_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]
+              ) -> Tuple[List[Tuple[int, str, Any]], List[Tuple[str, Any]]]:
+    """(tensor arguments, value arguments) of an API call, in one pass."""
+    return call_arguments(args, kwargs, _is_tensor, _dtype_name)
 
 
 class CaptureMode(TorchFunctionMode):
