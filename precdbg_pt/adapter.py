@@ -183,9 +183,10 @@ class TorchAdapter(BaseInstrumentor):
         self._module_calls.clear()
 
     # ------------------------------------------------------------------ guarded hook plumbing
-    def _safe(self, fn: Callable, where: str, subject: str = "") -> Callable:
-        """`fn` as a hook that never raises; a failure is reported as `where` + `subject` (two
-        parts, joined only then: backward hooks are wrapped per captured call)."""
+    def _safe(self, fn: Callable, where: str, call: Any = None) -> Callable:
+        """`fn` as a hook that never raises; a failure is reported as `where`, followed by the
+        backward entry of `call` when one is given (named only then: backward hooks are
+        wrapped per captured call, and most calls' backward names are never needed)."""
         def guarded(*args: Any) -> None:
             if not self.installed:
                 return None
@@ -194,7 +195,8 @@ class TorchAdapter(BaseInstrumentor):
                     fn(*args)
                     self.session.end_call()
             except Exception as exc:  # noqa: BLE001 - never raise into training
-                self.session.hook_failed(exc, where + subject)
+                self.session.hook_failed(exc, where if call is None
+                                         else where + call.backward_entry)
             return None
         return guarded
 
@@ -211,7 +213,7 @@ class TorchAdapter(BaseInstrumentor):
         outs = [o for o in outputs if o[2].requires_grad]
         if outs:
             watch_backward(targets, outs, self._grad_sink(call), self.hold, limit,
-                           lambda hook: self._safe(hook, "backward hook of ", call.backward_entry))
+                           lambda hook: self._safe(hook, "backward hook of ", call))
 
     # ------------------------------------------------------------------ API calls
     def _on_api_call(self, func: Any, ident: Tuple[str, str], args: tuple, kwargs: dict) -> Any:
