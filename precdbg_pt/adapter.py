@@ -44,11 +44,13 @@ class _Guard:
 
     def __enter__(self) -> "_Guard":
         self.adapter.busy += 1
+        # torch functions off first: under a torch-function mode even the grad switch goes
+        # through it (a Python call per switch)
+        self.disable = _DisableTorchFunction()
+        self.disable.__enter__()
         self.prev_grad = _is_grad_enabled()
         _set_grad_enabled(False)          # the C switch: torch.set_grad_enabled's class costs
-        self.disable = _DisableTorchFunction()      # ~3 us a hook, and hooks run per record
-        self.disable.__enter__()
-        return self
+        return self                       # ~3 us a hook, and hooks run per record
 
     def __exit__(self, *exc: Any) -> None:
         try:      # statistics queued by this hook share kernel launches, before torch runs on
@@ -57,8 +59,8 @@ class _Guard:
             session = self.adapter.session
             if session is not None:
                 session.hook_failed(error, "launching statistics kernels")
-        self.disable.__exit__(None, None, None)
         _set_grad_enabled(self.prev_grad)
+        self.disable.__exit__(None, None, None)
         self.adapter.busy -= 1
 
 

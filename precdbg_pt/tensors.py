@@ -29,8 +29,9 @@ try:   # one-pass C statistics for tensors in host memory; optional (needs a C c
 except ImportError:  # pragma: no cover - exercised on machines without the extension
     _fastats = None
 
-__all__ = ["describe", "facts", "identity", "storage", "storage_ref", "summarize", "resolve", "to_host",
-           "hand_over", "nbytes", "launch_queued", "retained_bytes", "deferrable"]
+__all__ = ["describe", "facts", "identity", "storage", "storage_ref", "summarize",
+           "resolve", "to_host", "hand_over", "nbytes", "launch_queued", "retained_bytes",
+           "deferrable"]
 
 # testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
 _FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
@@ -59,18 +60,34 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _layout(t: torch.Tensor) -> Tuple[Tuple[int, int], ...]:
+_LAYOUTS: Dict[Tuple[Any, Tuple[int, ...]], Tuple[Tuple[int, int], ...]] = {}
+_LAYOUTS_MAX = 4096        # distinct (shape, strides) kept; a model has far fewer
+
+
+def _layout(t: torch.Tensor, stride: Optional[Tuple[int, ...]] = None
+            ) -> Tuple[Tuple[int, int], ...]:
     """Canonical (size, stride) pairs: equal for every view that addresses the same elements
     (view, reshape without copy, transpose, permute, split then view...), so their statistics,
-    which do not depend on element order, are computed once."""
-    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    which do not depend on element order, are computed once. Answered once per (shape,
+    strides): a model's views come in few shapes, and the sort costs ~3 us."""
+    shape = t.shape
+    if stride is None:
+        stride = t.stride()
+    found = _LAYOUTS.get((shape, stride))
+    if found is not None:
+        return found
+    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
     merged: List[List[int]] = []
-    for stride, size in dims:
-        if merged and merged[-1][1] != 0 and stride == merged[-1][1] * merged[-1][0]:
+    for step, size in dims:
+        if merged and merged[-1][1] != 0 and step == merged[-1][1] * merged[-1][0]:
             merged[-1][0] *= size
         else:
-            merged.append([size, stride])
-    return tuple((size, stride) for size, stride in merged)
+            merged.append([size, step])
+    found = tuple((size, step) for size, step in merged)
+    if len(_LAYOUTS) >= _LAYOUTS_MAX:
+        _LAYOUTS.clear()
+    _LAYOUTS[(shape, stride)] = found
+    return found
 
 
 def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
@@ -105,7 +122,8 @@ def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
         if t.is_contiguous():
             keys = ((base, (numel,)), (base, shape, None))
         else:
-            keys = ((base, _layout(t)), (base, shape, t.stride()))
+            stride = t.stride()
+            keys = ((base, _layout(t, stride)), (base, shape, stride))
         return name, shape, numel, keys, (t.untyped_storage()._cdata, (ptr, numel), version)
     except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses, ...)
         return name, shape, numel, identity(t), storage(t)

@@ -586,6 +586,24 @@ def test_statistics_of_views_match_numpy(tmp_path, view):
     assert_rel(r["norm"], float(np.sqrt(np.sum(ref * ref))), 1e-6, "norm")
 
 
+def test_view_layout_names_the_same_elements_however_often_asked():
+    """The canonical layout of a view (remembered per shape and strides) is the same for every
+    view over exactly the same elements, in any order, and differs for other elements, the
+    first time and from the table alike."""
+    from precdbg_pt import tensors
+    base = torch.randn(6, 10, 4)
+    same = [base, base.permute(2, 0, 1), base.transpose(0, 1), base.view(60, 4).t(),
+            base.view(240)]
+    other = [base[:, ::2], base[1:], base[:, :, :2], base.view(240)[::3]]
+    for _ in range(2):                       # computed, then answered from the table
+        layouts = {tensors._layout(v) for v in same}
+        assert len(layouts) == 1, layouts
+        assert all(tensors._layout(v) not in layouts for v in other)
+        assert len({tensors._layout(v) for v in other}) == len(other)
+    tensors._LAYOUTS.clear()
+    assert tensors._layout(base[:, ::2]) == ((4, 1), (30, 8))   # rows of 4, 30 of them
+
+
 def test_debugger_does_not_change_numerics(batches):
     """Same seed, same batches: losses and final parameters are bitwise identical with and
     without the debugger (statistics and tensor tasks)."""
