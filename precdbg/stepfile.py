@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import json
+import operator
 import os
 import shutil
 import threading
@@ -157,21 +158,10 @@ class OpenStep:
         self.check_room(len(records) * _RECORD_BYTES + sum(len(t) for t in stacks))
         group = self.file.create_group("records")
         group.attrs["count"] = len(records)
-        for column, dtype in RECORD_COLUMNS:
-            values = [getattr(rec, column) for rec in records]
-            if dtype is None:
-                arr = np.array([v.encode("utf-8") for v in values], dtype=bytes) if values \
-                    else np.zeros((0,), dtype="S1")
-            else:
-                arr = np.asarray(values, dtype=dtype) if values else np.zeros((0,), dtype=dtype)
-            group.create_dataset(column, data=arr)
-        shapes = np.full((len(records), MAX_NDIM), -1, dtype=np.int64)
-        ndims = np.zeros((len(records),), dtype=np.int8)
-        for i, rec in enumerate(records):
-            dims = rec.shape[:MAX_NDIM]
-            ndims[i] = len(rec.shape)
-            if dims:
-                shapes[i, :len(dims)] = dims
+        for (column, dtype), values in zip(RECORD_COLUMNS, _columns(records)):
+            group.create_dataset(column, data=_text_column(values) if dtype is None
+                                 else np.fromiter(values, dtype=dtype, count=len(values)))
+        shapes, ndims = _shape_columns([rec.shape for rec in records])
         group.create_dataset("shape", data=shapes)
         group.create_dataset("ndim", data=ndims)
         mod = self.file.create_group("modules")
@@ -217,6 +207,38 @@ class OpenStep:
             os.remove(self.partial_path)
         except OSError:
             pass
+
+
+_ALL_COLUMNS = operator.attrgetter(*(column for column, _ in RECORD_COLUMNS))
+
+
+def _columns(records: Sequence[Record]) -> List[Sequence[Any]]:
+    """The records' values column by column, in `RECORD_COLUMNS` order (one C-level read of
+    every field per record, then one transpose)."""
+    if not records:
+        return [() for _ in RECORD_COLUMNS]
+    return list(zip(*map(_ALL_COLUMNS, records)))
+
+
+def _text_column(values: Sequence[str]) -> np.ndarray:
+    """UTF-8 strings as one fixed-width bytes array (its width given: numpy need not discover
+    it)."""
+    raw = [value.encode("utf-8") for value in values]
+    return np.array(raw, dtype=f"S{max(max(map(len, raw), default=1), 1)}")
+
+
+def _shape_columns(shapes: Sequence[Tuple[int, ...]]) -> Tuple[np.ndarray, np.ndarray]:
+    """Shapes as rows padded with -1 to MAX_NDIM (the longest kept), and their true ndim."""
+    ndims = np.fromiter(map(len, shapes), dtype=np.int8, count=len(shapes))
+    rows = np.full((len(shapes), MAX_NDIM), -1, dtype=np.int64)
+    for ndim in np.unique(ndims).tolist():
+        if ndim == 0:
+            continue
+        keep = min(ndim, MAX_NDIM)
+        at = np.flatnonzero(ndims == ndim)
+        rows[at, :keep] = np.array([tuple(shapes[i])[:keep] for i in at.tolist()],
+                                   dtype=np.int64).reshape(len(at), keep)
+    return rows, ndims
 
 
 def _file_size_limit() -> Optional[int]:
