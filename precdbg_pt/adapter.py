@@ -64,15 +64,48 @@ class _Guard:
         self.adapter.busy -= 1
 
 
+_stack_size = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
+
+
 class _ModeHandle:
-    """The TorchFunctionMode as a handle: removing it leaves the mode."""
-    __slots__ = ("mode",)
+    """The capture mode on torch's function-mode stack, as a handle: removing it takes exactly
+    this mode off (modes pushed above it stay). While a phase that is not captured runs (an
+    optimizer step) it is taken off the stack, so that phase's torch calls (thousands per step
+    in an optimizer) do not each pass through a Python handler that only forwards them."""
+    __slots__ = ("mode", "suspended")
 
     def __init__(self, mode: CaptureMode) -> None:
         self.mode = mode
+        self.suspended = False
+        mode.__enter__()
+
+    def suspend(self) -> None:
+        """Off the stack, when it is the innermost mode (otherwise it stays and forwards)."""
+        size = _stack_size()
+        if not self.suspended and size and _stack_at(size - 1) is self.mode:
+            _stack_pop()
+            self.suspended = True
+
+    def resume(self) -> None:
+        if self.suspended:
+            self.suspended = False
+            _stack_push(self.mode)
 
     def remove(self) -> None:
-        self.mode.__exit__(None, None, None)
+        if self.suspended:
+            self.suspended = False
+            return
+        above = []
+        while _stack_size():
+            top = _stack_pop()
+            if top is self.mode:
+                break
+            above.append(top)
+        for mode in reversed(above):    # the modes above it (or all, had it gone) go back
+            _stack_push(mode)
 
 
 class TorchAdapter(BaseInstrumentor):
@@ -90,6 +123,7 @@ class TorchAdapter(BaseInstrumentor):
         super().__init__()
         self._module_calls: Dict[int, List[Tuple[Any, list]]] = {}
         self._param_names: Dict[int, str] = {}
+        self._mode: Optional[_ModeHandle] = None
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -177,12 +211,12 @@ class TorchAdapter(BaseInstrumentor):
         # API calls are dumped: every torch call goes through the mode (at level module
         # nothing an API call records is kept, so the mode is not entered at all)
         if cfg.keeps_apis:
-            mode = CaptureMode(self._on_api_call, self)
-            mode.__enter__()
-            self.hold(_ModeHandle(mode))
+            self._mode = _ModeHandle(CaptureMode(self._on_api_call, self))
+            self.hold(self._mode)
 
     def _uninstrument(self) -> None:
         self._module_calls.clear()
+        self._mode = None
 
     # ------------------------------------------------------------------ guarded hook plumbing
     def _safe(self, fn: Callable, where: str, call: Any = None) -> Callable:
@@ -341,11 +375,15 @@ class TorchAdapter(BaseInstrumentor):
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.installed:
             self._optimizer_tokens.append(self.optimizer_begins(optimizer, self._describe))
+            if self.paused and self._mode is not None:
+                self._mode.suspend()
         return None
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.installed and self._optimizer_tokens:
             self.optimizer_ends(self._optimizer_tokens.pop())
+            if not self.paused and self._mode is not None:
+                self._mode.resume()
         return None
 
     def _describe(self, optimizer: Any) -> Dict[str, Any]:

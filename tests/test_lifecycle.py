@@ -44,6 +44,73 @@ def test_nothing_left_in_torch_after_stop(tmp_path, gpt, optimizer, batch):
     assert torch_hooks_left(gpt) == []
 
 
+class _UserMode(torch.overrides.TorchFunctionMode):
+    """A user's own torch-function mode, counting the calls it sees."""
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _mode_stack():
+    return torch.overrides._get_current_function_mode_stack()
+
+
+def test_capture_mode_is_off_the_stack_while_a_skipped_optimizer_runs(tmp_path, gpt, batch):
+    """include_optimizer false: the optimizer's torch calls do not pass through the capture
+    mode (it is off torch's stack for the step and back after it); with include_optimizer they
+    do, and are recorded."""
+    x, y = batch
+    for include in (False, True):
+        seen = []
+        optimizer = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
+        optimizer.register_step_pre_hook(lambda *a: seen.append(len(_mode_stack())))
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / str(include)),
+                                include_optimizer=include)
+        dbg.start(gpt)
+        loss_of(gpt, x, y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert len(_mode_stack()) == 1          # back after the step
+        dbg.stop()
+        assert _mode_stack() == []
+        dbg.step()
+        assert dbg.close() and dbg.failures == 0
+        assert seen == [1 if include else 0]
+        with precdbg.open_dump(str(tmp_path / str(include))) as dump:
+            phases = set(dump.records(step=0)["phase"].tolist())
+        assert ("optimizer" in phases) == include
+
+
+def test_stop_takes_off_only_its_own_mode(tmp_path, gpt, batch):
+    """User modes entered before start() and after it (even one still open at stop(), and a
+    stop() inside a skipped optimizer step) stay on torch's stack, in their order."""
+    x, y = batch
+    outer, inner = _UserMode(), _UserMode()
+    with outer:
+        dbg = PrecisionDebugger(dump_path=str(tmp_path))
+        dbg.start(gpt)
+        inner.__enter__()
+        loss_of(gpt, x, y).backward()
+        dbg.stop()
+        assert _mode_stack() == [outer, inner]
+        inner.__exit__(None, None, None)
+        assert inner.calls > 0
+        dbg.step()
+        optimizer = torch.optim.SGD(gpt.parameters(), lr=1e-3)
+        optimizer.register_step_pre_hook(lambda *a: dbg.stop())
+        dbg.start(gpt)
+        loss_of(gpt, x, y).backward()
+        optimizer.step()
+        assert _mode_stack() == [outer]
+        dbg.step()
+        assert dbg.close() and dbg.failures == 0
+    assert _mode_stack() == []
+
+
 def test_stop_without_backward_leaves_no_graph_hooks(tmp_path, gpt, batch):
     """A graph built while capturing, backpropagated after stop(): nothing is recorded, nothing
     fails, the gradients are the ordinary ones."""
