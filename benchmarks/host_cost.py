@@ -14,21 +14,13 @@ import argparse
 import statistics
 import tempfile
 import time
-from typing import List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--level", default="mix", choices=["mix", "api", "module"])
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--blocks", type=int, default=40)
-    args = parser.parse_args(argv)
-    if args.repeats < 1 or args.blocks < 1:
-        parser.error("--repeats and --blocks must be >= 1")
-
+def workload(blocks: int) -> Tuple[Any, Callable[[], None]]:
+    """The measured model (`blocks` of Linear, LayerNorm, GELU, residual on 4x16 tensors, SGD,
+    one torch thread) and its training step; also used by host_instructions.py."""
     import torch
-    from precdbg import open_dump
-    from precdbg_pt import PrecisionDebugger
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -42,7 +34,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x + torch.nn.functional.gelu(self.fc(self.ln(x))) * 0.5
 
-    model = torch.nn.Sequential(*[Block() for _ in range(args.blocks)])
+    model = torch.nn.Sequential(*[Block() for _ in range(blocks)])
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4, 16)
 
@@ -50,6 +42,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         model(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
+    return model, step
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--level", default="mix", choices=["mix", "api", "module"])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--blocks", type=int, default=40)
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.blocks < 1:
+        parser.error("--repeats and --blocks must be >= 1")
+
+    from precdbg import open_dump
+    from precdbg_pt import PrecisionDebugger
+
+    model, step = workload(args.blocks)
 
     with tempfile.TemporaryDirectory() as folder:
         debugger = PrecisionDebugger(task="statistics", level=args.level, dump_path=folder,

@@ -26,30 +26,10 @@ from typing import List, Optional
 
 
 def _workload(level: str, steps: int, blocks: int) -> None:
-    import torch
+    from host_cost import workload          # the same model and step as host_cost.py
     from precdbg_pt import PrecisionDebugger
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = torch.nn.Linear(16, 16)
-            self.ln = torch.nn.LayerNorm(16)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + torch.nn.functional.gelu(self.fc(self.ln(x))) * 0.5
-
-    model = torch.nn.Sequential(*[Block() for _ in range(blocks)])
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(4, 16)
-
-    def step() -> None:
-        model(x).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
+    model, step = workload(blocks)
     with tempfile.TemporaryDirectory() as folder:
         debugger = PrecisionDebugger(task="statistics", level=level, dump_path=folder, step=[])
         for _ in range(2):                  # warm-up: every code path and table is made
