@@ -147,7 +147,7 @@ class OpenStep:
             self.file.attrs[key] = value
         self.flush_stage()
         records = self.records
-        for rec in records:
+        for rec in records if self.offsets or self.checksums else ():
             if rec.tensor_id >= 0:
                 where = self.offsets.get(rec.tensor_id)
                 if where is not None:
@@ -221,8 +221,12 @@ def _columns(records: Sequence[Record]) -> List[Sequence[Any]]:
 
 
 def _text_column(values: Sequence[str]) -> np.ndarray:
-    """UTF-8 strings as one fixed-width bytes array (its width given: numpy need not discover
-    it)."""
+    """UTF-8 strings as one fixed-width bytes array. ASCII text (nearly every name) is encoded
+    by numpy in one C pass; other text is encoded string by string, its width given."""
+    try:
+        return np.array(values, dtype="S")
+    except UnicodeEncodeError:
+        pass
     raw = [value.encode("utf-8") for value in values]
     return np.array(raw, dtype=f"S{max(max(map(len, raw), default=1), 1)}")
 

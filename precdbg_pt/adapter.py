@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -15,6 +15,7 @@ from precdbg.instrumentor import BaseInstrumentor, NamedTensor
 from precdbg.manifest import jsonable
 from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
+from precdbg.schema import Direction, Role
 
 from . import tensors
 from .api import CaptureMode, call_args, tensor_args, tensor_outputs
@@ -33,6 +34,8 @@ _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _DisableTorchFunction = torch._C.DisableTorchFunction
 _launch_queued = tensors.launch_queued
+_BACKWARD, _PARAM_GRAD = Direction.BACKWARD.value, Role.PARAM_GRAD.value
+_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
 
 
 class _Guard:
@@ -108,6 +111,107 @@ class _ModeHandle:
             _stack_push(mode)
 
 
+class _ModuleHooks:
+    """The forward pre-hook and hook of one module (one object, its two bound methods; no
+    closures): the module's call is recorded with its inputs and outputs, and its backward
+    watched when captured."""
+    __slots__ = ("adapter", "path", "cls", "calls")
+
+    def __init__(self, adapter: "TorchAdapter", path: str, cls: str) -> None:
+        self.adapter, self.path, self.cls = adapter, path, cls
+        self.calls: List[Tuple[Any, Optional[list]]] = []     # nested (re-entrant) calls
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        adapter = self.adapter
+        if not adapter.installed:
+            return None
+        session = adapter.session
+        grad_on = _is_grad_enabled() and session.filter.keeps_backward
+        try:
+            with _Guard(adapter):
+                call, subtree = session.begin_module("Module", self.path, self.cls)
+                session.enter_module(self.path, subtree)
+                targets: Optional[list] = None
+                if call is not None:
+                    inputs = tensor_args(args, kwargs)
+                    for index, key, t in inputs:
+                        session.capture(call, _FORWARD, _INPUT, index, key, t)
+                    if grad_on:
+                        targets = input_targets(inputs)   # None: no grad, no backward
+                self.calls.append((call, targets))
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, f"forward pre-hook of {self.path or self.cls}")
+        return None
+
+    def post(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        adapter = self.adapter
+        if not adapter.installed or not self.calls:
+            return None
+        session = adapter.session
+        call, targets = self.calls.pop()
+        try:
+            if call is not None:
+                outputs = tensor_outputs(output)
+                with _Guard(adapter):
+                    for index, key, t in outputs:
+                        session.capture(call, _FORWARD, _OUTPUT, index, key, t)
+                    if targets is not None:
+                        adapter.watch(call, targets, outputs, _MODULE_NODE_LIMIT)
+                    session.end_call()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, f"forward hook of {self.path or self.cls}")
+        finally:
+            session.exit_module()
+        return None
+
+
+class _ParamGradHook:
+    """A trainable parameter's gradient hook: records its dw (one object, no closures)."""
+    __slots__ = ("adapter", "path")
+
+    def __init__(self, adapter: "TorchAdapter", path: str) -> None:
+        self.adapter, self.path = adapter, path
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        adapter = self.adapter
+        if not adapter.installed:
+            return None
+        session = adapter.session
+        try:
+            with _Guard(adapter):
+                call = session.param_call(self.path)
+                if call is not None:
+                    session.capture(call, _BACKWARD, _PARAM_GRAD, 0, "", grad)
+                session.end_call()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, f"gradient hook of {self.path}")
+        return None
+
+
+class _GradHolderHook:
+    """After a parameter's gradient is accumulated: what holds it (`.grad`, Megatron's
+    `main_grad`) was produced by this parameter's dw record."""
+    __slots__ = ("adapter", "path")
+
+    def __init__(self, adapter: "TorchAdapter", path: str) -> None:
+        self.adapter, self.path = adapter, path
+
+    def __call__(self, param: torch.Tensor) -> None:
+        adapter = self.adapter
+        if not adapter.installed:
+            return None
+        session = adapter.session
+        try:
+            with _Guard(adapter):
+                for holder in (param.grad, getattr(param, "main_grad", None)):
+                    if isinstance(holder, torch.Tensor):
+                        session.grad_produced(self.path, holder)
+                session.end_call()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, f"gradient of {self.path}")
+        return None
+
+
 class TorchAdapter(BaseInstrumentor):
     """Owner of every hook, mode and handle precdbg puts into torch."""
     framework = "pytorch"
@@ -121,7 +225,6 @@ class TorchAdapter(BaseInstrumentor):
 
     def __init__(self) -> None:
         super().__init__()
-        self._module_calls: Dict[int, List[Tuple[Any, list]]] = {}
         self._param_names: Dict[int, str] = {}
         self._mode: Optional[_ModeHandle] = None
 
@@ -196,9 +299,8 @@ class TorchAdapter(BaseInstrumentor):
         return ("param", bool(value.requires_grad)) if is_param else ("buffer", False)
 
     def gradient_hooks(self, path: str, param: torch.Tensor) -> Iterable[Any]:
-        return (param.register_hook(self._param_grad_hook(path)),
-                param.register_post_accumulate_grad_hook(
-                    self._safe(self._grad_holder(path), f"gradient of {path}")))
+        return (param.register_hook(_ParamGradHook(self, path)),
+                param.register_post_accumulate_grad_hook(_GradHolderHook(self, path)))
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         self._param_names = {id(p): name for name, p, _ in params}
@@ -215,41 +317,15 @@ class TorchAdapter(BaseInstrumentor):
             self.hold(self._mode)
 
     def _uninstrument(self) -> None:
-        self._module_calls.clear()
         self._mode = None
 
-    # ------------------------------------------------------------------ guarded hook plumbing
-    def _safe(self, fn: Callable, where: str, call: Any = None) -> Callable:
-        """`fn` as a hook that never raises; a failure is reported as `where`, followed by the
-        backward entry of `call` when one is given (named only then: backward hooks are
-        wrapped per captured call, and most calls' backward names are never needed)."""
-        def guarded(*args: Any) -> None:
-            if not self.installed:
-                return None
-            try:
-                with _Guard(self):
-                    fn(*args)
-                    self.session.end_call()
-            except Exception as exc:  # noqa: BLE001 - never raise into training
-                self.session.hook_failed(exc, where if call is None
-                                         else where + call.backward_entry)
-            return None
-        return guarded
-
-    def _grad_sink(self, call: Any) -> Callable[[str, int, str, torch.Tensor], None]:
-        session = self.session
-
-        def on_grad(role: str, index: int, key: str, grad: torch.Tensor) -> None:
-            session.capture(call, "backward", role, index, key, grad)
-        return on_grad
-
-    def _watch(self, call: Any, targets: list, outputs: list, limit: int) -> None:
+    # ------------------------------------------------------------------ backward
+    def watch(self, call: Any, targets: list, outputs: list, limit: int) -> None:
         """Hook the backward of a call whose forward ran with gradients enabled (called only
         when the backward is captured)."""
         outs = [o for o in outputs if o[2].requires_grad]
         if outs:
-            watch_backward(targets, outs, self._grad_sink(call), self.hold, limit,
-                           lambda hook: self._safe(hook, "backward hook of ", call))
+            watch_backward(self, call, targets, outs, limit)
 
     # ------------------------------------------------------------------ API calls
     def _on_api_call(self, func: Any, ident: Tuple[str, str], args: tuple, kwargs: dict) -> Any:
@@ -291,7 +367,7 @@ class TorchAdapter(BaseInstrumentor):
                     for index, key, t in inputs:
                         session.capture(call, "forward", "output", index, key, t, written=True)
                 if grad_on:
-                    self._watch(call, targets, outputs, _API_NODE_LIMIT)
+                    self.watch(call, targets, outputs, _API_NODE_LIMIT)
                 session.end_call()
         except Exception as exc:  # noqa: BLE001
             session.hook_failed(exc, f"capturing outputs of {call.forward_entry}")
@@ -299,77 +375,9 @@ class TorchAdapter(BaseInstrumentor):
 
     # ------------------------------------------------------------------ modules
     def hook_module(self, path: str, module: torch.nn.Module) -> None:
-        cls = type(module).__name__
-        key = id(module)
-
-        def pre(mod: Any, args: tuple, kwargs: dict) -> None:
-            session = self.session
-            if not self.installed:
-                return None
-            grad_on = _is_grad_enabled() and session.filter.keeps_backward
-            try:
-                with _Guard(self):
-                    call, subtree = session.begin_module("Module", path, cls)
-                    session.enter_module(path, subtree)
-                    targets: Optional[list] = None
-                    if call is not None:
-                        inputs = tensor_args(args, kwargs)
-                        for index, k, t in inputs:
-                            session.capture(call, "forward", "input", index, k, t)
-                        if grad_on:
-                            targets = input_targets(inputs)   # None: no grad, no backward
-                    self._module_calls.setdefault(key, []).append((call, targets))
-            except Exception as exc:  # noqa: BLE001
-                session.hook_failed(exc, f"forward pre-hook of {path or cls}")
-            return None
-
-        def post(mod: Any, args: tuple, kwargs: dict, output: Any) -> None:
-            session = self.session
-            if not self.installed:
-                return None
-            stack = self._module_calls.get(key)
-            if not stack:
-                return None
-            call, targets = stack.pop()
-            try:
-                if call is not None:
-                    outputs = tensor_outputs(output)
-                    with _Guard(self):
-                        for index, k, t in outputs:
-                            session.capture(call, "forward", "output", index, k, t)
-                        if targets is not None:
-                            self._watch(call, targets, outputs, _MODULE_NODE_LIMIT)
-                        session.end_call()
-            except Exception as exc:  # noqa: BLE001
-                session.hook_failed(exc, f"forward hook of {path or cls}")
-            finally:
-                session.exit_module()
-            return None
-
-        self.hold(module.register_forward_pre_hook(pre, with_kwargs=True))
-        self.hold(module.register_forward_hook(post, with_kwargs=True, always_call=True))
-
-    # ------------------------------------------------------------------ parameters
-    def _param_grad_hook(self, path: str) -> Callable:
-        def record(grad: torch.Tensor) -> None:
-            call = self.session.param_call(path)
-            if call is not None:
-                self.session.capture(call, "backward", "param_grad", 0, "", grad)
-        safe = self._safe(record, f"gradient hook of {path}")
-
-        def hook(grad: torch.Tensor) -> None:
-            safe(grad)
-            return None
-        return hook
-
-    def _grad_holder(self, path: str) -> Callable:
-        """After the gradient is accumulated: what holds it (`.grad`, Megatron's `main_grad`)
-        was produced by this parameter's dw record."""
-        def linked(param: torch.Tensor) -> None:
-            for holder in (param.grad, getattr(param, "main_grad", None)):
-                if isinstance(holder, torch.Tensor):
-                    self.session.grad_produced(path, holder)
-        return linked
+        hooks = _ModuleHooks(self, path, type(module).__name__)
+        self.hold(module.register_forward_pre_hook(hooks.pre, with_kwargs=True))
+        self.hold(module.register_forward_hook(hooks.post, with_kwargs=True, always_call=True))
 
     # ------------------------------------------------------------------ optimizer phase
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -8,11 +8,13 @@ per-input dx, not the grad_input of the call's last autograd node.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["input_targets", "watch_backward", "Target"]
+from precdbg.schema import Direction, Role
+
+__all__ = ["input_targets", "watch_backward", "Target", "DyHook", "DxHook"]
 
 # (arg_index, arg_key, node or None, output_nr, leaf tensor or None)
 Target = Tuple[int, str, Any, int, Optional[torch.Tensor]]
@@ -39,13 +41,12 @@ class _DxState:
         self.partial: List[Optional[torch.Tensor]] = [None] * n
 
 
-def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, torch.Tensor]],
-                   on_grad: Callable[[str, int, str, torch.Tensor], None],
-                   add_handle: Callable[[Any], None], node_limit: int,
-                   wrap: Callable[[Callable], Callable]) -> bool:
-    """Hook dy of every output and dx of every target. `on_grad(role, index, key, grad)` is called
-    from the backward pass; `wrap` guards each hook (no capture, no raise). Returns False when the call is an identity on its input (its output
-    *is* an input), which has no backward of its own."""
+def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
+                   outputs: Sequence[Tuple[int, str, torch.Tensor]], node_limit: int) -> bool:
+    """Hook dy of every output and dx of every target of `call`; the hooks record through
+    `adapter.session.capture`, guarded by `adapter.Guard`, and are held by `adapter.hold`.
+    Returns False when the call is an identity on its input (its output *is* an input), which
+    has no backward of its own."""
     # a tensor passed as several arguments (torch.mul(x, x)) is several targets: its k-th edge
     # found in the graph goes to its k-th argument (extra edges sum into the last one)
     node_of_target: Dict[Tuple[int, int], List[int]] = {}
@@ -55,8 +56,7 @@ def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, 
             node_of_target.setdefault((id(node), nr), []).append(i)
         else:
             leaf_of_target.setdefault(id(leaf), []).append(i)
-    edges_found: Dict[int, int] = {}
-    target_nodes = {id(node) for (_, _, node, _, _) in targets if node is not None}
+    target_nodes = {key[0] for key in node_of_target}
     by_node: Dict[int, Tuple[Any, List[Tuple[int, int, str]]]] = {}
     for index, key, t in outputs:
         node = t.grad_fn
@@ -64,15 +64,21 @@ def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, 
             continue
         if id(node) in target_nodes:
             return False
-        by_node.setdefault(id(node), (node, []))[1].append((t.output_nr, index, key))
+        found = by_node.get(id(node))
+        if found is None:
+            by_node[id(node)] = (node, [(t.output_nr, index, key)])
+        else:
+            found[1].append((t.output_nr, index, key))
     if not by_node:
         return True
+    hold = adapter.hold
     if not targets:
         for node, outs in by_node.values():
-            add_handle(node.register_prehook(wrap(_dy_hook(outs, on_grad))))
+            hold(node.register_prehook(DyHook(adapter, call, outs)))
         return True
     state = _DxState(len(targets))
     edges: Dict[int, Tuple[Any, List[Tuple[int, int]]]] = {}
+    edges_found: Dict[int, int] = {}
     stack = [node for node, _ in by_node.values()]
     visited = set()
     while stack and len(visited) < node_limit:
@@ -90,49 +96,99 @@ def watch_backward(targets: Sequence[Target], outputs: Sequence[Tuple[int, str, 
                 k = edges_found.get(id(hits), 0)
                 edges_found[id(hits)] = k + 1
                 ti = hits[min(k, len(hits) - 1)]
-                edges.setdefault(id(node), (node, []))[1].append((position, ti))
+                found_edges = edges.get(id(node))
+                if found_edges is None:
+                    edges[id(node)] = (node, [(position, ti)])
+                else:
+                    found_edges[1].append((position, ti))
                 state.expected[ti] += 1
             elif id(nxt) not in target_nodes and id(nxt) not in visited:
                 stack.append(nxt)
     # a node that received an output's dy and sends dx to an input (most API calls are one
     # node) gets one hook for both: its post-hook sees the gradients it consumed and produced
     for key, (node, outs) in by_node.items():
-        node_edges = edges.pop(key, (None, None))[1]
-        dy = _dy_hook(outs, on_grad)
+        node_edges = edges.pop(key, None)
         if node_edges is None:
-            add_handle(node.register_prehook(wrap(dy)))
+            hold(node.register_prehook(DyHook(adapter, call, outs)))
         else:
-            add_handle(node.register_hook(wrap(_dx_hook(node_edges, state, targets, on_grad,
-                                                        dy))))
+            hold(node.register_hook(DxHook(adapter, call, outs, node_edges[1], state, targets)))
     for node, node_edges in edges.values():
-        add_handle(node.register_hook(wrap(_dx_hook(node_edges, state, targets, on_grad))))
+        hold(node.register_hook(DxHook(adapter, call, None, node_edges, state, targets)))
     return True
 
 
-def _dy_hook(outs: List[Tuple[int, int, str]], on_grad: Callable) -> Callable:
-    def hook(grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
-        for output_nr, index, key in outs:
-            grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
-            if grad is not None:
-                on_grad("grad_output", index, key, grad)
-    return hook
+_GRAD_OUTPUT, _GRAD_INPUT = Role.GRAD_OUTPUT.value, Role.GRAD_INPUT.value
+_BACKWARD = Direction.BACKWARD.value
 
 
-def _dx_hook(node_edges: List[Tuple[int, int]], state: _DxState, targets: Sequence[Target],
-             on_grad: Callable, dy: Optional[Callable] = None) -> Callable:
-    def hook(grad_inputs: Sequence[Optional[torch.Tensor]],
-             grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
-        if dy is not None:                     # the dy of the outputs this node produced
-            dy(grad_outputs)
-        for position, ti in node_edges:
-            grad = grad_inputs[position] if position < len(grad_inputs) else None
-            state.arrived[ti] += 1
-            if grad is not None:
-                prev = state.partial[ti]
-                state.partial[ti] = grad if prev is None else prev + grad
-            if state.arrived[ti] >= state.expected[ti]:
-                total, state.partial[ti] = state.partial[ti], None
-                state.arrived[ti] = 0            # ready for another backward (retain_graph)
-                if total is not None:
-                    on_grad("grad_input", targets[ti][0], targets[ti][1], total)
-    return hook
+class DyHook:
+    """Pre-hook on the node that produced outputs of a captured call: records the gradient
+    arriving at each (dy). One object per hooked node, no closures: backward hooks are made
+    per captured call, and each closure cell would be one more object for the collector."""
+    __slots__ = ("adapter", "call", "outs")
+
+    def __init__(self, adapter: Any, call: Any, outs: List[Tuple[int, int, str]]) -> None:
+        self.adapter, self.call, self.outs = adapter, call, outs
+
+    def __call__(self, grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
+        adapter = self.adapter
+        if not adapter.installed:
+            return None
+        session = adapter.session
+        try:
+            with adapter.Guard(adapter):
+                capture, call = session.capture, self.call
+                for output_nr, index, key in self.outs:
+                    grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
+                    if grad is not None:
+                        capture(call, _BACKWARD, _GRAD_OUTPUT, index, key, grad)
+                session.end_call()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, "backward hook of " + self.call.backward_entry)
+        return None
+
+
+class DxHook:
+    """Post-hook on a node with edges into a captured call's inputs: records the gradient the
+    call sends to each input (dx, summed over the edges into it once all have arrived) and,
+    on the node that produced outputs, their dy as well."""
+    __slots__ = ("adapter", "call", "outs", "edges", "state", "targets")
+
+    def __init__(self, adapter: Any, call: Any, outs: Optional[List[Tuple[int, int, str]]],
+                 edges: List[Tuple[int, int]], state: _DxState,
+                 targets: Sequence[Target]) -> None:
+        self.adapter, self.call, self.outs, self.edges = adapter, call, outs, edges
+        self.state, self.targets = state, targets
+
+    def __call__(self, grad_inputs: Sequence[Optional[torch.Tensor]],
+                 grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
+        adapter = self.adapter
+        if not adapter.installed:
+            return None
+        session = adapter.session
+        try:
+            with adapter.Guard(adapter):
+                capture, call = session.capture, self.call
+                if self.outs is not None:          # the dy of the outputs this node produced
+                    for output_nr, index, key in self.outs:
+                        grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) \
+                            else None
+                        if grad is not None:
+                            capture(call, _BACKWARD, _GRAD_OUTPUT, index, key, grad)
+                state = self.state
+                for position, ti in self.edges:
+                    grad = grad_inputs[position] if position < len(grad_inputs) else None
+                    state.arrived[ti] += 1
+                    if grad is not None:
+                        prev = state.partial[ti]
+                        state.partial[ti] = grad if prev is None else prev + grad
+                    if state.arrived[ti] >= state.expected[ti]:
+                        total, state.partial[ti] = state.partial[ti], None
+                        state.arrived[ti] = 0        # ready for another backward (retain_graph)
+                        if total is not None:
+                            target = self.targets[ti]
+                            capture(call, _BACKWARD, _GRAD_INPUT, target[0], target[1], total)
+                session.end_call()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, "backward hook of " + self.call.backward_entry)
+        return None

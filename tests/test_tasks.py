@@ -389,3 +389,25 @@ def test_large_and_small_tensors_round_trip(tmp_path):
                                       x.numpy())
         np.testing.assert_array_equal(dump.tensor(f"Torch.neg.{i}.forward.output.0", step=0),
                                       (-x).numpy())
+
+
+def test_names_outside_ascii_round_trip(tmp_path):
+    """Module paths and saved names in any script (text columns are written as UTF-8, ASCII
+    ones in one pass, others string by string)."""
+    model = nn.Sequential()
+    model.add_module("Δschicht", nn.Linear(4, 4))
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), task="statistics", level="mix", step=[0])
+    dbg.start(model)
+    out = model(torch.randn(2, 4))
+    dbg.save("größe", out)
+    out.sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    with precdbg.open_dump(str(tmp_path)) as dump:
+        t = dump.records(step=0)
+        modules = set(t["module"].tolist())
+        entries = set(t["entry"].tolist())
+    assert "Δschicht" in modules
+    assert any(e.startswith("Save.größe.") for e in entries), sorted(entries)[:5]
+    assert any(e.startswith("Module.Δschicht.Linear.") for e in entries), sorted(entries)[:5]
