@@ -1,6 +1,6 @@
 """Keep Python's full garbage collections off the objects that existed before a dumped step.
 
-A dumped step allocates tens of thousands of small container objects (records, hook closures,
+A dumped step allocates tens of thousands of small container objects (records, hook objects,
 handles). They trip CPython's generational collector, and every third or so young collection
 becomes a *full* one that walks every tracked object of the process: with torch imported that is
 hundreds of thousands of objects, ~100-200 ms each time (measured: 10 full collections, 1.9 s,

@@ -14,7 +14,7 @@ import torch
 
 from precdbg.schema import Direction, Role
 
-__all__ = ["input_targets", "watch_backward", "Target", "DyHook", "DxHook"]
+__all__ = ["input_targets", "watch_backward", "Target"]
 
 # (arg_index, arg_key, node or None, output_nr, leaf tensor or None)
 Target = Tuple[int, str, Any, int, Optional[torch.Tensor]]

@@ -1048,3 +1048,32 @@ def test_an_in_place_write_through_another_object_is_a_new_state(tmp_path, write
     assert len(writer) == 1 and weight["producer"] == writer[0]["seq"], (weight, writer)
     out = one_row(t, entry="Functional.linear.0.forward", role="output")
     assert (out["min"], out["max"]) == (8.0, 8.0)
+
+
+def _precdbg_closures_during_a_step(tmp_path, blocks):
+    """Functions defined in precdbg's packages that are alive between the backward and stop()
+    of a dumped step of a `blocks`-deep MLP."""
+    import gc
+    roots = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                  for m in (precdbg, __import__("precdbg_pt")))
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU())
+                            for _ in range(blocks)])
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), task="statistics", level="mix", step=[0])
+    dbg.start(model)
+    (model(torch.randn(2, 8)) * 0.5).sum().backward()
+    alive = sum(1 for o in gc.get_objects() if type(o).__name__ == "function"
+                and o.__code__.co_filename.startswith(roots) and o.__closure__)
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert dbg.failures == 0
+    return alive
+
+
+def test_hooks_made_per_call_are_no_closures(tmp_path):
+    """Backward hooks are made per captured call, module and gradient hooks per start(): each is
+    one object, never a closure with its cells, so the number of precdbg closures alive in a
+    step does not grow with the model (every cell is one more object for the collector)."""
+    small = _precdbg_closures_during_a_step(tmp_path / "small", 4)
+    large = _precdbg_closures_during_a_step(tmp_path / "large", 16)
+    assert large == small, (small, large)
