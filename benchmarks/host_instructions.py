@@ -1,16 +1,19 @@
 """Instructions per dumped step, counted by valgrind: a host-cost figure that noise cannot move.
 
-    python benchmarks/host_instructions.py [--level mix|api|module] [--steps 4] [--blocks 20]
-                                           [--against DIR]
+    python benchmarks/host_instructions.py [--model mlp|gpt] [--level mix|api|module] [--steps 4]
+                                           [--blocks 20] [--against DIR]
 
 On a shared 2-core machine the same step's time moves by ±20 % from one minute to the next, so a
-change worth 5 % cannot be seen in timings. Here the workload of `host_cost.py` (an MLP of tiny
-tensors, SGD, one torch thread) runs under `valgrind --tool=callgrind` twice: with no dumped step
-and with `--steps` dumped steps after the same warm-up; the difference, divided by the steps, is
-what one dumped step executes in every thread (hooks, records, statistics, the writer's work for
-that step). `--against DIR` also counts another checkout (`DIR` put first on PYTHONPATH, e.g. a
-`git worktree` of the commit before a change, its extensions built) and prints the change.
-Needs valgrind; ~2 minutes per run (runs go two at a time). Nothing is asserted.
+change worth 5 % cannot be seen in timings. Here a workload runs under `valgrind --tool=callgrind`
+twice after the same warm-up: `--steps` dumped steps, and as many plain steps; the difference,
+divided by the steps, is what dumping one step adds in every thread (hooks, records, statistics,
+the writer's work for that step), and divided by the step's records, per record. Models: `mlp`,
+the workload of `host_cost.py` (tiny tensors, SGD: the Python path per record); `gpt`, the
+bundled GPT of `overhead_torch.py` (AdamW, clip: what its timings measure). One torch thread
+(idle threads' spinning would count). `--against DIR` also counts another checkout (`DIR` put
+first on PYTHONPATH, e.g. a `git worktree` of the commit before a change, its extensions built)
+and prints the change. Needs valgrind; ~2 minutes per run for mlp, ~15 for gpt (runs go two at
+a time). Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -22,14 +25,25 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 
-def _workload(level: str, steps: int, blocks: int) -> None:
-    from host_cost import workload          # the same model and step as host_cost.py
+def _model(name: str, blocks: int) -> Tuple[Any, Callable[[], Any]]:
+    if name == "mlp":
+        from host_cost import workload          # the same model and step as host_cost.py
+        return workload(blocks)
+    import torch
+    from bench_models import build              # the same model and step as overhead_torch.py
+    torch.set_num_threads(1)
+    work = build("gpt", torch.device("cpu"), False)
+    return work.model, work.step
+
+
+def _workload(model_name: str, level: str, steps: int, blocks: int, dumped: bool) -> None:
+    from precdbg import open_dump
     from precdbg_pt import PrecisionDebugger
 
-    model, step = workload(blocks)
+    model, step = _model(model_name, blocks)
     with tempfile.TemporaryDirectory() as folder:
         debugger = PrecisionDebugger(task="statistics", level=level, dump_path=folder, step=[])
         for _ in range(2):                  # warm-up: every code path and table is made
@@ -38,41 +52,50 @@ def _workload(level: str, steps: int, blocks: int) -> None:
             step()
             debugger.stop()
             debugger.step()
-        debugger.close()
+        debugger.flush()
         for _ in range(steps):
-            debugger.start(model)
+            if dumped:
+                debugger.start(model)
             step()
-            debugger.stop()
+            if dumped:
+                debugger.stop()
             debugger.step()
         debugger.close()
+        with open_dump(folder) as dump:
+            print(f"records {len(dump.records(step=dump.steps[-1]))}")
 
 
-def _count(args: argparse.Namespace, steps: int, path: Optional[str]) -> int:
+def _count(args: argparse.Namespace, dumped: bool, path: Optional[str]) -> Tuple[int, int]:
+    """(instructions, records of the last dumped step) of one counted run."""
     env = dict(os.environ, PYTHONHASHSEED="0")
     if path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as out:
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg",
-                   sys.executable, os.path.abspath(__file__), "--workload", "--level", args.level,
-                   "--steps", str(steps), "--blocks", str(args.blocks)]
+                   sys.executable, os.path.abspath(__file__), "--workload", "--model", args.model,
+                   "--level", args.level, "--steps", str(args.steps), "--blocks", str(args.blocks)]
+        command += ["--dumped"] if dumped else []
         done = subprocess.run(command, env=env, capture_output=True, text=True)
     found = re.search(r"refs:\s+([\d,]+)", done.stderr)
-    if done.returncode != 0 or found is None:
+    records = re.search(r"^records (\d+)$", done.stdout, re.MULTILINE)
+    if done.returncode != 0 or found is None or records is None:
         raise SystemExit(f"valgrind run failed (exit {done.returncode}): "
                          f"{done.stderr.strip().splitlines()[-1:] or 'no output'}")
-    return int(found.group(1).replace(",", ""))
+    return int(found.group(1).replace(",", "")), int(records.group(1))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "gpt"])
     parser.add_argument("--level", default="mix", choices=["mix", "api", "module"])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--blocks", type=int, default=20)
     parser.add_argument("--against", metavar="DIR", help="also count this checkout")
     parser.add_argument("--workload", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dumped", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.workload:            # the counted process (0 steps: the run to subtract)
-        _workload(args.level, args.steps, args.blocks)
+        _workload(args.model, args.level, args.steps, args.blocks, args.dumped)
         return 0
     if args.steps < 1 or args.blocks < 1:
         parser.error("--steps and --blocks must be >= 1")
@@ -81,18 +104,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if args.against and not os.path.isdir(os.path.join(args.against, "precdbg")):
         parser.error(f"--against: {args.against} holds no precdbg package")
-    # each tree against its own run without dumped steps (imports and warm-up differ)
-    runs = [(args.steps, None), (0, None)]
+    # each tree against its own plain steps (imports and warm-up differ between trees)
+    runs = [(True, None), (False, None)]
     if args.against:
-        runs += [(args.steps, args.against), (0, args.against)]
+        runs += [(True, args.against), (False, args.against)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = list(pool.map(lambda run: _count(args, *run), runs))
-    this = (counts[0] - counts[1]) / args.steps
-    print(f"{args.level}: {this / 1e6:.1f} M instructions per dumped step "
-          f"({args.blocks} blocks, all threads)")
+    model = f"{args.blocks}-block mlp" if args.model == "mlp" else "gpt"
+    this = (counts[0][0] - counts[1][0]) / args.steps
+    print(f"{model}, {args.level}: {this / 1e6:.1f} M instructions per dumped step over a plain "
+          f"one (all threads), {counts[0][1]} records: {this / counts[0][1] / 1e3:.1f} K each")
     if args.against:
-        other = (counts[2] - counts[3]) / args.steps
-        print(f"{args.against}: {other / 1e6:.1f} M per dumped step; this tree "
+        other = (counts[2][0] - counts[3][0]) / args.steps
+        print(f"{args.against}: {other / 1e6:.1f} M per dumped step, "
+              f"{other / counts[2][1] / 1e3:.1f} K per record; this tree "
               f"{(this - other) / other * 100:+.1f} %")
     return 0
 
