@@ -15,7 +15,7 @@ from .layers import raw_settings
 from .protocols import Recorder
 from .schema import Phase, RecordKind
 
-__all__ = ["BaseInstrumentor", "ClassPatch", "Handle", "NamedTensor", "OptimizerToken"]
+__all__ = ["BaseInstrumentor", "ClassPatch", "GuardedHook", "Handle", "NamedTensor", "OptimizerToken"]
 
 T = TypeVar("T")
 _OPTIMIZER, _PARAM = Phase.OPTIMIZER.value, RecordKind.PARAM.value
@@ -263,6 +263,37 @@ class BaseInstrumentor:
         except Exception as exc:  # noqa: BLE001 - never raise into training
             self.session.hook_failed(exc, where)
             return None
+
+
+class GuardedHook:
+    """A hook as one object (no closure: hooks are made per captured call, and each closure cell
+    is one more object for the garbage collector to walk). Calling it runs `record(session,
+    *args)` inside the adapter's guard, then ends the call; nothing it raises reaches training
+    (reported as `where()`), and once the adapter is uninstalled it does nothing. Subclasses
+    write `record` and `where`, and list their own fields in `__slots__`."""
+    __slots__ = ("adapter",)
+
+    def __init__(self, adapter: BaseInstrumentor) -> None:
+        self.adapter = adapter
+
+    def __call__(self, *args: Any) -> None:
+        adapter = self.adapter
+        if not adapter.installed:
+            return None
+        session = adapter.session
+        try:
+            with adapter.guard():
+                self.record(session, *args)
+                session.end_call()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, self.where())
+        return None
+
+    def record(self, session: Recorder, *args: Any) -> None:
+        raise NotImplementedError
+
+    def where(self) -> str:
+        raise NotImplementedError
 
 
 class _Busy:

@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 
 import precdbg
-from precdbg.instrumentor import BaseInstrumentor, NamedTensor
+from precdbg.instrumentor import BaseInstrumentor, GuardedHook, NamedTensor
 from precdbg.manifest import jsonable
 from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
@@ -165,51 +165,39 @@ class _ModuleHooks:
         return None
 
 
-class _ParamGradHook:
-    """A trainable parameter's gradient hook: records its dw (one object, no closures)."""
-    __slots__ = ("adapter", "path")
+class _ParamGradHook(GuardedHook):
+    """A trainable parameter's gradient hook: records its dw."""
+    __slots__ = ("path",)
 
     def __init__(self, adapter: "TorchAdapter", path: str) -> None:
-        self.adapter, self.path = adapter, path
+        super().__init__(adapter)
+        self.path = path
 
-    def __call__(self, grad: torch.Tensor) -> None:
-        adapter = self.adapter
-        if not adapter.installed:
-            return None
-        session = adapter.session
-        try:
-            with _Guard(adapter):
-                call = session.param_call(self.path)
-                if call is not None:
-                    session.capture(call, _BACKWARD, _PARAM_GRAD, 0, "", grad)
-                session.end_call()
-        except Exception as exc:  # noqa: BLE001 - never raise into training
-            session.hook_failed(exc, f"gradient hook of {self.path}")
-        return None
+    def record(self, session: Any, grad: torch.Tensor) -> None:
+        call = session.param_call(self.path)
+        if call is not None:
+            session.capture(call, _BACKWARD, _PARAM_GRAD, 0, "", grad)
+
+    def where(self) -> str:
+        return f"gradient hook of {self.path}"
 
 
-class _GradHolderHook:
+class _GradHolderHook(GuardedHook):
     """After a parameter's gradient is accumulated: what holds it (`.grad`, Megatron's
     `main_grad`) was produced by this parameter's dw record."""
-    __slots__ = ("adapter", "path")
+    __slots__ = ("path",)
 
     def __init__(self, adapter: "TorchAdapter", path: str) -> None:
-        self.adapter, self.path = adapter, path
+        super().__init__(adapter)
+        self.path = path
 
-    def __call__(self, param: torch.Tensor) -> None:
-        adapter = self.adapter
-        if not adapter.installed:
-            return None
-        session = adapter.session
-        try:
-            with _Guard(adapter):
-                for holder in (param.grad, getattr(param, "main_grad", None)):
-                    if isinstance(holder, torch.Tensor):
-                        session.grad_produced(self.path, holder)
-                session.end_call()
-        except Exception as exc:  # noqa: BLE001 - never raise into training
-            session.hook_failed(exc, f"gradient of {self.path}")
-        return None
+    def record(self, session: Any, param: torch.Tensor) -> None:
+        for holder in (param.grad, getattr(param, "main_grad", None)):
+            if isinstance(holder, torch.Tensor):
+                session.grad_produced(self.path, holder)
+
+    def where(self) -> str:
+        return f"gradient of {self.path}"
 
 
 class TorchAdapter(BaseInstrumentor):

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from precdbg.instrumentor import GuardedHook
 from precdbg.schema import Direction, Role
 
 __all__ = ["input_targets", "watch_backward", "Target"]
@@ -121,74 +122,61 @@ _GRAD_OUTPUT, _GRAD_INPUT = Role.GRAD_OUTPUT.value, Role.GRAD_INPUT.value
 _BACKWARD = Direction.BACKWARD.value
 
 
-class DyHook:
+class DyHook(GuardedHook):
     """Pre-hook on the node that produced outputs of a captured call: records the gradient
-    arriving at each (dy). One object per hooked node, no closures: backward hooks are made
-    per captured call, and each closure cell would be one more object for the collector."""
-    __slots__ = ("adapter", "call", "outs")
+    arriving at each (dy). One object per hooked node."""
+    __slots__ = ("call", "outs")
 
     def __init__(self, adapter: Any, call: Any, outs: List[Tuple[int, int, str]]) -> None:
-        self.adapter, self.call, self.outs = adapter, call, outs
+        super().__init__(adapter)
+        self.call, self.outs = call, outs
 
-    def __call__(self, grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
-        adapter = self.adapter
-        if not adapter.installed:
-            return None
-        session = adapter.session
-        try:
-            with adapter.Guard(adapter):
-                capture, call = session.capture, self.call
-                for output_nr, index, key in self.outs:
-                    grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
-                    if grad is not None:
-                        capture(call, _BACKWARD, _GRAD_OUTPUT, index, key, grad)
-                session.end_call()
-        except Exception as exc:  # noqa: BLE001 - never raise into training
-            session.hook_failed(exc, "backward hook of " + self.call.backward_entry)
-        return None
+    def record(self, session: Any, grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
+        _record_dy(session, self.call, self.outs, grad_outputs)
+
+    def where(self) -> str:
+        return "backward hook of " + self.call.backward_entry
 
 
-class DxHook:
+def _record_dy(session: Any, call: Any, outs: List[Tuple[int, int, str]],
+               grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
+    for output_nr, index, key in outs:
+        grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
+        if grad is not None:
+            session.capture(call, _BACKWARD, _GRAD_OUTPUT, index, key, grad)
+
+
+class DxHook(GuardedHook):
     """Post-hook on a node with edges into a captured call's inputs: records the gradient the
     call sends to each input (dx, summed over the edges into it once all have arrived) and,
     on the node that produced outputs, their dy as well."""
-    __slots__ = ("adapter", "call", "outs", "edges", "state", "targets")
+    __slots__ = ("call", "outs", "edges", "state", "targets")
 
     def __init__(self, adapter: Any, call: Any, outs: Optional[List[Tuple[int, int, str]]],
                  edges: List[Tuple[int, int]], state: _DxState,
                  targets: Sequence[Target]) -> None:
-        self.adapter, self.call, self.outs, self.edges = adapter, call, outs, edges
+        super().__init__(adapter)
+        self.call, self.outs, self.edges = call, outs, edges
         self.state, self.targets = state, targets
 
-    def __call__(self, grad_inputs: Sequence[Optional[torch.Tensor]],
-                 grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
-        adapter = self.adapter
-        if not adapter.installed:
-            return None
-        session = adapter.session
-        try:
-            with adapter.Guard(adapter):
-                capture, call = session.capture, self.call
-                if self.outs is not None:          # the dy of the outputs this node produced
-                    for output_nr, index, key in self.outs:
-                        grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) \
-                            else None
-                        if grad is not None:
-                            capture(call, _BACKWARD, _GRAD_OUTPUT, index, key, grad)
-                state = self.state
-                for position, ti in self.edges:
-                    grad = grad_inputs[position] if position < len(grad_inputs) else None
-                    state.arrived[ti] += 1
-                    if grad is not None:
-                        prev = state.partial[ti]
-                        state.partial[ti] = grad if prev is None else prev + grad
-                    if state.arrived[ti] >= state.expected[ti]:
-                        total, state.partial[ti] = state.partial[ti], None
-                        state.arrived[ti] = 0        # ready for another backward (retain_graph)
-                        if total is not None:
-                            target = self.targets[ti]
-                            capture(call, _BACKWARD, _GRAD_INPUT, target[0], target[1], total)
-                session.end_call()
-        except Exception as exc:  # noqa: BLE001 - never raise into training
-            session.hook_failed(exc, "backward hook of " + self.call.backward_entry)
-        return None
+    def record(self, session: Any, grad_inputs: Sequence[Optional[torch.Tensor]],
+               grad_outputs: Sequence[Optional[torch.Tensor]]) -> None:
+        call = self.call
+        if self.outs is not None:                  # the dy of the outputs this node produced
+            _record_dy(session, call, self.outs, grad_outputs)
+        state = self.state
+        for position, ti in self.edges:
+            grad = grad_inputs[position] if position < len(grad_inputs) else None
+            state.arrived[ti] += 1
+            if grad is not None:
+                prev = state.partial[ti]
+                state.partial[ti] = grad if prev is None else prev + grad
+            if state.arrived[ti] >= state.expected[ti]:
+                total, state.partial[ti] = state.partial[ti], None
+                state.arrived[ti] = 0                # ready for another backward (retain_graph)
+                if total is not None:
+                    target = self.targets[ti]
+                    session.capture(call, _BACKWARD, _GRAD_INPUT, target[0], target[1], total)
+
+    def where(self) -> str:
+        return "backward hook of " + self.call.backward_entry
