@@ -12,8 +12,8 @@ the workload of `host_cost.py` (tiny tensors, SGD: the Python path per record); 
 bundled GPT of `overhead_torch.py` (AdamW, clip: what its timings measure). One torch thread
 (idle threads' spinning would count). `--against DIR` also counts another checkout (`DIR` put
 first on PYTHONPATH, e.g. a `git worktree` of the commit before a change, its extensions built)
-and prints the change. Needs valgrind; ~2 minutes per run for mlp, ~15 for gpt (runs go two at
-a time). Nothing is asserted.
+and prints the change. Needs valgrind; a run takes ~2 minutes for mlp and over half an hour for
+gpt (torch's kernels run slowly under valgrind); runs go two at a time. Nothing is asserted.
 """
 from __future__ import annotations
 
