@@ -17,7 +17,7 @@ from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
 from precdbg.schema import Direction, Role
 
-from . import tensors
+from . import compiled, tensors
 from .api import CaptureMode, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
 from .training_state import watch_training_state
@@ -207,7 +207,7 @@ class TorchAdapter(BaseInstrumentor):
     module_type_name = "torch.nn.Module"
     Guard = _Guard
     empty_capture_hint = ("was the training step run between start() and stop()? (code compiled "
-                          "with torch.compile or torch.jit runs no Python hooks)")
+                          "with torch.jit runs no Python hooks)")
     tensors = tensors
     internal_dirs = _INTERNAL_DIRS
 
@@ -215,6 +215,7 @@ class TorchAdapter(BaseInstrumentor):
         super().__init__()
         self._param_names: Dict[int, str] = {}
         self._mode: Optional[_ModeHandle] = None
+        self._compiled: List[str] = []
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -275,7 +276,12 @@ class TorchAdapter(BaseInstrumentor):
 
     # ------------------------------------------------------------------ what the base asks
     def named_submodules(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
-        return module.named_modules()
+        return compiled.named_submodules(module)    # torch.compile wrappers see through
+
+    def walk(self, model: Any) -> List[Tuple[str, Any]]:
+        modules = super().walk(model)
+        self._compiled = compiled.compiled_paths(model)
+        return modules
 
     def own_parameters(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
         return module.named_parameters(recurse=False)
@@ -292,6 +298,11 @@ class TorchAdapter(BaseInstrumentor):
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         self._param_names = {id(p): name for name, p, _ in params}
+        # compiled code runs no hooks and cannot trace the capture mode: eager while captured
+        stance = compiled.eager_stance()
+        if stance is not None:
+            self.hold(stance)
+            compiled.note_compiled(session, self._compiled)
         from torch.optim import optimizer as opt
         self.hold(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self.hold(opt.register_optimizer_step_post_hook(self._optimizer_post))
