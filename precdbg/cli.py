@@ -54,7 +54,9 @@ def _inspect(args: argparse.Namespace) -> int:
                 out.write(f"  non-finite: {len(nonfinite)} records; first "
                           f"{table['entry'][first]} {table['role'][first]}"
                           f" {table['arg_index'][first]}\n")
-            tensors = np.nonzero(~np.char.startswith(table["dtype"], "py."))[0]
+            # tensors with elements (an empty one has no values: its min and max are NaN)
+            tensors = np.nonzero(~np.char.startswith(table["dtype"], "py.")
+                                 & (table["numel"] > 0))[0]
             if len(tensors):
                 peak = np.fmax(np.abs(table["max"][tensors]), np.abs(table["min"][tensors]))
                 top = tensors[np.argsort(-np.nan_to_num(peak, nan=np.inf))[:args.top]]

@@ -140,3 +140,28 @@ def test_demo_runs(tmp_path):
     assert "verdict: DIVERGED" in result.stdout
     assert re.search(r"module 'blocks\.0\.mlp\.act'\s+op 'gelu'", result.stdout)
     assert (out / "report.html").is_file()
+
+
+def test_inspect_largest_values_skip_empty_tensors(tmp_path):
+    """An empty tensor has no values (its min and max are NaN): it is never 'largest'; a
+    tensor of NaNs is, first."""
+    import json
+
+    import torch
+
+    from precdbg_pt import PrecisionDebugger
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"task": "statistics", "dump_path": str(tmp_path / "dump")}))
+    dbg = PrecisionDebugger(config_path=str(config))
+    saved = {"empty": torch.empty(0), "nans": torch.full((3,), float("nan")),
+             "big": torch.tensor([-3e6, 1.0]), "small": torch.tensor([2.0])}
+    dbg.start()
+    for name, tensor in saved.items():
+        dbg.save(name, tensor)
+    dbg.stop()
+    dbg.close()
+    result = _inspect(str(tmp_path / "dump"), "--top", "3")
+    assert result.returncode == 0, result.stderr
+    listed = result.stdout.split("largest |values|:\n")[1].splitlines()
+    assert [line.split()[1] for line in listed] == ["Save.nans.0", "Save.big.0", "Save.small.0"]
+    assert listed[1].split()[0] == "3e+06"
