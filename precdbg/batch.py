@@ -47,6 +47,11 @@ class Seen:
         self.precision = ""      # the lowest float precision its values went through
         self.storage: Any = None     # its storage key, filled in by precdbg.provenance
 
+    @property
+    def has_values(self) -> bool:
+        """False for memory nobody had written (see TensorBatch.seen_tensor's `values`)."""
+        return self.stats.slot >= 0
+
 
 def _dead_ref() -> None:
     return None
@@ -67,23 +72,35 @@ class TensorBatch:
         self._pending: List[Tuple[Record, Optional[Seen]]] = []
         self._copies: List[Tuple[Seen, Any, bool]] = []
 
-    def seen_tensor(self, tensor: Any, written: bool = False, keys: Any = False) -> Seen:
+    def seen_tensor(self, tensor: Any, written: bool = False, keys: Any = False,
+                    values: bool = True) -> Seen:
         """The distinct tensor this one is (same storage bytes, order and version), reusing the
         statistics of any live view of exactly the same elements (not when `written`). `keys`:
-        the tensor's identity when the caller has it already (None: it has none)."""
+        the tensor's identity when the caller has it already (None: it has none). `values`:
+        False for memory nobody has written yet (`torch.empty`): no statistics are taken."""
         if keys is False:
             keys = self.tensors.identity(tensor)
         stats_key, data_key = keys if keys is not None else (None, None)
         if data_key is not None and not written:
             seen = self._seen.get(data_key)
-            if seen is not None and seen.ref() is not None:
-                return seen
+            if seen is not None:
+                held = seen.ref()
+                if held is not None and self.tensors.holds(held, data_key):
+                    return seen
         try:
             ref: Any = weakref.ref(tensor)
         except TypeError:
             ref = _dead_ref
         stats = self._stats_seen.get(stats_key) if stats_key is not None else None
-        if stats is None or stats.ref() is None or written:
+        if stats is not None:
+            held = stats.ref()
+            if held is None or not self.tensors.holds(held, stats_key):
+                stats = None             # gone, or its memory was freed and handed out again
+        if not values and stats is None:
+            stats = _Stats(ref, -1)          # values stay unknown (NaN) in every record
+            if stats_key is not None:
+                self._stats_seen[stats_key] = stats
+        elif stats is None or written:
             stats = _Stats(ref, len(self._handles))
             handle = self.tensors.summarize(tensor)
             self._handles.append(handle)

@@ -54,9 +54,11 @@ def _inspect(args: argparse.Namespace) -> int:
                 out.write(f"  non-finite: {len(nonfinite)} records; first "
                           f"{table['entry'][first]} {table['role'][first]}"
                           f" {table['arg_index'][first]}\n")
-            # tensors with elements (an empty one has no values: its min and max are NaN)
+            # tensors with values: an empty one has none, nor has memory nobody had written
+            # (torch.empty): min and max NaN with no NaN counted
+            no_values = np.isnan(table["max"]) & (table["nan_count"] == 0)
             tensors = np.nonzero(~np.char.startswith(table["dtype"], "py.")
-                                 & (table["numel"] > 0))[0]
+                                 & (table["numel"] > 0) & ~no_values)[0]
             if len(tensors):
                 peak = np.fmax(np.abs(table["max"][tensors]), np.abs(table["min"][tensors]))
                 top = tensors[np.argsort(-np.nan_to_num(peak, nan=np.inf))[:args.top]]

@@ -100,8 +100,8 @@ class BaseInstrumentor:
         params = self.named_tensors(modules, self.own_parameters)
         if modules:
             with self.guard():
-                session.set_module_tree([(path, type(m).__name__, path.rpartition(".")[0],
-                                          raw_settings(self.framework, type(m).__name__, m))
+                session.set_module_tree([(path, self.class_name(m), path.rpartition(".")[0],
+                                          raw_settings(self.framework, self.class_name(m), m))
                                          for path, m in modules])
                 self._inventory(session, params, self.named_tensors(modules, self.own_buffers))
         for path, module in modules:
@@ -146,6 +146,11 @@ class BaseInstrumentor:
         """(path, module) of a module and everything below it, the module itself as ""."""
         raise NotImplementedError
 
+    def class_name(self, module: Any) -> str:
+        """The module's class as its entries name it: the model's own class, where a framework
+        wrapper replaced it by a subclass of its own (FSDP2's `FSDP<class>`)."""
+        return type(module).__name__
+
     def own_parameters(self, module: Any) -> Iterable[Tuple[str, Any]]:
         """(name, parameter) held by this module itself (not its children)."""
         raise NotImplementedError
@@ -187,8 +192,7 @@ class BaseInstrumentor:
                            f"got {type(model).__name__}")
 
     # ------------------------------------------------------------------ parameters
-    @staticmethod
-    def named_tensors(modules: List[Tuple[str, Any]],
+    def named_tensors(self, modules: List[Tuple[str, Any]],
                       own: Callable[[Any], Iterable[Tuple[str, Any]]]) -> List[NamedTensor]:
         """Every parameter (or buffer) of the walked modules, a shared (tied) one once under
         its first name, as `named_parameters()` does."""
@@ -198,7 +202,8 @@ class BaseInstrumentor:
                 if value is None or id(value) in seen:
                     continue
                 seen.add(id(value))
-                out.append((f"{path}.{name}" if path else name, value, type(module).__name__))
+                out.append((f"{path}.{name}" if path else name, value,
+                            self.class_name(module)))
         return out
 
     def _inventory(self, session: Recorder, params: List[NamedTensor],

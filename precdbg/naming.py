@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 __all__ = ["COLLECTIVE_OPS", "is_collective", "in_place", "writes_arguments",
            "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
@@ -41,6 +41,23 @@ def in_place(api: str) -> bool:
     `__setitem__`, MindSpore's `assign` family."""
     return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or \
         api in ("__setitem__", "assign", "assign_add", "assign_sub", "scatter_update")
+
+
+# APIs whose outputs (all, or those at the listed output indices) are memory nobody has written
+# yet; FSDP2's all_gather_copy_in returns (its input, the all-gather's empty output buffer)
+_UNINITIALIZED: Dict[str, Optional[Tuple[int, ...]]] = {
+    "empty": None, "empty_like": None, "new_empty": None, "empty_strided": None,
+    "empty_permuted": None, "all_gather_copy_in": (1,)}
+
+
+def uninitialized_output(api: str, index: int) -> bool:
+    """Output `index` of `api` is memory nobody has written yet (`torch.empty`, `new_empty`,
+    `mint.empty_like`): its values are whatever the allocator left there, so no statistics of
+    them are recorded (they would differ between identical runs, and look like NaN/Inf)."""
+    if api not in _UNINITIALIZED:
+        return False
+    which = _UNINITIALIZED[api]
+    return which is None or index in which
 
 
 def writes_arguments(api: str, op: str) -> bool:

@@ -28,7 +28,7 @@ from .stacks import StackTable
 from .arguments import tensor_results
 from .batch import TensorBatch
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
-                     save_entry, torch_param_leaf)
+                     save_entry, torch_param_leaf, uninitialized_output)
 from .schema import NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task
 from .writer import DumpWriter
 
@@ -37,7 +37,7 @@ __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
 log = logging.getLogger("precdbg")
 
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
-_INPUT, _FORWARD = Role.INPUT.value, Direction.FORWARD.value
+_INPUT, _OUTPUT, _FORWARD = Role.INPUT.value, Role.OUTPUT.value, Direction.FORWARD.value
 _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NONE.value
 _NAN = float("nan")
 _MAX_REPORTED_FAILURES = 20     # distinct failures reported; the rest are only counted
@@ -385,6 +385,7 @@ class Session:
         these bytes still holds."""
         if not self._every_record and not self.filter.keep_record(direction, role):
             return
+        tensor = self.tensors.local(tensor)
         dtype, shape, numel, keys, where = self.tensors.facts(tensor)
         if numel == 0:
             keys = None          # no elements, no unique address: every empty tensor is its own
@@ -393,7 +394,9 @@ class Session:
             if epoch:            # written in place through another object: a state of its own
                 keys = ((keys[0], epoch), (keys[1], epoch))
         batch = self._batch
-        seen = batch.seen_tensor(tensor, written, keys)
+        values = not (role == _OUTPUT and call.kind == _API
+                      and uninitialized_output(call.api, arg_index))
+        seen = batch.seen_tensor(tensor, written, keys, values)
         precision = self._precisions.of(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
@@ -411,7 +414,7 @@ class Session:
         if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:
             self._first_batch_parts.append((rec, self.tensors.to_host(tensor)))
-        if (call.store or self._checksum) and not seen.copied:
+        if (call.store or self._checksum) and not seen.copied and seen.has_values:
             batch.copy(seen, tensor, call.store)
 
     def wrote(self, tensor: Any) -> None:

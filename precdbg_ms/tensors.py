@@ -35,7 +35,7 @@ try:
 except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
-__all__ = ["describe", "facts", "identity", "storage", "storage_ref", "summarize", "resolve",
+__all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref", "summarize", "resolve",
            "retained_bytes", "deferrable", "launch_queued", "to_host", "hand_over",
            "nbytes", "begin_window", "pointer", "settle", "note_write",
            "forget_writes"]
@@ -102,6 +102,11 @@ def _facts(t: ms.Tensor) -> _Facts:
     return facts
 
 
+def local(t: ms.Tensor) -> ms.Tensor:
+    """A PyNative tensor holds all its elements in this process: the tensor itself."""
+    return t
+
+
 def describe(t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int]:
     facts = _facts(t)
     return dtype_name(t.dtype), facts.shape, facts.numel
@@ -155,6 +160,11 @@ def identity(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
     except Exception:  # noqa: BLE001 - not a tensor the framework can describe
         return None
     return key, key
+
+
+def holds(t: ms.Tensor, key: Hashable) -> bool:
+    """A key is the object itself (`identity`): a live object is always its own."""
+    return True
 
 
 def storage(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:

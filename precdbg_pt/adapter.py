@@ -4,9 +4,10 @@ the core's); the only state is the handles it must remove.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -17,7 +18,7 @@ from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
 from precdbg.schema import Direction, Role
 
-from . import compiled, tensors
+from . import compiled, plumbing, tensors
 from .api import CaptureMode, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
 from .training_state import watch_training_state
@@ -278,6 +279,9 @@ class TorchAdapter(BaseInstrumentor):
     def named_submodules(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
         return compiled.named_submodules(module)    # torch.compile wrappers see through
 
+    def class_name(self, module: torch.nn.Module) -> str:
+        return plumbing.model_class(module).__name__
+
     def walk(self, model: Any) -> List[Tuple[str, Any]]:
         modules = super().walk(model)
         self._compiled = compiled.compiled_paths(model)
@@ -306,7 +310,7 @@ class TorchAdapter(BaseInstrumentor):
         from torch.optim import optimizer as opt
         self.hold(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self.hold(opt.register_optimizer_step_post_hook(self._optimizer_post))
-        for patch in watch_training_state(self):
+        for patch in watch_training_state(self) + plumbing.plumbing_patches(self):
             self.hold(patch)
         cfg = session.config
         # API calls are dumped: every torch call goes through the mode (at level module
@@ -374,9 +378,23 @@ class TorchAdapter(BaseInstrumentor):
 
     # ------------------------------------------------------------------ modules
     def hook_module(self, path: str, module: torch.nn.Module) -> None:
-        hooks = _ModuleHooks(self, path, type(module).__name__)
+        hooks = _ModuleHooks(self, path, self.class_name(module))
         self.hold(module.register_forward_pre_hook(hooks.pre, with_kwargs=True))
         self.hold(module.register_forward_hook(hooks.post, with_kwargs=True, always_call=True))
+
+    @contextlib.contextmanager
+    def unobserved(self) -> Iterator[None]:
+        """Framework plumbing runs inside (precdbg_pt.plumbing): nothing it calls is captured,
+        and its torch calls do not pass through the capture mode."""
+        self.paused = True
+        if self._mode is not None:
+            self._mode.suspend()
+        try:
+            yield
+        finally:
+            self.paused = False
+            if self._mode is not None:
+                self._mode.resume()
 
     # ------------------------------------------------------------------ optimizer phase
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -29,7 +30,7 @@ try:   # one-pass C statistics for tensors in host memory; optional (needs a C c
 except ImportError:  # pragma: no cover - exercised on machines without the extension
     _fastats = None
 
-__all__ = ["describe", "facts", "identity", "storage", "storage_ref", "summarize",
+__all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref", "summarize",
            "resolve", "to_host", "hand_over", "nbytes", "launch_queued", "retained_bytes",
            "deferrable"]
 
@@ -97,12 +98,48 @@ def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
     that the first tensor of a key is still alive, so its storage cannot have been reused."""
     try:
         contiguous = t.is_contiguous()
-        base = (t.data_ptr(), t.dtype, t._version, t.device)
+        ptr = t.data_ptr()
+        if not ptr and t.numel():
+            return None                   # no memory of its own (a wrapper subclass)
+        base = (ptr, t.dtype, t._version, t.device)
         layout = (t.numel(),) if contiguous else _layout(t)
         shape = tuple(t.shape)
         return (base, layout), (base, shape, None if contiguous else t.stride())
     except (RuntimeError, NotImplementedError):   # tensors without storage (sparse, fake, ...)
         return None
+
+
+def holds(t: torch.Tensor, key: Tuple[Any, ...]) -> bool:
+    """Whether `t` (alive) still holds the memory its identity key was made from: a storage
+    resized to nothing and back (FSDP2 frees and re-gathers unsharded parameters so) moves,
+    and its old address may go to another tensor whose key would then match."""
+    return t.data_ptr() == key[0][0]
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding `t`'s elements in this process's memory: `t` itself, or a DTensor's
+    local shard (FSDP2, tensor parallelism). Statistics of a whole DTensor would take a
+    collective inside a hook (a hang unless every rank reaches the same record), so each rank
+    records the shard it holds: its shape, its statistics, its bytes."""
+    if type(t) in _PLAIN_TYPES:
+        return t
+    dtensor_module = sys.modules.get("torch.distributed.tensor")   # none made if not imported
+    dtensor = getattr(dtensor_module, "DTensor", None)
+    if dtensor is not None and isinstance(t, dtensor):
+        return t.to_local()
+    return t
+
+
+def _has_memory(t: torch.Tensor) -> bool:
+    """Whether a tensor's elements are in memory of its own (not so for a wrapper subclass,
+    whose data pointer is 0, nor for fake and functional tensors)."""
+    try:
+        return t.data_ptr() != 0
+    except Exception:  # noqa: BLE001 - no storage at all
+        return False
 
 
 def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
@@ -118,6 +155,8 @@ def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
     numel = t.numel()
     try:
         ptr, version = t.data_ptr(), t._version
+        if not ptr and numel:
+            return name, shape, numel, None, None    # no memory of its own (wrapper subclass)
         base = (ptr, dtype, version, t.device)
         if t.is_contiguous():
             keys = ((base, (numel,)), (base, shape, None))
@@ -204,7 +243,7 @@ _FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloa
 # float32 reductions 89 us; 2 M elements 403 us vs 323 us).
 
 
-def _host_stats(t: torch.Tensor, code: int) -> Optional[_Pending]:
+def _host_stats(t: torch.Tensor, code: int) -> _Pending:
     if not t.is_contiguous():
         layout = _layout(t)
         if len(layout) != 1 or layout[0][1] != 1:   # not a permutation of a dense block
@@ -241,8 +280,8 @@ def summarize(t: torch.Tensor) -> Handle:
     """Queue min, max, sum, sum of squares, NaN and Inf counts of a tensor; nothing leaves the
     device. Called with gradients disabled (the adapter's guard)."""
     numel = t.numel()
-    if numel == 0:
-        return _Pending(None, numel, None)
+    if numel == 0 or (type(t) not in _PLAIN_TYPES and not _has_memory(t)):
+        return _Pending(None, numel, None)   # no values, or none in memory precdbg may read
     if not t.is_cpu:                    # a flag read; t.device.type builds a device object
         if t.is_meta:
             return _Pending(None, numel, None)
@@ -370,6 +409,9 @@ class _HostCopy:
 
 def to_host(t: torch.Tensor) -> _HostCopy:
     """Start copying a tensor to host memory (asynchronous on accelerators)."""
+    if type(t) not in _PLAIN_TYPES and not _has_memory(t):
+        raise ValueError(f"a {type(t).__name__} has no memory of its own to store (a tensor "
+                         f"subclass wrapping others); its statistics are not recorded either")
     x = t.detach()
     raw = _RAW_VIEW.get(x.dtype)
     with torch.no_grad():

@@ -1077,3 +1077,106 @@ def test_hooks_made_per_call_are_no_closures(tmp_path):
     small = _precdbg_closures_during_a_step(tmp_path / "small", 4)
     large = _precdbg_closures_during_a_step(tmp_path / "large", 16)
     assert large == small, (small, large)
+
+
+class _Wrapper(torch.Tensor):
+    """A wrapper tensor subclass (as torchao's and DTensor are): no memory of its own, data
+    pointer 0; every op runs on the wrapped tensor."""
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor) -> "_Wrapper":
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype,
+                                                   device=inner.device)
+
+    def __init__(self, inner: torch.Tensor) -> None:
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+        unwrap = lambda x: x.inner if isinstance(x, _Wrapper) else x  # noqa: E731
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+        return tree_map(lambda x: _Wrapper(x) if isinstance(x, torch.Tensor) else x, out)
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_wrapper_subclass_without_memory_is_recorded_without_values(tmp_path, task):
+    """Its data pointer is 0: nothing is read there (that was a SIGSEGV), two such tensors are
+    never taken for the same bytes, and the plain tensors of the same batch keep their values."""
+    a, b = _Wrapper(torch.tensor([1.0, -2.0, 3.0])), _Wrapper(torch.tensor([4.0, 5.0, 6.0]))
+    plain = torch.tensor([7.0, 8.0])
+    assert a.data_ptr() == 0
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), task=task)
+    dbg.start()
+    for name, tensor in (("a", a), ("b", b), ("plain", plain)):
+        dbg.save(name, tensor)
+    dbg.stop()
+    dbg.close()
+    assert dbg.failures == (2 if task == "tensor" else 0)    # no bytes of their own to store
+    table = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+    rows = {str(e): i for i, e in enumerate(table["entry"])}
+    for name in ("Save.a.0", "Save.b.0"):
+        i = rows[name]
+        assert int(table["numel"][i]) == 3 and math.isnan(table["norm"][i])
+    assert table["tensor_id"][rows["Save.a.0"]] != table["tensor_id"][rows["Save.b.0"]]
+    i = rows["Save.plain.0"]
+    assert (table["min"][i], table["max"][i]) == (7.0, 8.0)
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_memory_nobody_wrote_has_no_statistics(tmp_path, task):
+    """torch.empty and friends return whatever the allocator left: no statistics (they would
+    differ between identical runs and pass for NaN/Inf), no stored bytes; once written, the
+    same memory is recorded as usual."""
+    src = torch.arange(6, dtype=torch.float32)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), task=task)
+    dbg.start()
+    buf = torch.empty(6)
+    like = torch.empty_like(src)
+    new = src.new_empty((2, 3))
+    read_before = buf + 0          # reads the unwritten bytes: its output is garbage too,
+    buf.copy_(src)                 # ...but a record of the output is an ordinary record
+    read_after = buf * 2
+    dbg.stop()
+    dbg.close()
+    assert dbg.failures == 0
+    del like, new, read_before, read_after
+    dump = precdbg.open_dump(str(tmp_path / "dump"))
+    table = dump.records(step=0)
+    rows = {(str(e), str(r), int(a)): i for i, (e, r, a) in
+            enumerate(zip(table["entry"], table["role"], table["arg_index"]))}
+    for entry in ("Torch.empty.0.forward", "Torch.empty_like.0.forward",
+                  "Tensor.new_empty.0.forward"):
+        i = rows[(entry, "output", 0)]
+        assert math.isnan(table["max"][i]) and table["nan_count"][i] == 0, entry
+        assert table["inf_count"][i] == 0 and table["data_offset"][i] < 0, entry
+    i = rows[("Tensor.add.0.forward", "input", 0)]    # the same unwritten bytes
+    assert math.isnan(table["max"][i]) and table["data_offset"][i] < 0
+    i = rows[("Tensor.mul.0.forward", "input", 0)]    # written by copy_
+    assert (table["min"][i], table["max"][i]) == (0.0, 5.0)
+    if task == "tensor":
+        assert np.array_equal(dump.tensor_at(table, i), np.arange(6, dtype=np.float32))
+
+
+def test_memory_a_live_tensor_gave_up_is_not_taken_for_it(tmp_path):
+    """A live tensor can stop holding its memory at an unchanged version (FSDP2 frees and
+    re-gathers unsharded parameters by resizing their storage; here `.data` is swapped). A new
+    tensor over that memory is another tensor, with statistics of its own."""
+    memory = np.ones(4096, dtype=np.float32)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), task="statistics")
+    x = torch.from_numpy(memory)
+    dbg.start()
+    dbg.save("x", x)
+    version = x._version
+    x.data = torch.zeros(4096)            # x lives on, elsewhere, at the same version
+    memory[:] = 2.0
+    y = torch.from_numpy(memory)          # the same address, version and shape as x had
+    assert x._version == version == y._version and x.data_ptr() != y.data_ptr()
+    dbg.save("y", y)
+    dbg.stop()
+    dbg.close()
+    table = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+    rows = {str(e): i for i, e in enumerate(table["entry"])}
+    assert table["max"][rows["Save.x.0"]] == 1.0
+    assert table["max"][rows["Save.y.0"]] == 2.0
+    assert table["tensor_id"][rows["Save.y.0"]] != table["tensor_id"][rows["Save.x.0"]]

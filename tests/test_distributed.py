@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 
 import numpy as np
 import pytest
 
 import precdbg
 
-from conftest import PYTHON, REPO, TINY
+from conftest import TINY, run_ranks
 
 WORKER = r"""
 import json, os, sys
@@ -47,35 +45,12 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     script = out / "worker.py"
     script.write_text(f"TINY = {TINY!r}\nOUT = {str(out)!r}\n" + WORKER)
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([PYTHON, str(script)], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=180))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, (stdout, stderr) in zip(procs, outputs):
-        assert proc.returncode == 0, stderr[-3000:]
+    run_ranks(str(script))
     results = [json.loads((out / f"result{r}.json").read_text()) for r in range(2)]
     return out, results
 

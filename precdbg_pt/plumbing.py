@@ -1,0 +1,69 @@
+"""Framework plumbing that is not the model's math: nothing it calls is captured, and the
+classes it wraps the model's modules in keep their own names.
+
+FSDP2 (`torch.distributed.fsdp.fully_shard`) all-gathers each module's sharded parameters into
+unsharded ones before its forward and backward, frees them after, and reduce-scatters the
+gradients: dozens of torch calls per module (`empty`, `all_gather_copy_in`, views of buffers the
+all-gather has not filled yet, `split_with_sizes_copy`, ...). Captured, they would fill a dump
+with records of communication buffers, some of them memory nobody has written yet (values that
+differ between identical runs, and pass for NaN or Inf), and `compare` could name one of them
+as the first divergence. What the model computes with the gathered parameters is captured as
+usual: its modules' and API calls' records read the unsharded parameters.
+
+Each method is patched (a `ClassPatch`, removed at stop()) only when FSDP2 is imported.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable, List
+
+from precdbg.instrumentor import ClassPatch
+
+__all__ = ["plumbing_patches", "model_class"]
+
+# module, class, methods: FSDP2's parameter group does every all-gather, free and reduce-scatter
+_PLUMBING = (("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup",
+              ("pre_forward", "post_forward", "pre_backward", "post_backward",
+               "finalize_backward", "unshard", "wait_for_unshard", "reshard")),)
+
+
+def plumbing_patches(adapter: Any) -> List[ClassPatch]:
+    """Patches making the framework's plumbing methods run unobserved (`adapter.unobserved()`),
+    for the frameworks this process has imported."""
+    patches: List[ClassPatch] = []
+    for module_name, class_name, methods in _PLUMBING:
+        owner = getattr(sys.modules.get(module_name), class_name, None)
+        if owner is None:
+            continue
+        for name in methods:
+            if callable(getattr(owner, name, None)):
+                patches.append(ClassPatch(owner, name,
+                                          lambda original: _unobserved(adapter, original)))
+    return patches
+
+
+def _unobserved(adapter: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def plumbing(*args: Any, **kwargs: Any) -> Any:
+        if not adapter.installed or adapter.paused:
+            return original(*args, **kwargs)
+        with adapter.unobserved():
+            return original(*args, **kwargs)
+    return plumbing
+
+
+_FSDP2_MODULE = ("torch.distributed.fsdp._fully_shard._fully_shard", "FSDPModule")
+
+
+def model_class(module: Any) -> type:
+    """The model's own class of a module: FSDP2's `fully_shard` turns a `GPT` into an instance
+    of a new class `FSDPGPT(FSDPModule, GPT)`; its entries keep the name `GPT`, as in an
+    unsharded run."""
+    cls = type(module)
+    wrapper = getattr(sys.modules.get(_FSDP2_MODULE[0]), _FSDP2_MODULE[1], None)
+    if wrapper is not None and cls is not wrapper and issubclass(cls, wrapper):
+        for base in cls.__bases__:
+            if not issubclass(base, wrapper):
+                return base
+    return cls
