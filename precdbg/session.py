@@ -425,7 +425,7 @@ class Session:
     def grad_produced(self, path: str, tensor: Any, hold: bool = False) -> None:
         """`tensor` holds parameter `path`'s gradient after backward (`.grad`, `main_grad`);
         `hold` keeps it (not its copy) until the step ends, see Provenance.grad_of."""
-        self.provenance.grad_of(path, tensor, hold)
+        self.provenance.grad_of(path, self.tensors.local(tensor), hold)
 
     def alias_of(self, original: Any, copy: Any) -> None:
         """`copy` holds `original`'s values, made by the framework outside any captured call."""

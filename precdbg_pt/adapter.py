@@ -382,6 +382,14 @@ class TorchAdapter(BaseInstrumentor):
         self.hold(module.register_forward_pre_hook(hooks.pre, with_kwargs=True))
         self.hold(module.register_forward_hook(hooks.post, with_kwargs=True, always_call=True))
 
+    def record_gradient(self, param: torch.Tensor) -> None:
+        """A parameter's gradient handed over outside autograd's hooks (FSDP2 assigns the
+        reduce-scattered `.grad` itself): recorded as its dw, and `.grad` as what holds it."""
+        path = self._param_names.get(id(param))
+        if path is not None and param.requires_grad and param.grad is not None:
+            _ParamGradHook(self, path)(param.grad)
+            _GradHolderHook(self, path)(param)
+
     @contextlib.contextmanager
     def unobserved(self) -> Iterator[None]:
         """Framework plumbing runs inside (precdbg_pt.plumbing): nothing it calls is captured,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 from precdbg.instrumentor import ClassPatch
 
@@ -26,6 +26,19 @@ __all__ = ["plumbing_patches", "model_class"]
 _PLUMBING = (("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup",
               ("pre_forward", "post_forward", "pre_backward", "post_backward",
                "finalize_backward", "unshard", "wait_for_unshard", "reshard")),)
+
+
+def _fsdp2_gradients(adapter: Any, group: Any) -> None:
+    """FSDP2's backward is final for a parameter group (its reduce-scatters waited for): each
+    sharded parameter's `.grad`, a DTensor, is that parameter's dw (its rank's shard)."""
+    for fsdp_param in getattr(group, "fsdp_params", ()):
+        param = getattr(fsdp_param, "sharded_param", None)
+        if param is not None:
+            adapter.record_gradient(param)
+
+
+# what runs after a plumbing method, observed: (class name, method) -> action(adapter, self)
+_AFTER = {("FSDPParamGroup", "finalize_backward"): _fsdp2_gradients}
 
 
 def plumbing_patches(adapter: Any) -> List[ClassPatch]:
@@ -38,18 +51,23 @@ def plumbing_patches(adapter: Any) -> List[ClassPatch]:
             continue
         for name in methods:
             if callable(getattr(owner, name, None)):
-                patches.append(ClassPatch(owner, name,
-                                          lambda original: _unobserved(adapter, original)))
+                after = _AFTER.get((class_name, name))
+                patches.append(ClassPatch(owner, name, lambda original, after=after:
+                                          _unobserved(adapter, original, after)))
     return patches
 
 
-def _unobserved(adapter: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+def _unobserved(adapter: Any, original: Callable[..., Any],
+                after: Optional[Callable[[Any, Any], None]] = None) -> Callable[..., Any]:
     @functools.wraps(original)
-    def plumbing(*args: Any, **kwargs: Any) -> Any:
+    def plumbing(owner: Any, *args: Any, **kwargs: Any) -> Any:
         if not adapter.installed or adapter.paused:
-            return original(*args, **kwargs)
+            return original(owner, *args, **kwargs)
         with adapter.unobserved():
-            return original(*args, **kwargs)
+            result = original(owner, *args, **kwargs)
+        if after is not None and adapter.installed:
+            after(adapter, owner)
+        return result
     return plumbing
 
 

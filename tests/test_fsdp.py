@@ -44,7 +44,7 @@ def train(dump, config=None):
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     debugger = PrecisionDebugger(config_path=config) if dump else None
-    losses, shards = [], {}
+    losses, shards, grads = [], {}, {}
     for step, (x, y) in enumerate(make_batches(cfg, batch_size=4, steps=3, seed=rank)):
         if step == 1 and dump:
             shards = {name: [p.to_local().numel(), float(p.to_local().double().norm())]
@@ -53,6 +53,9 @@ def train(dump, config=None):
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
+        if step == 1 and dump:
+            grads = {name: [p.grad.to_local().numel(), float(p.grad.to_local().double().norm())]
+                     for name, p in model.named_parameters()}
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
@@ -60,15 +63,16 @@ def train(dump, config=None):
             debugger.stop()
             debugger.step()
         losses.append(loss.item())
-    return losses, shards, debugger.failures if dump else 0
+    return losses, shards, grads, debugger.failures if dump else 0
 
 
-plain, _, _ = train(False)
-dumped, shards, failures = train(True, CONFIG)
-again, _, failures_again = train(True, CONFIG_AGAIN)
+plain, _, _, _ = train(False)
+dumped, shards, grads, failures = train(True, CONFIG)
+again, _, _, failures_again = train(True, CONFIG_AGAIN)
 failures += failures_again
 with open(os.path.join(OUT, f"result{rank}.json"), "w") as f:
-    json.dump({"plain": plain, "dumped": dumped, "shards": shards, "failures": failures}, f)
+    json.dump({"plain": plain, "dumped": dumped, "shards": shards, "grads": grads,
+               "failures": failures}, f)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -96,7 +100,7 @@ def test_fsdp2_step_dumps_without_changing_training(fsdp_run):
     assert dump.ranks == [0, 1]
     for rank in (0, 1):
         table = dump.records(step=0, rank=rank)
-        assert {"api", "module", "param"} <= set(table["kind"].tolist())
+        assert {"api", "module", "param", "param_grad"} <= set(table["kind"].tolist())
 
 
 def test_fsdp2_inventory_records_each_ranks_shard(fsdp_run):
@@ -141,3 +145,24 @@ def test_fsdp2_identical_runs_compare_as_a_match(fsdp_run):
         result = compare_dumps(str(out / "dump"), str(out / "again"), rank=rank)
         assert result["verdict"] == "match", result["first_divergence"]
         assert not result["unmatched"]
+
+
+def test_fsdp2_gradients_are_recorded_as_each_ranks_shard(fsdp_run):
+    """FSDP2 assigns the reduce-scattered gradients itself (no autograd hook sees them): they
+    are recorded once its backward is final, as each rank's shard of the averaged gradient."""
+    out, results = fsdp_run
+    dump = precdbg.open_dump(str(out / "dump"))
+    for rank, result in enumerate(results):
+        table = dump.records(step=0, rank=rank)
+        dw = np.nonzero(table["kind"] == "param_grad")[0]
+        by_name = {str(table["api"][i]): i for i in dw}
+        assert set(by_name) == set(result["grads"])
+        for name, (numel, norm) in result["grads"].items():
+            i = by_name[name]
+            assert int(table["numel"][i]) == numel, name
+            assert table["norm"][i] == pytest.approx(norm, rel=1e-12, abs=1e-12), name
+        # clip_grad_norm_ reads the gradients: their producer is the dw record
+        seq_of = dict(zip(table["seq"].tolist(), range(len(table))))
+        dw_seqs = {int(table["seq"][i]) for i in dw}
+        produced = [p for p in table["producer"][table["kind"] == "api"].tolist() if p in dw_seqs]
+        assert produced and all(table["kind"][seq_of[p]] == "param_grad" for p in produced)
