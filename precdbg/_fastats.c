@@ -216,8 +216,125 @@ static double load(const char *base, size_t i, int dtype) {
     }
 }
 
+/* The exact pass of float32 values (and of float16/bfloat16 ones widened to float32): the same
+ * results as `careful`, without a branch per value. NaN and Inf are told apart through their bits;
+ * the sums take the finite values (non-finite ones are zeroed), min and max every value but NaN
+ * (a NaN becomes +Inf for the min and -Inf for the max). A masked attention score (half -Inf)
+ * goes through here, once per captured tensor. */
+typedef struct {
+    double sum, sq;
+    float mn, mx;
+    long long nan, inf;
+} exact_t;
+
+static inline void f32_exact_values(const float *q, size_t k, size_t m, exact_t *e) {
+    for (; k < m; k++) {
+        uint32_t u; memcpy(&u, &q[k], sizeof u);
+        if ((u & F32_EXP) == F32_EXP) {
+            if (u & 0x007fffffu) { e->nan++; continue; }
+            e->inf++;
+            float x = q[k];
+            e->mn = x < e->mn ? x : e->mn;
+            e->mx = x > e->mx ? x : e->mx;
+            continue;
+        }
+        float x = q[k];
+        double d = (double)x;
+        e->sum += d; e->sq += d * d;
+        e->mn = x < e->mn ? x : e->mn;
+        e->mx = x > e->mx ? x : e->mx;
+    }
+}
+
+#ifdef HAVE_AVX2_PATH
+__attribute__((target("avx2")))
+static void exact_f32_avx2(const float *p, size_t n, exact_t *e) {
+    const __m256i expo = _mm256_set1_epi32((int)F32_EXP), mant = _mm256_set1_epi32(0x007fffff);
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 mn = pinf, mx = ninf;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        const float *q = p + i;
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0, t0 = s0, t1 = s0;
+        for (k = 0; k + 8 <= m; k += 8) {
+            __m256 x = _mm256_loadu_ps(q + k);
+            __m256i bits = _mm256_castps_si256(x);
+            __m256i special = _mm256_cmpeq_epi32(_mm256_and_si256(bits, expo), expo);
+            __m256i nonzero = _mm256_xor_si256(
+                _mm256_cmpeq_epi32(_mm256_and_si256(bits, mant), zero), _mm256_set1_epi32(-1));
+            __m256i nan = _mm256_and_si256(special, nonzero);
+            __m256i inf = _mm256_andnot_si256(nonzero, special);
+            e->nan += __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(nan)));
+            e->inf += __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(inf)));
+            __m256 nanmask = _mm256_castsi256_ps(nan);
+            mn = _mm256_min_ps(mn, _mm256_blendv_ps(x, pinf, nanmask));
+            mx = _mm256_max_ps(mx, _mm256_blendv_ps(x, ninf, nanmask));
+            __m256 f = _mm256_andnot_ps(_mm256_castsi256_ps(special), x);   /* finite or 0 */
+            __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+            __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+            s0 = _mm256_add_pd(s0, d0); t0 = _mm256_add_pd(t0, _mm256_mul_pd(d0, d0));
+            s1 = _mm256_add_pd(s1, d1); t1 = _mm256_add_pd(t1, _mm256_mul_pd(d1, d1));
+        }
+        double sv[4], tv[4];
+        _mm256_storeu_pd(sv, _mm256_add_pd(s0, s1));
+        _mm256_storeu_pd(tv, _mm256_add_pd(t0, t1));
+        e->sum += (sv[0] + sv[1]) + (sv[2] + sv[3]);
+        e->sq += (tv[0] + tv[1]) + (tv[2] + tv[3]);
+        f32_exact_values(q, k, m, e);         /* the block's last values, one by one */
+    }
+    float nv[8], xv[8];
+    _mm256_storeu_ps(nv, mn);
+    _mm256_storeu_ps(xv, mx);
+    for (int j = 0; j < 8; j++) {
+        e->mn = nv[j] < e->mn ? nv[j] : e->mn;
+        e->mx = xv[j] > e->mx ? xv[j] : e->mx;
+    }
+}
+#endif
+
+static void exact_f32(const float *p, size_t n, exact_t *e) {
+#ifdef HAVE_AVX2_PATH
+    if (__builtin_cpu_supports("avx2")) { exact_f32_avx2(p, n, e); return; }
+#endif
+    f32_exact_values(p, 0, n, e);
+}
+
+static void careful_f32(const char *base, size_t n, int dtype, acc_t *acc, long long *nan_out,
+                        long long *inf_out) {
+    exact_t e = {0.0, 0.0, INFINITY, -INFINITY, 0, 0};
+    if (dtype == DT_F32) {
+        exact_f32((const float *)base, n, &e);
+    } else {                                  /* float16 / bfloat16: widened per block */
+        const uint16_t *p = (const uint16_t *)base;
+        float buf[BLOCK];
+        for (size_t i = 0; i < n; i += BLOCK) {
+            size_t m = n - i < BLOCK ? n - i : BLOCK;
+            for (size_t k = 0; k < m; k++) {
+                if (dtype == DT_BF16) {
+                    uint32_t bits = (uint32_t)p[i + k] << 16;
+                    memcpy(&buf[k], &bits, sizeof(float));
+                } else {
+                    buf[k] = half_to_float(p[i + k]);
+                }
+            }
+            exact_f32(buf, m, &e);
+        }
+    }
+    int any = (long long)n > e.nan;           /* a value that is not NaN */
+    acc->mn = any ? (double)e.mn : NAN;
+    acc->mx = any ? (double)e.mx : NAN;
+    acc->sum = e.sum; acc->sq = e.sq;
+    *nan_out = e.nan; *inf_out = e.inf;
+}
+
 static void careful(const char *base, size_t n, int dtype, acc_t *acc, long long *nan_out,
                     long long *inf_out) {
+    if (dtype != DT_F64) {
+        careful_f32(base, n, dtype, acc, nan_out, inf_out);
+        return;
+    }
     long long nan = 0, inf = 0;
     int pos_inf = 0, neg_inf = 0, any = 0;
     double mn = 0.0, mx = 0.0, sum = 0.0, sq = 0.0;

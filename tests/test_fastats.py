@@ -123,3 +123,45 @@ def test_forked_child_starts_its_own_worker():
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     check(a, 0)
+
+
+def _bf16_bits(a: np.ndarray) -> np.ndarray:
+    """bfloat16 as its bits: the top half of each float32 (exact for values rounded to it)."""
+    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("n", [7, 8, 1023, 1024, 1025, 4096 + 3, 70000])
+@pytest.mark.parametrize("pattern", ["masked", "only-plus-inf", "only-minus-inf", "infs-and-nans",
+                                     "nans-and-one-value"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_exact_pass_of_non_finite_buffers(n, pattern, dtype):
+    """Buffers holding NaN or Inf go through the exact pass: a causal attention mask (half the
+    values -Inf), only infinities, infinities and NaNs without a finite value, NaNs and one
+    value; min/max over every value but NaN, sums over the finite ones, exact counts."""
+    rng = np.random.default_rng(n)
+    a = (rng.standard_normal(n) * 2).astype(np.float32)
+    if pattern == "masked":
+        a[rng.random(n) < 0.5] = -np.inf
+    elif pattern == "only-plus-inf":
+        a[:] = np.inf
+    elif pattern == "only-minus-inf":
+        a[:] = -np.inf
+    elif pattern == "infs-and-nans":
+        a[:] = np.where(rng.random(n) < 0.5, np.inf, np.nan)
+        a[0] = -np.inf
+    else:
+        a[:] = np.nan
+        a[n // 2] = -3.5
+    if dtype == "float16":
+        a = a.astype(np.float16)
+        check(a, 2)
+    elif dtype == "bfloat16":
+        rounded = (_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+        bits = _bf16_bits(a)
+        mn, mx, total, sq, nan, inf = fastats.stats(bits.ctypes.data, bits.size, 3)
+        rmn, rmx, rtotal, rsq, rnan, rinf = reference(rounded)
+        assert (mn, mx, nan, inf) == (rmn, rmx, rnan, rinf)
+        assert abs(total - rtotal) <= 1e-12 * np.abs(np.nan_to_num(rounded, posinf=0,
+                                                                    neginf=0)).sum() + 1e-300
+    else:
+        check(a, 0)
