@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import precdbg
 from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
 from precdbg_pt import PrecisionDebugger
+from ranks_support import launch_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -157,33 +158,12 @@ def run_python(code_or_args: Any, *, env: Optional[Dict[str, str]] = None, timeo
 
 
 def run_ranks(script: str, world: int = 2, timeout: float = 180) -> List[Tuple[str, str]]:
-    """Run `python SCRIPT` as `world` ranks of one torch.distributed job (env:// rendezvous on a
-    free local port, one thread each); every rank must exit 0. Returns (stdout, stderr) per
-    rank."""
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   LOCAL_RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
-                   PYTHONFAULTHANDLER="1")
-        procs.append(subprocess.Popen([PYTHON, script], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=timeout))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for rank, (proc, (_, stderr)) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"rank {rank}: exit {proc.returncode}\n{stderr[-3000:]}"
-    return outputs
-
+    """Run `python SCRIPT` as `world` ranks of one torch.distributed job (tests/ranks_support);
+    every rank must exit 0. Returns (stdout, stderr) per rank."""
+    results = launch_ranks([PYTHON, script], world, REPO, timeout)
+    for rank, (code, _, stderr) in enumerate(results):
+        assert code == 0, f"rank {rank}: exit {code}\n{stderr[-3000:]}"
+    return [(out, err) for _, out, err in results]
 
 def torch_hooks_left(model: torch.nn.Module) -> List[str]:
     """Every hook or mode precdbg could have left in torch, as readable strings."""

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
+
+from ranks_support import launch_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -173,12 +173,6 @@ def dump_mindspore(path: str, defect: bool) -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 Run = Tuple[str, Optional[str], Optional[int]]      # (dump path, defect, rank holding it)
 
 
@@ -186,28 +180,12 @@ def dump_runs(loop: str, runs: List[Run], timeout: float = 600) -> None:
     """Dump each run of `loop` in one fresh process (two for the distributed loops), one after
     the other: the imports are paid once."""
     ranks = 2 if loop in DISTRIBUTED else 1
-    port = str(_free_port())
-    procs = []
-    for rank in range(ranks):
-        args = [PYTHON, THIS, "--loop", loop]
-        for path, defect, defect_rank in runs:
-            args += ["--run", f"{path}::{defect or ''}::"
-                              f"{'' if defect_rank is None else defect_rank}"]
-        env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                   RANK=str(rank), WORLD_SIZE=str(ranks))
-        procs.append(subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    outputs: List[Tuple[str, str]] = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=timeout))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, (out, err) in zip(procs, outputs):
-        if proc.returncode != 0:
+    args = [PYTHON, THIS, "--loop", loop]
+    for path, defect, defect_rank in runs:
+        args += ["--run", f"{path}::{defect or ''}::"
+                          f"{'' if defect_rank is None else defect_rank}"]
+    for code, out, err in launch_ranks(args, ranks, REPO, timeout):
+        if code != 0:
             raise RuntimeError(f"dump of {loop} {runs} failed:\n{out}\n{err[-4000:]}")
 
 
