@@ -44,9 +44,11 @@ def train(dump, config=None):
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     debugger = PrecisionDebugger(config_path=config) if dump else None
-    losses, shards, grads = [], {}, {}
+    losses, shards, grads, restored = [], {}, {}, None
     for step, (x, y) in enumerate(make_batches(cfg, batch_size=4, steps=3, seed=rank)):
         if step == 1 and dump:
+            from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+            before = dict(vars(FSDPParamGroup))
             shards = {name: [p.to_local().numel(), float(p.to_local().double().norm())]
                       for name, p in model.named_parameters()}
             debugger.start(model)
@@ -62,17 +64,18 @@ def train(dump, config=None):
         if step == 1 and dump:
             debugger.stop()
             debugger.step()
+            restored = dict(vars(FSDPParamGroup)) == before
         losses.append(loss.item())
-    return losses, shards, grads, debugger.failures if dump else 0
+    return losses, shards, grads, restored, debugger.failures if dump else 0
 
 
-plain, _, _, _ = train(False)
-dumped, shards, grads, failures = train(True, CONFIG)
-again, _, _, failures_again = train(True, CONFIG_AGAIN)
+plain, _, _, _, _ = train(False)
+dumped, shards, grads, restored, failures = train(True, CONFIG)
+again, _, _, _, failures_again = train(True, CONFIG_AGAIN)
 failures += failures_again
 with open(os.path.join(OUT, f"result{rank}.json"), "w") as f:
     json.dump({"plain": plain, "dumped": dumped, "shards": shards, "grads": grads,
-               "failures": failures}, f)
+               "restored": restored, "failures": failures}, f)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -96,6 +99,7 @@ def test_fsdp2_step_dumps_without_changing_training(fsdp_run):
     for result in results:
         assert result["failures"] == 0
         assert result["dumped"] == result["plain"]
+        assert result["restored"] is True      # stop() put FSDP2's methods back
     dump = precdbg.open_dump(str(out / "dump"))
     assert dump.ranks == [0, 1]
     for rank in (0, 1):
