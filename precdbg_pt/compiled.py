@@ -63,11 +63,14 @@ def _walk(module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module, bool]
         stack.extend(reversed(children))
 
 
-def named_submodules(module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module]]:
-    """`module.named_modules()`, compile wrappers replaced by what they wrap (see `_walk`)."""
-    if _optimized_module_type() is None:       # nothing was ever compiled in this process
-        return module.named_modules()
-    return ((path, sub) for path, sub, _ in _walk(module))
+def named_submodules(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
+    """`module.named_modules()` (the model's own, should it override it); where that holds a
+    compile wrapper, the walk of `_walk` instead, wrappers replaced by what they wrap."""
+    entries = list(module.named_modules())
+    optimized = _optimized_module_type()
+    if optimized is None or not any(isinstance(sub, optimized) for _, sub in entries):
+        return entries
+    return [(path, sub) for path, sub, _ in _walk(module)]
 
 
 def compiled_paths(model: Any) -> List[str]:
