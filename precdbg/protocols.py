@@ -10,7 +10,7 @@ import numpy as np
 if TYPE_CHECKING:          # typing only: session.py imports this module
     from .config import DumpConfig
     from .filters import CaptureFilter
-    from .session import Call
+    from .call import Call
 
 __all__ = ["TensorOps", "Adapter", "Recorder"]
 

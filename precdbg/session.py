@@ -27,6 +27,7 @@ from .provenance import Provenance
 from .stacks import StackTable
 from .arguments import tensor_results
 from .batch import TensorBatch
+from .call import Call
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
                      save_entry, torch_param_leaf, uninitialized_output)
 from .schema import NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task
@@ -47,38 +48,6 @@ def one_line(exc: BaseException, limit: int = 240) -> str:
     """An exception's message on one line, shortened."""
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-class Call:
-    """One entry occurrence (an API call or a module call) with its forward identity. The
-    backward entry's name is made when a backward record first asks for it (most calls never
-    see one captured)."""
-    __slots__ = ("kind", "prefix", "api", "op", "module", "call_index", "order", "phase",
-                 "stack_id", "store", "forward_entry", "_backward_entry", "alias", "precision")
-
-    def __init__(self, kind: str, prefix: str, api: str, op: str, module: str, call_index: int,
-                 order: int, phase: str, stack_id: int, store: bool, forward_entry: str,
-                 backward_entry: Optional[str] = None, alias: str = "") -> None:
-        self.kind, self.prefix, self.api, self.op, self.module = kind, prefix, api, op, module
-        self.call_index, self.order, self.phase = call_index, order, phase
-        self.stack_id, self.store, self.forward_entry = stack_id, store, forward_entry
-        self._backward_entry = backward_entry
-        self.alias = alias
-        self.precision = ""          # the lowest precision its forward inputs carried
-
-    @property
-    def backward_entry(self) -> str:
-        name = self._backward_entry
-        if name is None:
-            if self.kind == _API:
-                name = api_entry(self.prefix, self.api, self.call_index, _BACKWARD)
-            elif self.kind == _MODULE:
-                name = module_entry(self.prefix, self.module, self.api, _BACKWARD,
-                                    self.call_index)
-            else:
-                name = self.forward_entry
-            self._backward_entry = name
-        return name
 
 
 class Session:

@@ -392,31 +392,35 @@ class TorchAdapter(BaseInstrumentor):
 
     @contextlib.contextmanager
     def unobserved(self) -> Iterator[None]:
-        """Framework plumbing runs inside (precdbg_pt.plumbing): nothing it calls is captured,
-        and its torch calls do not pass through the capture mode."""
-        self.paused = True
-        if self._mode is not None:
-            self._mode.suspend()
+        """Framework plumbing runs inside (precdbg_pt.plumbing): paused, as a skipped optimizer
+        is, so nothing it calls is captured or passes through the capture mode."""
+        was, self.paused = self.paused, True
+        self._follow_pause()
         try:
             yield
         finally:
-            self.paused = False
-            if self._mode is not None:
+            self.paused = was
+            self._follow_pause()
+
+    def _follow_pause(self) -> None:
+        """The capture mode off torch's stack while paused, back on once not."""
+        if self._mode is not None:
+            if self.paused:
+                self._mode.suspend()
+            else:
                 self._mode.resume()
 
     # ------------------------------------------------------------------ optimizer phase
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.installed:
             self._optimizer_tokens.append(self.optimizer_begins(optimizer, self._describe))
-            if self.paused and self._mode is not None:
-                self._mode.suspend()
+            self._follow_pause()
         return None
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.installed and self._optimizer_tokens:
             self.optimizer_ends(self._optimizer_tokens.pop())
-            if not self.paused and self._mode is not None:
-                self._mode.resume()
+            self._follow_pause()
         return None
 
     def _describe(self, optimizer: Any) -> Dict[str, Any]:
