@@ -4,8 +4,9 @@ handles, host copies, and when a batch must cross to the host.
 A distinct tensor (same storage bytes in the same order at the same version) is summarised once
 and copied once per window, whatever number of records read it; views of exactly the same
 elements in another order (a transpose) share its statistics. Statistics handles come from the
-adapter's `TensorOps`: a host handle (computed at capture, `_fastats`) is cheap to keep but its
-batch streams to the writer every `BATCH_TENSORS`; a deferrable handle (statistics enqueued into
+adapter's `TensorOps`: host statistics are computed at capture (`_fastats`) and come back as the
+finished row itself (a tuple), which nothing resolves, but their batch streams to the writer
+every `BATCH_TENSORS`; a deferrable handle (statistics enqueued into
 a device result buffer) costs nothing and waits for the window's end, so a step's device
 statistics cross to the host once. Handles that keep tensors alive, and host copies of the tensor
 task, count their bytes: a batch crosses once it holds `BATCH_BYTES`.
@@ -28,13 +29,17 @@ BATCH_BYTES = 64 << 20         # ... or once this many bytes of tensors are held
 HOST_HANDLE_SHARE = BATCH_BYTES // BATCH_TENSORS
 
 
+_NO_VALUES = -1       # _Stats.slot: memory nobody had written, no statistics taken
+_FINISHED = -2        # ... the row came back finished from `summarize` (host statistics)
+
+
 class _Stats:
     """Statistics of a set of elements (shared by every view that holds exactly those)."""
     __slots__ = ("ref", "slot", "values")
 
     def __init__(self, ref: Any, slot: int) -> None:
-        self.ref, self.slot = ref, slot
-        self.values: Optional[List[float]] = None   # min, max, mean, norm, nan, inf
+        self.ref, self.slot = ref, slot     # slot: its handle's index in the batch, or above
+        self.values: Optional[Sequence[float]] = None   # min, max, mean, norm, nan, inf
 
 
 class Seen:
@@ -50,7 +55,7 @@ class Seen:
     @property
     def has_values(self) -> bool:
         """False for memory nobody had written (see TensorBatch.seen_tensor's `values`)."""
-        return self.stats.slot >= 0
+        return self.stats.slot != _NO_VALUES
 
 
 def _dead_ref() -> None:
@@ -97,17 +102,22 @@ class TensorBatch:
             if held is None or not self.tensors.holds(held, stats_key):
                 stats = None             # gone, or its memory was freed and handed out again
         if not values and stats is None:
-            stats = _Stats(ref, -1)          # values stay unknown (NaN) in every record
+            stats = _Stats(ref, _NO_VALUES)  # values stay unknown (NaN) in every record
             if stats_key is not None:
                 self._stats_seen[stats_key] = stats
         elif stats is None or written:
-            stats = _Stats(ref, len(self._handles))
             handle = self.tensors.summarize(tensor)
-            self._handles.append(handle)
-            held = self.tensors.retained_bytes(handle)
-            self._held_bytes += held if self.tensors.deferrable(handle) \
-                else max(held, HOST_HANDLE_SHARE)
-            self._batch_stats.append(stats)
+            if type(handle) is tuple:            # the finished row: nothing left to resolve
+                stats = _Stats(ref, _FINISHED)
+                stats.values = handle
+                self._held_bytes += HOST_HANDLE_SHARE
+            else:
+                stats = _Stats(ref, len(self._handles))
+                self._handles.append(handle)
+                held = self.tensors.retained_bytes(handle)
+                self._held_bytes += held if self.tensors.deferrable(handle) \
+                    else max(held, HOST_HANDLE_SHARE)
+                self._batch_stats.append(stats)
             if stats_key is not None:
                 self._stats_seen[stats_key] = stats
         seen = Seen(ref, self._next_tensor_id, stats)

@@ -8,10 +8,11 @@ Statistics stay on the device until `resolve` is called once per batch of record
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 
 from . import __version__, lifetime
@@ -86,6 +87,8 @@ class Session:
         self._order = 0
         self._seq = 0
         self._counts: Dict[Tuple[str, str], int] = {}
+        # forward calls not watched for backward, which a recompute may replay (_replayed)
+        self._replayable: Dict[Tuple[str, ...], Deque[Optional[Call]]] = {}
         self._precisions = PrecisionTracker()     # carried precision, per step
         self.provenance.reset()
         self.filter.reset_step()
@@ -270,32 +273,69 @@ class Session:
         self._counts[key] = n + 1
         return n
 
-    def begin_api(self, prefix: str, api: str) -> Optional[Call]:
-        """An API call starts; returns the Call to record into, or None when not captured."""
+    def begin_api(self, prefix: str, api: str, watched: bool = True,
+                  replay: bool = False) -> Optional[Call]:
+        """An API call starts; returns the Call to record into, or None when not captured.
+        `watched`: its backward is watched now (gradients were enabled). `replay`: the call
+        re-runs an earlier forward call (activation recompute): see `_replayed`."""
+        module = self.owning_module
+        if replay:
+            return self._replayed(("api", module, prefix, api))
         index = self._count((prefix, api))
         forward = api_entry(prefix, api, index, "forward")
-        module = self.owning_module
-        if not self.filter.keep_entry(forward, api, module, self.phase, self.inside_kept_module,
-                                      is_module=False):
-            return None
-        self._order += 1
-        return Call(_API, prefix, api, canonical_op(api), module, index,
-                    self._order, self.phase, self._stack_id(), self._stores(forward, api),
-                    forward)
+        call = None
+        if self.filter.keep_entry(forward, api, module, self.phase, self.inside_kept_module,
+                                  is_module=False):
+            self._order += 1
+            call = Call(_API, prefix, api, canonical_op(api), module, index,
+                        self._order, self.phase, self._stack_id(), self._stores(forward, api),
+                        forward)
+        if not watched:
+            self._replayable_call(("api", module, prefix, api), call)
+        return call
 
-    def begin_module(self, prefix: str, path: str, cls: str) -> Tuple[Optional[Call], bool]:
-        """A module call starts: (Call or None, whether the module selects its whole subtree)."""
+    def begin_module(self, prefix: str, path: str, cls: str, watched: bool = True,
+                     replay: bool = False) -> Tuple[Optional[Call], bool]:
+        """A module call starts: (Call or None, whether the module selects its whole subtree).
+        `watched` and `replay` as for `begin_api`."""
+        if replay:
+            return (self._replayed(("module", prefix, path, cls)),
+                    self.filter.module_selects_subtree(module_entry(prefix, path, cls, "forward",
+                                                                    0), cls, path))
         index = self._count((prefix, path))
         forward = module_entry(prefix, path, cls, "forward", index)
         subtree = self.filter.module_selects_subtree(forward, cls, path)
         keep = self.filter.keep_entry(forward, cls, path, self.phase,
                                       self.inside_kept_module or subtree, is_module=True)
-        if not keep:
-            return None, subtree
-        self._order += 1
-        return Call(_MODULE, prefix, cls, canonical_op(cls), path, index,
-                    self._order, self.phase, self._stack_id(), self._stores(forward, cls),
-                    forward), subtree
+        call = None
+        if keep:
+            self._order += 1
+            call = Call(_MODULE, prefix, cls, canonical_op(cls), path, index,
+                        self._order, self.phase, self._stack_id(), self._stores(forward, cls),
+                        forward)
+        if not watched:
+            self._replayable_call(("module", prefix, path, cls), call)
+        return call, subtree
+
+    def _replayable_call(self, key: Tuple[str, ...], call: Optional[Call]) -> None:
+        """A forward call whose backward was not watched (it ran without gradients, as the
+        forward of a reentrant activation checkpoint does): a later replay may stand for it."""
+        queue = self._replayable.get(key)
+        if queue is None:
+            queue = self._replayable[key] = collections.deque()
+        queue.append(call)
+
+    def _replayed(self, key: Tuple[str, ...]) -> Optional[Call]:
+        """The forward call a replayed call re-runs (activation recompute, during backward):
+        the first not yet replayed of the same API or module, in the same module, that ran
+        without gradients. Its forward is not recorded again (its values are those of that
+        call); its backward, where there is one, is recorded under that call's name, so a run
+        with recompute pairs record for record with one without. None (nothing recorded) when
+        no such call is left: the original's backward is watched already (non-reentrant
+        recompute replays a forward whose own graph gets the gradients), or it was not
+        captured."""
+        queue = self._replayable.get(key)
+        return queue.popleft() if queue else None
 
     def param_call(self, path: str, kind: str = RecordKind.PARAM_GRAD.value, owner_cls: str = "",
                    role: str = Role.PARAM.value) -> Optional[Call]:

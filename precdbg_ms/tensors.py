@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
 import numpy as np
@@ -205,6 +205,9 @@ def storage_ref(t: ms.Tensor) -> Callable[[], bool]:
     return lambda: ref() is not None
 
 
+HostRow = Tuple[float, float, float, float, int, int]   # min, max, mean, norm, NaN and Inf counts
+
+
 class _Pending:
     """Statistics of one tensor on their way: a host row (`host`), a host tensor read later
     (`deferred`: `tensor` is read by `settle`), or 0-d device tensors (`values`, with the
@@ -213,28 +216,27 @@ class _Pending:
 
     def __init__(self, tensor: Optional[ms.Tensor], numel: int, values: Any) -> None:
         self.tensor, self.numel, self.values = tensor, numel, values
-        self.host: Optional[Tuple[float, float, float, float, int, int]] = None
+        self.host: Optional[HostRow] = None
         self.deferred_bytes = 0
 
 
 _UNSETTLED: List[_Pending] = []     # deferred host statistics not read yet, in capture order
 
 
-def _host_row(arr: np.ndarray) -> Tuple[float, float, float, float, int, int]:
+def _host_row(arr: np.ndarray) -> HostRow:
     if arr.dtype == np.bool_ or arr.dtype.kind in "iub":
         arr = arr.astype(np.float64)
     code = _FAST_CODES.get(str(arr.dtype))
     arr = np.ascontiguousarray(arr)
     if _fastats is not None and code is not None:
-        mn, mx, total, sq, nan, inf = _fastats.stats(arr.ctypes.data, arr.size, code)
-    else:
-        w = arr.astype(np.float64)
-        finite = np.isfinite(w)
-        nan, inf = int(np.isnan(w).sum()), int(np.isinf(w).sum())
-        fw = np.where(finite, w, 0.0)
-        total, sq = float(fw.sum()), float((fw * fw).sum())
-        valid = w[~np.isnan(w)]
-        mn, mx = (float(valid.min()), float(valid.max())) if valid.size else (math.nan, math.nan)
+        return _fastats.row(arr.ctypes.data, arr.size, code)
+    w = arr.astype(np.float64)
+    finite = np.isfinite(w)
+    nan, inf = int(np.isnan(w).sum()), int(np.isinf(w).sum())
+    fw = np.where(finite, w, 0.0)
+    total, sq = float(fw.sum()), float((fw * fw).sum())
+    valid = w[~np.isnan(w)]
+    mn, mx = (float(valid.min()), float(valid.max())) if valid.size else (math.nan, math.nan)
     finite_n = arr.size - nan - inf
     return (mn, mx, total / finite_n if finite_n else math.nan, math.sqrt(sq), nan, inf)
 
@@ -249,16 +251,16 @@ def _read_at_capture(t: ms.Tensor) -> bool:
     return not (info.requires_grad if info is not None else t.requires_grad)
 
 
-def summarize(t: ms.Tensor) -> _Pending:
+def summarize(t: ms.Tensor) -> Union[HostRow, _Pending]:
+    """Host tensors: the finished row, or (deferred) a handle read at `settle`; device
+    tensors: reductions enqueued on the device, read at `resolve`."""
     numel = _facts(t).numel
     if numel == 0:
         return _Pending(None, 0, None)
     name = dtype_name(t.dtype)
     if _on_host(t) and (_fastats is not None or name not in _FLOATS):
         if not _DEFER[0] or _read_at_capture(t):
-            p = _Pending(None, numel, None)
-            p.host = _host_row(t.asnumpy())   # host memory: a view, no copy
-            return p
+            return _host_row(t.asnumpy())     # host memory: a view, no copy; the finished row
         p = _Pending(t, numel, None)
         p.deferred_bytes = numel * _ITEMSIZE.get(name, 8)
         _UNSETTLED.append(p)
@@ -315,10 +317,13 @@ def resolve(handles: Sequence[_Pending]) -> np.ndarray:
     settle()
     out = np.full((len(handles), 6), np.nan, dtype=np.float64)
     out[:, 4:] = 0
-    device = [i for i, p in enumerate(handles) if p.host is None and p.values is not None]
     for i, p in enumerate(handles):
-        if p.host is not None:
+        if type(p) is tuple:                  # a finished row (callers need not resolve it)
+            out[i] = p
+        elif p.host is not None:
             out[i] = p.host
+    device = [i for i, p in enumerate(handles)
+              if type(p) is not tuple and p.host is None and p.values is not None]
     if device:
         flat = [v.astype(ms.float64) for i in device for v in handles[i].values]
         host = ops.stack(flat).asnumpy().reshape(len(device), 4)
@@ -330,7 +335,8 @@ def resolve(handles: Sequence[_Pending]) -> np.ndarray:
             else:                              # non-finite values: exact pass on the host
                 out[i] = _host_row(p.tensor.asnumpy())
     for p in handles:
-        p.tensor = None
+        if type(p) is not tuple:
+            p.tensor = None
     return out
 
 

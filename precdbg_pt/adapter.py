@@ -21,6 +21,7 @@ from precdbg.schema import Direction, Role
 from . import compiled, plumbing, tensors
 from .api import CaptureMode, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
+from .recompute import ENGINE, REPLAY, RecomputeDetector
 from .training_state import watch_training_state
 
 __all__ = ["TorchAdapter"]
@@ -79,11 +80,12 @@ class _ModeHandle:
     this mode off (modes pushed above it stay). While a phase that is not captured runs (an
     optimizer step) it is taken off the stack, so that phase's torch calls (thousands per step
     in an optimizer) do not each pass through a Python handler that only forwards them."""
-    __slots__ = ("mode", "suspended")
+    __slots__ = ("mode", "suspended", "replaying")
 
     def __init__(self, mode: CaptureMode) -> None:
         self.mode = mode
         self.suspended = False
+        self.replaying = False
         mode.__enter__()
 
     def suspend(self) -> None:
@@ -97,6 +99,23 @@ class _ModeHandle:
         if self.suspended:
             self.suspended = False
             _stack_push(self.mode)
+
+    def enter_replay(self) -> None:
+        """Put the mode back on the stack for a replayed forward (activation recompute inside
+        backward, which runs under the mode's own handler, so without it): until the engine
+        entry that runs it returns (`leave_replay`, called by CaptureMode)."""
+        size = _stack_size()
+        if self.suspended or self.replaying or (size and _stack_at(size - 1) is self.mode):
+            return
+        _stack_push(self.mode)
+        self.replaying = True
+
+    def leave_replay(self) -> None:
+        if self.replaying:
+            self.replaying = False
+            size = _stack_size()
+            if size and _stack_at(size - 1) is self.mode:
+                _stack_pop()
 
     def remove(self) -> None:
         if self.suspended:
@@ -120,7 +139,8 @@ class _ModuleHooks:
 
     def __init__(self, adapter: "TorchAdapter", path: str, cls: str) -> None:
         self.adapter, self.path, self.cls = adapter, path, cls
-        self.calls: List[Tuple[Any, Optional[list]]] = []     # nested (re-entrant) calls
+        # nested (re-entrant) calls: (Call or None, backward targets or None, replayed?)
+        self.calls: List[Tuple[Any, Optional[list], bool]] = []
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         adapter = self.adapter
@@ -128,18 +148,23 @@ class _ModuleHooks:
             return None
         session = adapter.session
         grad_on = _is_grad_enabled() and session.filter.keeps_backward
+        replay = adapter._recompute.where() == REPLAY     # activation recompute
         try:
             with _Guard(adapter):
-                call, subtree = session.begin_module("Module", self.path, self.cls)
+                call, subtree = session.begin_module("Module", self.path, self.cls, grad_on,
+                                                     replay)
                 session.enter_module(self.path, subtree)
                 targets: Optional[list] = None
                 if call is not None:
                     inputs = tensor_args(args, kwargs)
-                    for index, key, t in inputs:
-                        session.capture(call, _FORWARD, _INPUT, index, key, t)
+                    if not replay:
+                        for index, key, t in inputs:
+                            session.capture(call, _FORWARD, _INPUT, index, key, t)
                     if grad_on:
                         targets = input_targets(inputs)   # None: no grad, no backward
-                self.calls.append((call, targets))
+                if replay and adapter._mode is not None:
+                    adapter._mode.enter_replay()   # so the replay's API calls are seen
+                self.calls.append((call, targets, replay))
         except Exception as exc:  # noqa: BLE001 - never raise into training
             session.hook_failed(exc, f"forward pre-hook of {self.path or self.cls}")
         return None
@@ -149,13 +174,14 @@ class _ModuleHooks:
         if not adapter.installed or not self.calls:
             return None
         session = adapter.session
-        call, targets = self.calls.pop()
+        call, targets, replay = self.calls.pop()
         try:
             if call is not None:
                 outputs = tensor_outputs(output)
                 with _Guard(adapter):
-                    for index, key, t in outputs:
-                        session.capture(call, _FORWARD, _OUTPUT, index, key, t)
+                    if not replay:                 # a replay's forward is recorded already
+                        for index, key, t in outputs:
+                            session.capture(call, _FORWARD, _OUTPUT, index, key, t)
                     if targets is not None:
                         adapter.watch(call, targets, outputs, _MODULE_NODE_LIMIT)
                     session.end_call()
@@ -217,6 +243,7 @@ class TorchAdapter(BaseInstrumentor):
         self._param_names: Dict[int, str] = {}
         self._mode: Optional[_ModeHandle] = None
         self._compiled: List[str] = []
+        self._recompute = RecomputeDetector()
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -321,6 +348,12 @@ class TorchAdapter(BaseInstrumentor):
 
     def _uninstrument(self) -> None:
         self._mode = None
+        self._recompute.forget()
+
+    def engine_returned(self) -> None:
+        """An engine entry (backward, autograd.grad) returned: a replay's mode comes off."""
+        if self._mode is not None:
+            self._mode.leave_replay()
 
     # ------------------------------------------------------------------ backward
     def watch(self, call: Any, targets: list, outputs: list, limit: int) -> None:
@@ -336,15 +369,20 @@ class TorchAdapter(BaseInstrumentor):
         call = inputs = targets = None
         # the graph is read only when the backward is captured (no walk, no closures otherwise)
         grad_on = _is_grad_enabled() and session.filter.keeps_backward
+        where = self._recompute.where()
+        if where == ENGINE:          # backward's own code (a custom Function's, a hook's)
+            return func(*args, **kwargs)
+        replay = where == REPLAY     # activation recompute: its backward only
         try:
             with _Guard(self):
-                call = session.begin_api(*ident)
+                call = session.begin_api(ident[0], ident[1], grad_on, replay)
                 if call is not None:
                     inputs, values = call_args(args, kwargs)
-                    for index, key, t in inputs:
-                        session.capture(call, "forward", "input", index, key, t)
-                    for index, (key, value) in enumerate(values, len(inputs)):
-                        session.capture_value(call, index, key, value)
+                    if not replay:
+                        for index, key, t in inputs:
+                            session.capture(call, "forward", "input", index, key, t)
+                        for index, (key, value) in enumerate(values, len(inputs)):
+                            session.capture_value(call, index, key, value)
                     targets = input_targets(inputs) if grad_on else []
         except Exception as exc:  # noqa: BLE001
             session.hook_failed(exc, f"capturing inputs of {ident[0]}.{ident[1]}")
@@ -355,6 +393,12 @@ class TorchAdapter(BaseInstrumentor):
         try:
             outputs = tensor_outputs(result)
             with _Guard(self):
+                if replay:                             # its forward is recorded already
+                    outputs = [o for o in outputs if o[2].requires_grad]
+                    if grad_on and outputs:
+                        watch_backward(self, call, targets, outputs, _API_NODE_LIMIT)
+                    session.end_call()
+                    return result
                 if args and in_place(call.api):        # also every other object over it
                     first = args[0]                    # a tensor, or _foreach_*_'s list
                     for t in first if isinstance(first, (list, tuple)) else (first,):

@@ -16,6 +16,8 @@ from torch.overrides import TorchFunctionMode
 from precdbg.arguments import call_arguments, tensor_arguments, tensor_results
 from precdbg.naming import framework_table
 
+from .recompute import ENGINE_ENTRIES
+
 __all__ = ["identify", "CaptureMode", "call_args", "tensor_args", "tensor_outputs"]
 
 _IGNORED = "ignored"
@@ -125,6 +127,13 @@ class CaptureMode(TorchFunctionMode):
             ident = None
         if ident is None:
             ident = identify(func)
+        if func in ENGINE_ENTRIES:      # backward runs in here: a recompute in it may put the
+            try:                        # mode back on the stack, taken off once it returns
+                if ident is None or ident is _IGNORED:
+                    return func(*args, **kwargs)
+                return self._on_call(func, ident, args, kwargs)
+            finally:
+                state.engine_returned()
         if ident is None or ident is _IGNORED:
             return func(*args, **kwargs)
         return self._on_call(func, ident, args, kwargs)

@@ -200,12 +200,13 @@ def storage_ref(t: torch.Tensor) -> Callable[[], bool]:
 
 
 class _Pending:
-    __slots__ = ("tensor", "version", "numel", "values", "host")
+    """Statistics still to be read: torch reductions of a tensor (`values`) taken on the host
+    at resolve time, or none at all (no values, or none precdbg may read: `values` None)."""
+    __slots__ = ("tensor", "version", "numel", "values")
 
     def __init__(self, tensor: Optional[torch.Tensor], numel: int, values: Any) -> None:
         self.tensor, self.numel, self.values = tensor, numel, values
         self.version = tensor._version if tensor is not None else 0
-        self.host: Optional[Tuple[float, float, float, float, int, int]] = None
 
 
 _DOT_LIMIT = 1 << 20        # up to this size a BLAS dot is accurate to ~1e-7; beyond, row dots
@@ -238,24 +239,24 @@ def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
 
 _FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 # Every CPU tensor of these dtypes goes through the C pass, whatever its size: float64 sums
-# (exact against numpy float64), min/max over non-NaN values, one read. From 256 K elements it
-# splits across two threads (measured on 2 cores, float32: 524 K elements 112 us, torch's three
-# float32 reductions 89 us; 2 M elements 403 us vs 323 us).
+# (exact against numpy float64), min/max over non-NaN values, one read. From 1 M elements it
+# splits across two threads (precdbg/_fastats.c: PAR_MIN).
 
 
-def _host_stats(t: torch.Tensor, code: int) -> _Pending:
+HostRow = Tuple[float, float, float, float, int, int]
+
+
+def _host_stats(t: torch.Tensor, code: int) -> HostRow:
+    """The record's row itself (min, max, mean, norm, NaN and Inf counts), computed now: a
+    host tensor's statistics handle is its finished row (no object, no arithmetic here)."""
     if not t.is_contiguous():
         layout = _layout(t)
         if len(layout) != 1 or layout[0][1] != 1:   # not a permutation of a dense block
             t = t.contiguous()
-    mn, mx, total, sq, nan, inf = _fastats.stats(t.data_ptr(), t.numel(), code)
-    p = _Pending(None, t.numel(), None)
-    finite = p.numel - nan - inf
-    p.host = (mn, mx, total / finite if finite else math.nan, math.sqrt(sq), nan, inf)
-    return p
+    return _fastats.row(t.data_ptr(), t.numel(), code)
 
 
-Handle = Union[_Pending, DeviceHandle]
+Handle = Union[HostRow, _Pending, DeviceHandle]
 
 
 def _forced(t: torch.Tensor) -> DeviceHandle:
@@ -364,11 +365,12 @@ def resolve(handles: Sequence[Handle]) -> np.ndarray:
     _resolve_device(handles, out)
     groups: Dict[Tuple[torch.dtype, torch.device], List[int]] = {}
     for i, p in enumerate(handles):
+        if type(p) is tuple:                # a finished row (callers need not resolve it)
+            out[i] = p
+            continue
         if isinstance(p, DeviceHandle):
             continue
-        if p.host is not None:
-            out[i] = p.host
-        elif p.values is not None:
+        if p.values is not None:
             groups.setdefault((p.values[0].dtype, p.values[0].device), []).append(i)
     redo: List[int] = []
     for indices in groups.values():

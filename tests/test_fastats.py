@@ -13,7 +13,7 @@ import pytest
 fastats = pytest.importorskip("precdbg._fastats")
 
 CODES = {np.float32: 0, np.float64: 1, np.float16: 2}
-SIZES = [1, 1000, (1 << 18) - 1, 1 << 18, (1 << 20) + 12345, 3 << 20]
+SIZES = [1, 1000, (1 << 20) - 1, 1 << 20, (1 << 20) + 12345, 3 << 20]   # splits from 1 << 20
 
 
 def reference(a: np.ndarray):
@@ -48,6 +48,24 @@ def sample(n: int, dtype, specials: bool, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("specials", [False, True], ids=["finite", "nan-inf"])
 def test_matches_numpy_float64(dtype, n, specials):
     check(sample(n, dtype, specials), CODES[dtype])
+
+
+@pytest.mark.parametrize("values", [[1.5, -2.0, 3.0], [1.0, np.nan, np.inf, -4.0],
+                                    [np.nan, np.nan], [np.inf, -np.inf], [0.0]],
+                         ids=["finite", "mixed", "all-nan", "only-inf", "zero"])
+def test_row_is_what_a_record_stores(values):
+    """row(): mean over the finite values (NaN when there are none), norm of the finite values,
+    min/max over the non-NaN ones, and the counts, as a record stores them."""
+    a = np.array(values, dtype=np.float32)
+    mn, mx, mean, norm, nan, inf = fastats.row(a.ctypes.data, a.size, 0)
+    rmn, rmx, rtotal, rsq, rnan, rinf = reference(a) if not np.isnan(a).all() else (
+        np.nan, np.nan, 0.0, 0.0, a.size, 0)
+    finite = a.size - rnan - rinf
+    np.testing.assert_equal((mn, mx, nan, inf), (rmn, rmx, rnan, rinf))
+    np.testing.assert_allclose([mean, norm], [rtotal / finite if finite else np.nan,
+                                              np.sqrt(rsq)], rtol=1e-15)
+    with pytest.raises(ValueError):
+        fastats.row(a.ctypes.data, a.size, 9)
 
 
 @pytest.mark.parametrize("n", [15, 16, 17, 1024, 1040, 5000])

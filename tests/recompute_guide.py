@@ -1,0 +1,87 @@
+"""The guides' pattern on a small residual model with activation recompute (used by
+tests/test_recompute.py): `python recompute_guide.py HOW BACKWARD CONFIG` where HOW is `none`,
+`reentrant` or `nonreentrant` (torch.utils.checkpoint around each block's call) and BACKWARD is
+`method` (loss.backward()) or `engine` (torch.autograd.backward(loss), as Megatron calls it).
+Each block also runs a custom autograd Function whose backward calls torch functions. Prints one
+JSON line: the losses and precdbg's failure count."""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from precdbg_pt import PrecisionDebugger
+
+
+class ScaledTanh(torch.autograd.Function):
+    """A custom op: its backward's torch calls are backward work, not forward calls."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.tanh(x)
+        ctx.save_for_backward(y)
+        return y * 0.5
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * 0.5 * (1 - y * y)
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + ScaledTanh.apply(self.fc(self.norm(x)))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            if self.how == "none":
+                x = block(x)
+            else:
+                x = checkpoint(block, x, use_reentrant=self.how == "reentrant")
+        return self.head(x)
+
+
+def main() -> None:
+    how, backward, config = sys.argv[1], sys.argv[2], sys.argv[3]
+    torch.manual_seed(0)
+    model = Net(how)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    debugger = PrecisionDebugger(config_path=config)
+    x = torch.randn(8, 16, requires_grad=True)   # reentrant checkpoint needs an input with grad
+    y = torch.randint(0, 4, (8,))
+    losses = []
+    for step in range(3):
+        if step == 1:
+            debugger.start(model)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        if backward == "engine":
+            torch.autograd.backward(loss)
+        else:
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 1:
+            debugger.stop()
+            debugger.step()
+        losses.append(loss.item())
+    print(json.dumps({"losses": losses, "failures": debugger.failures}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Activation recompute in the guides' pattern: a run with torch.utils.checkpoint (reentrant and
+non-reentrant) is recorded like the same run without it, in real processes.
+
+Before, the recomputed forward was recorded a second time (and the reentrant checkpoint's
+no_grad switches as `Torch._set_grad_enabled` calls), so `compare` found the two runs DIVERGED
+in structure where nothing differed in value; with reentrant checkpointing the API calls inside
+the checkpointed blocks had no backward records at all. Now a replayed call records nothing of
+its forward, and its backward (reentrant: the recomputed graph is the one that gets the
+gradients) under the name of the call it replays. The torch calls a custom autograd Function's
+backward makes are backward work: not recorded as forward calls, whether backward is entered as
+`loss.backward()` or `torch.autograd.backward(loss)`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Tuple
+
+import numpy as np
+import pytest
+
+import precdbg
+from precdbg.compare import compare_dumps
+
+from conftest import REPO, run_python
+
+GUIDE = os.path.join(REPO, "tests", "recompute_guide.py")
+
+
+def _run(root: Any, how: str, backward: str = "method") -> Dict[str, Any]:
+    folder = root / f"{how}-{backward}"
+    folder.mkdir()
+    config = folder / "config.json"
+    config.write_text(json.dumps({"task": "statistics", "level": "mix",
+                                  "dump_path": str(folder / "dump")}))
+    proc = run_python([GUIDE, how, backward, str(config)], timeout=300,
+                      env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, f"{how}: rc {proc.returncode}\n{proc.stderr[-4000:]}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["failures"] == 0, proc.stderr[-3000:]
+    out["dump"] = str(folder / "dump")
+    return out
+
+
+def _entries(dump: str) -> Tuple[np.ndarray, np.ndarray]:
+    table = precdbg.open_dump(dump).records()
+    return table["entry"], table["direction"]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: Any) -> Dict[str, Any]:
+    return _run(tmp_path_factory.mktemp("plain"), "none")
+
+
+@pytest.mark.parametrize("how", ["reentrant", "nonreentrant"])
+def test_recompute_run_pairs_with_the_run_without(tmp_path: Any, how: str,
+                                                  plain: Dict[str, Any]) -> None:
+    run = _run(tmp_path, how)
+    assert run["losses"] == plain["losses"]
+    result = compare_dumps(plain["dump"], run["dump"])
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert not result["unmatched"], result["unmatched"][:5]
+    entries, directions = _entries(run["dump"])
+    assert not any("_set_grad_enabled" in e for e in entries)
+    # the blocks' calls have their backward records (names of the forward calls they replay)
+    for name in ("Functional.layer_norm.0.backward", "Functional.linear.2.backward",
+                 "Module.blocks.1.Block.backward.0"):
+        assert name in set(entries[directions == "backward"]), name
+
+
+def test_backward_entered_through_the_engine_records_the_same(tmp_path: Any,
+                                                              plain: Dict[str, Any]) -> None:
+    """torch.autograd.backward(loss) runs the engine without precdbg's capture mode popped:
+    the custom Function's backward calls (mul, rsub) must not be recorded either way."""
+    run = _run(tmp_path, "none", "engine")
+    a, b = _entries(plain["dump"]), _entries(run["dump"])
+    assert list(a[0]) == list(b[0])
+    assert not any(e.startswith("Tensor.rsub") for e in a[0])
