@@ -89,6 +89,7 @@ class Session:
         self._counts: Dict[Tuple[str, str], int] = {}
         # forward calls not watched for backward, which a recompute may replay (_replayed)
         self._replayable: Dict[Tuple[str, ...], Deque[Optional[Call]]] = {}
+        self._replay_owner = ""
         self._precisions = PrecisionTracker()     # carried precision, per step
         self.provenance.reset()
         self.filter.reset_step()
@@ -279,8 +280,8 @@ class Session:
         `watched`: its backward is watched now (gradients were enabled). `replay`: the call
         re-runs an earlier forward call (activation recompute): see `_replayed`."""
         module = self.owning_module
-        if replay:
-            return self._replayed(("api", module, prefix, api))
+        if replay:       # outside every module of the replay: the module it replays (below)
+            return self._replayed(("api", module or self._replay_owner, prefix, api))
         index = self._count((prefix, api))
         forward = api_entry(prefix, api, index, "forward")
         call = None
@@ -299,6 +300,8 @@ class Session:
         """A module call starts: (Call or None, whether the module selects its whole subtree).
         `watched` and `replay` as for `begin_api`."""
         if replay:
+            if not self._module_stack:        # the replayed function's own calls belong to
+                self._replay_owner = path.rpartition(".")[0]    # this module's parent
             return (self._replayed(("module", prefix, path, cls)),
                     self.filter.module_selects_subtree(module_entry(prefix, path, cls, "forward",
                                                                     0), cls, path))
@@ -316,6 +319,14 @@ class Session:
         if not watched:
             self._replayable_call(("module", prefix, path, cls), call)
         return call, subtree
+
+    def replay_begins(self) -> None:
+        """A recompute starts replaying (the adapter saw it): its owner is not known yet. A
+        checkpoint may wrap a module's forward function, not its call (transformers'
+        GradientCheckpointingLayer): the module's hooks do not run in the replay, and the
+        calls it makes itself are taken as the calls of the parent of the first replayed
+        submodule (the module whose forward is replayed)."""
+        self._replay_owner = ""
 
     def _replayable_call(self, key: Tuple[str, ...], call: Optional[Call]) -> None:
         """A forward call whose backward was not watched (it ran without gradients, as the

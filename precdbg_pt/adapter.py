@@ -103,9 +103,10 @@ class _ModeHandle:
     def enter_replay(self) -> None:
         """Put the mode back on the stack for a replayed forward (activation recompute inside
         backward, which runs under the mode's own handler, so without it): until the engine
-        entry that runs it returns (`leave_replay`, called by CaptureMode)."""
+        entry that runs it returns (`leave_replay`, called by CaptureMode; the engine also puts
+        the stack back as it was when its graph task ends)."""
         size = _stack_size()
-        if self.suspended or self.replaying or (size and _stack_at(size - 1) is self.mode):
+        if self.suspended or (size and _stack_at(size - 1) is self.mode):
             return
         _stack_push(self.mode)
         self.replaying = True
@@ -243,7 +244,7 @@ class TorchAdapter(BaseInstrumentor):
         self._param_names: Dict[int, str] = {}
         self._mode: Optional[_ModeHandle] = None
         self._compiled: List[str] = []
-        self._recompute = RecomputeDetector()
+        self._recompute = RecomputeDetector(self._replay_begins)
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -349,6 +350,10 @@ class TorchAdapter(BaseInstrumentor):
     def _uninstrument(self) -> None:
         self._mode = None
         self._recompute.forget()
+
+    def _replay_begins(self) -> None:
+        if self.session is not None:
+            self.session.replay_begins()
 
     def engine_returned(self) -> None:
         """An engine entry (backward, autograd.grad) returned: a replay's mode comes off."""

@@ -28,7 +28,7 @@ adapter lets them through unrecorded (ENGINE), however backward was entered.
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -65,11 +65,12 @@ class RecomputeDetector:
     a forward inside it (REPLAY, see the module's text) or is other code the engine runs
     (ENGINE: a custom Function's backward, a hook). One object per adapter; `forget()` drops
     the node it holds (at uninstall)."""
-    __slots__ = ("_node", "_answer")
+    __slots__ = ("_node", "_answer", "_replay_begins")
 
-    def __init__(self) -> None:
+    def __init__(self, replay_begins: Callable[[], None]) -> None:
         self._node: Optional[Any] = None
         self._answer = ENGINE
+        self._replay_begins = replay_begins     # called when a replay starts (a new node)
 
     def where(self) -> int:
         node = _current_node() if _current_node is not None else None
@@ -78,6 +79,8 @@ class RecomputeDetector:
         if node is not self._node:
             self._node = node
             self._answer = REPLAY if _recompute_frame(sys._getframe(1)) else ENGINE
+            if self._answer == REPLAY:
+                self._replay_begins()
         return self._answer
 
     def forget(self) -> None:

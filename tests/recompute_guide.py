@@ -1,6 +1,8 @@
 """The guides' pattern on a small residual model with activation recompute (used by
 tests/test_recompute.py): `python recompute_guide.py HOW BACKWARD CONFIG` where HOW is `none`,
-`reentrant` or `nonreentrant` (torch.utils.checkpoint around each block's call) and BACKWARD is
+`reentrant` or `nonreentrant` (torch.utils.checkpoint around each block's call), or `inner` (a
+reentrant checkpoint of the block's body inside its forward, as transformers' checkpointing
+layers do: the block's hooks run outside the checkpoint, its own calls inside) and BACKWARD is
 `method` (loss.backward()) or `engine` (torch.autograd.backward(loss), as Megatron calls it).
 Each block also runs a custom autograd Function whose backward calls torch functions. Prints one
 JSON line: the losses and precdbg's failure count."""
@@ -31,12 +33,18 @@ class ScaledTanh(torch.autograd.Function):
 
 
 class Block(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, inner: bool) -> None:
         super().__init__()
         self.norm = torch.nn.LayerNorm(16)
         self.fc = torch.nn.Linear(16, 16)
+        self.inner = inner
 
     def forward(self, x):
+        if self.inner:    # the checkpoint inside: the block's own hooks run outside it
+            return checkpoint(self.body, x, use_reentrant=True)
+        return self.body(x)
+
+    def body(self, x):
         return x + ScaledTanh.apply(self.fc(self.norm(x)))
 
 
@@ -44,12 +52,12 @@ class Net(torch.nn.Module):
     def __init__(self, how: str) -> None:
         super().__init__()
         self.how = how
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+        self.blocks = torch.nn.ModuleList(Block(how == "inner") for _ in range(3))
         self.head = torch.nn.Linear(16, 4)
 
     def forward(self, x):
         for block in self.blocks:
-            if self.how == "none":
+            if self.how in ("none", "inner"):
                 x = block(x)
             else:
                 x = checkpoint(block, x, use_reentrant=self.how == "reentrant")

@@ -52,7 +52,7 @@ def plain(tmp_path_factory: Any) -> Dict[str, Any]:
     return _run(tmp_path_factory.mktemp("plain"), "none")
 
 
-@pytest.mark.parametrize("how", ["reentrant", "nonreentrant"])
+@pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner"])
 def test_recompute_run_pairs_with_the_run_without(tmp_path: Any, how: str,
                                                   plain: Dict[str, Any]) -> None:
     run = _run(tmp_path, how)
