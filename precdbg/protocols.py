@@ -28,6 +28,9 @@ class TensorOps(Protocol):
     def holds(self, tensor: Any, key: Hashable) -> bool: ...
     def storage(self, tensor: Any) -> Optional[Tuple[Hashable, Hashable, int]]: ...
     def storage_ref(self, tensor: Any) -> Callable[[], bool]: ...
+    # True when `storage_ref` follows the memory, not the object asked about: while a storage
+    # lives, every reference of it answers alike (PyTorch's storage weak references)
+    STORAGE_REF_FOLLOWS_MEMORY: bool
     # describe + identity + storage in one call: (dtype, shape, numel, identity, storage)
     def facts(self, tensor: Any) -> Tuple[str, Tuple[int, ...], int,
                                           Optional[Tuple[Hashable, Hashable]],

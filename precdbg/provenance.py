@@ -55,6 +55,9 @@ class Provenance:
 
     def __init__(self, tensors: TensorOps) -> None:
         self.tensors = tensors
+        # a reference of a live storage answers as any other reference of it would: another
+        # holder of the same memory adds nothing (PyTorch); else each holder is kept (_hold)
+        self._refs_follow_memory = bool(getattr(tensors, "STORAGE_REF_FOLLOWS_MEMORY", False))
         self.reset()
 
     def reset(self) -> None:
@@ -129,7 +132,7 @@ class Provenance:
                 entry = self._by_version[(store, version)] = (rec.seq, known[1])
                 if isinstance(version, tuple):      # (epoch, version): this epoch's writer
                     self._epoch_writer[store] = (version[0], entry)
-            else:                            # passed through: alive while either holder is
+            elif not self._refs_follow_memory:   # passed through: alive while either is
                 self._hold(store, version, have, tensor)
             if dw:
                 self._last_dw[rec.api] = rec.seq

@@ -35,7 +35,8 @@ try:
 except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
-__all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref", "summarize", "resolve",
+__all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref",
+           "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve",
            "retained_bytes", "deferrable", "launch_queued", "to_host", "hand_over",
            "nbytes", "begin_window", "pointer", "settle", "note_write",
            "forget_writes"]
@@ -194,6 +195,9 @@ def facts(t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int,
     """`describe`, `identity` and `storage` in one call (the facts are read once anyway)."""
     dtype, shape, numel = describe(t)
     return dtype, shape, numel, identity(t), storage(t)
+
+
+STORAGE_REF_FOLLOWS_MEMORY = False   # a weak reference of the tensor object: one per holder
 
 
 def storage_ref(t: ms.Tensor) -> Callable[[], bool]:

@@ -30,8 +30,8 @@ try:   # one-pass C statistics for tensors in host memory; optional (needs a C c
 except ImportError:  # pragma: no cover - exercised on machines without the extension
     _fastats = None
 
-__all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref", "summarize",
-           "resolve", "to_host", "hand_over", "nbytes", "launch_queued", "retained_bytes",
+__all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref",
+           "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host", "hand_over", "nbytes", "launch_queued", "retained_bytes",
            "deferrable"]
 
 # testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
@@ -192,6 +192,9 @@ class _StorageAlive:
 
     def __del__(self) -> None:
         self._free(self.cdata)
+
+
+STORAGE_REF_FOLLOWS_MEMORY = True    # a weak reference of the storage itself, not of `t`
 
 
 def storage_ref(t: torch.Tensor) -> Callable[[], bool]:

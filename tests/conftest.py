@@ -157,6 +157,23 @@ def run_python(code_or_args: Any, *, env: Optional[Dict[str, str]] = None, timeo
                           env=full_env, cwd=cwd or REPO)
 
 
+def run_guide(folder: Any, args: Sequence[str], env: Optional[Dict[str, str]] = None,
+              timeout: float = 300) -> Dict[str, Any]:
+    """Run a guide script (`python ARGS... CONFIG`) in a fresh process with a statistics/mix
+    config dumping into FOLDER/dump; it must exit 0 and print one JSON line last. Returns that
+    object with `dump` (the dump folder) and `stderr` added."""
+    import json
+    config = os.path.join(str(folder), "config.json")
+    dump = os.path.join(str(folder), "dump")
+    with open(config, "w", encoding="utf-8") as handle:
+        json.dump({"task": "statistics", "level": "mix", "dump_path": dump}, handle)
+    proc = run_python([*args, config], timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{args}: rc {proc.returncode}\n{proc.stderr[-4000:]}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"], out["dump"] = proc.stderr, dump
+    return out
+
+
 def run_ranks(script: str, world: int = 2, timeout: float = 180) -> List[Tuple[str, str]]:
     """Run `python SCRIPT` as `world` ranks of one torch.distributed job (tests/ranks_support);
     every rank must exit 0. Returns (stdout, stderr) per rank."""

@@ -121,13 +121,18 @@ def main():
         alive = any(t.name == "precdbg-writer" for t in threading.enumerate())
         print(f"writer alive after gc: {alive}", flush=True)
     if VARIANT == "torchrun":
-        # as torch.distributed's docs require at the end of a script. Without it, gloo's worker
-        # threads can still release tensors during interpreter teardown and abort the process
-        # ("terminate called without an active exception", pytorch/pytorch#190489): seen here in
-        # 3 of 120 two-rank runs with precdbg, 0 of 80 without - a torch teardown race that
-        # precdbg's hooks make likelier; what this test checks is precdbg's own exit path
+        # as torch.distributed's docs require at the end of a script
         import torch.distributed as dist
         dist.destroy_process_group()
+        # A torch teardown race, with or without precdbg: DDP keeps gloo's process group (and its
+        # worker threads) alive past destroy_process_group(), and a worker that frees a finished
+        # allreduce releases the Python contextvars.Context its ThreadLocalState holds. Doing so
+        # during interpreter finalisation, it cannot take the GIL and the process aborts
+        # ("terminate called without an active exception"; core dumps: ~AsyncAllreduceWork ->
+        # ~ThreadLocalState -> SafePyObject decref -> take_gil -> pthread_exit). Reproduced on
+        # this machine in 1 of 82 two-rank runs without precdbg (a dummy debugger). Letting the
+        # workers finish first keeps this test about precdbg's own exit path.
+        time.sleep(0.5)
     print("main done", flush=True)
 
 

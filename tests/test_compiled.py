@@ -9,7 +9,6 @@ Dynamo's full tracing without needing a C compiler (inductor does the same, only
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict
 
@@ -18,7 +17,7 @@ import pytest
 import precdbg
 from precdbg.compare import compare_dumps
 
-from conftest import REPO, run_python
+from conftest import REPO, run_guide
 
 GUIDE = os.path.join(REPO, "tests", "compiled_guide.py")
 
@@ -26,15 +25,8 @@ GUIDE = os.path.join(REPO, "tests", "compiled_guide.py")
 def _run(tmp_path: Any, how: str) -> Dict[str, Any]:
     folder = tmp_path / how.replace(":", "_")
     folder.mkdir()
-    config = folder / "config.json"
-    config.write_text(json.dumps({"task": "statistics", "level": "mix",
-                                  "dump_path": str(folder / "dump")}))
-    proc = run_python([GUIDE, how, str(config)], timeout=300,
-                      env={"OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
-    assert proc.returncode == 0, f"{how}: rc {proc.returncode}\n{proc.stderr[-4000:]}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["stderr"], out["dump"] = proc.stderr, str(folder / "dump")
-    return out
+    return run_guide(folder, [GUIDE, how], env={"OMP_NUM_THREADS": "1",
+                                                "PYTHONFAULTHANDLER": "1"})
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ backward makes are backward work: not recorded as forward calls, whether backwar
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, Tuple
 
@@ -22,7 +21,7 @@ import pytest
 import precdbg
 from precdbg.compare import compare_dumps
 
-from conftest import REPO, run_python
+from conftest import REPO, run_guide
 
 GUIDE = os.path.join(REPO, "tests", "recompute_guide.py")
 
@@ -30,15 +29,8 @@ GUIDE = os.path.join(REPO, "tests", "recompute_guide.py")
 def _run(root: Any, how: str, backward: str = "method") -> Dict[str, Any]:
     folder = root / f"{how}-{backward}"
     folder.mkdir()
-    config = folder / "config.json"
-    config.write_text(json.dumps({"task": "statistics", "level": "mix",
-                                  "dump_path": str(folder / "dump")}))
-    proc = run_python([GUIDE, how, backward, str(config)], timeout=300,
-                      env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, f"{how}: rc {proc.returncode}\n{proc.stderr[-4000:]}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["failures"] == 0, proc.stderr[-3000:]
-    out["dump"] = str(folder / "dump")
+    out = run_guide(folder, [GUIDE, how, backward], env={"OMP_NUM_THREADS": "1"})
+    assert out["failures"] == 0, out["stderr"][-3000:]
     return out
 
 
