@@ -85,6 +85,7 @@ class BaseInstrumentor:
         self.hold: Callable[[Handle], None] = self._handles.append
         self._optimizers_noted: set = set()
         self._optimizer_tokens: List[OptimizerToken] = []
+        self._module_paths: Dict[int, str] = {}   # id(module) -> path, while installed
 
     # ------------------------------------------------------------------ install / uninstall
     def install(self, session: Recorder, model: Any) -> None:
@@ -104,6 +105,7 @@ class BaseInstrumentor:
                                           raw_settings(self.framework, self.class_name(m), m))
                                          for path, m in modules])
                 self._inventory(session, params, self.named_tensors(modules, self.own_buffers))
+        self._module_paths = {id(module): path for path, module in modules}
         for path, module in modules:
             self.hook_module(path, module)
         for full, param, _ in params:
@@ -127,8 +129,15 @@ class BaseInstrumentor:
                 if self.session is not None:
                     self.session.hook_failed(exc, f"removing {type(handle).__name__}")
         self._optimizer_tokens = []
+        self._module_paths = {}
         self.paused = False
         self._uninstrument()
+
+    def module_path(self, candidates: Iterable[Any]) -> str:
+        """The path of the first of `candidates` that is a module of the hooked model ("" for
+        none): what a recompute replays, from what the framework's checkpoint holds."""
+        paths = self._module_paths
+        return next((paths[id(c)] for c in candidates if id(c) in paths), "")
 
     # ------------------------------------------------------------------ what subclasses write
     def _prepare(self, session: Recorder) -> None:

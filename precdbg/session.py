@@ -8,11 +8,10 @@ Statistics stay on the device until `resolve` is called once per batch of record
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import tempfile
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 from . import __version__, lifetime
@@ -25,6 +24,7 @@ from .precision import PrecisionTracker
 from .runinfo import RunInfo
 from .protocols import Adapter, TensorOps
 from .provenance import Provenance
+from .replay import ReplayTable
 from .stacks import StackTable
 from .arguments import tensor_results
 from .batch import TensorBatch
@@ -87,9 +87,8 @@ class Session:
         self._order = 0
         self._seq = 0
         self._counts: Dict[Tuple[str, str], int] = {}
-        # forward calls not watched for backward, which a recompute may replay (_replayed)
-        self._replayable: Dict[Tuple[str, ...], Deque[Optional[Call]]] = {}
-        self._replay_owner = ""
+        # forward calls not watched for backward, which a recompute may replay
+        self._replays: ReplayTable[Call] = ReplayTable()
         self._precisions = PrecisionTracker()     # carried precision, per step
         self.provenance.reset()
         self.filter.reset_step()
@@ -278,10 +277,10 @@ class Session:
                   replay: bool = False) -> Optional[Call]:
         """An API call starts; returns the Call to record into, or None when not captured.
         `watched`: its backward is watched now (gradients were enabled). `replay`: the call
-        re-runs an earlier forward call (activation recompute): see `_replayed`."""
+        re-runs an earlier forward call (activation recompute): see `precdbg.replay`."""
         module = self.owning_module
-        if replay:       # outside every module of the replay: the module it replays (below)
-            return self._replayed(("api", module or self._replay_owner, prefix, api))
+        if replay:       # outside every module of the replay: the module it replays
+            return self._replays.replayed(("api", module or self._replays.owner, prefix, api))
         index = self._count((prefix, api))
         forward = api_entry(prefix, api, index, "forward")
         call = None
@@ -292,7 +291,7 @@ class Session:
                         self._order, self.phase, self._stack_id(), self._stores(forward, api),
                         forward)
         if not watched:
-            self._replayable_call(("api", module, prefix, api), call)
+            self._replays.not_watched(("api", module, prefix, api), call)
         return call
 
     def begin_module(self, prefix: str, path: str, cls: str, watched: bool = True,
@@ -300,9 +299,8 @@ class Session:
         """A module call starts: (Call or None, whether the module selects its whole subtree).
         `watched` and `replay` as for `begin_api`."""
         if replay:
-            if not self._module_stack:        # the replayed function's own calls belong to
-                self._replay_owner = path.rpartition(".")[0]    # this module's parent
-            return (self._replayed(("module", prefix, path, cls)),
+            self._replays.module_replayed(path, not self._module_stack)
+            return (self._replays.replayed(("module", prefix, path, cls)),
                     self.filter.module_selects_subtree(module_entry(prefix, path, cls, "forward",
                                                                     0), cls, path))
         index = self._count((prefix, path))
@@ -317,36 +315,12 @@ class Session:
                         self._order, self.phase, self._stack_id(), self._stores(forward, cls),
                         forward)
         if not watched:
-            self._replayable_call(("module", prefix, path, cls), call)
+            self._replays.not_watched(("module", prefix, path, cls), call)
         return call, subtree
 
-    def replay_begins(self) -> None:
-        """A recompute starts replaying (the adapter saw it): its owner is not known yet. A
-        checkpoint may wrap a module's forward function, not its call (transformers'
-        GradientCheckpointingLayer): the module's hooks do not run in the replay, and the
-        calls it makes itself are taken as the calls of the parent of the first replayed
-        submodule (the module whose forward is replayed)."""
-        self._replay_owner = ""
-
-    def _replayable_call(self, key: Tuple[str, ...], call: Optional[Call]) -> None:
-        """A forward call whose backward was not watched (it ran without gradients, as the
-        forward of a reentrant activation checkpoint does): a later replay may stand for it."""
-        queue = self._replayable.get(key)
-        if queue is None:
-            queue = self._replayable[key] = collections.deque()
-        queue.append(call)
-
-    def _replayed(self, key: Tuple[str, ...]) -> Optional[Call]:
-        """The forward call a replayed call re-runs (activation recompute, during backward):
-        the first not yet replayed of the same API or module, in the same module, that ran
-        without gradients. Its forward is not recorded again (its values are those of that
-        call); its backward, where there is one, is recorded under that call's name, so a run
-        with recompute pairs record for record with one without. None (nothing recorded) when
-        no such call is left: the original's backward is watched already (non-reentrant
-        recompute replays a forward whose own graph gets the gradients), or it was not
-        captured."""
-        queue = self._replayable.get(key)
-        return queue.popleft() if queue else None
+    def replay_begins(self, owner: str = "") -> None:
+        """A recompute starts replaying; `owner`: the module it replays ("" when not known)."""
+        self._replays.begins(owner)
 
     def param_call(self, path: str, kind: str = RecordKind.PARAM_GRAD.value, owner_cls: str = "",
                    role: str = Role.PARAM.value) -> Optional[Call]:

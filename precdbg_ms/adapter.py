@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 import platform
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Hashable, Iterable, List, Optional, Tuple
 
 import mindspore as ms
 from mindspore import nn
+from mindspore.graph.api import _pynative_executor
 
 import precdbg
 from precdbg.errors import FrameworkError
@@ -36,6 +37,7 @@ from .calls import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_in
                     tensor_outputs)
 from .optimizer import patch_optimizer
 from .patches import PatchRegistry
+from .recompute import Replay, model_cells, patch_recompute
 from .returned_grads import GradientLinks, patch_grad_executor
 from .writes import patch_writes
 
@@ -43,6 +45,26 @@ __all__ = ["MindSporeAdapter"]
 
 _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (ms, precdbg)) + (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+
+
+_NONE: FrozenSet[int] = frozenset()
+
+
+class _CellCall:
+    """One call of a hooked cell, from its forward pre-hook to its backward hook."""
+    __slots__ = ("call", "api_call", "input_ids", "inputs", "entered", "backward",
+                 "replay_inputs", "constant_inputs", "constant_outputs")
+
+    def __init__(self) -> None:
+        self.call = self.api_call = None          # the cell's Call, its functional API's
+        self.input_ids: set = set()               # its inputs' memory (identity cells)
+        self.inputs: list = []     # what input_ids name, held until the forward hook
+        self.entered = False                      # the module was entered
+        self.backward = False                     # its backward hook will run
+        # a recompute's replay: what the cell computes from (inputs and parameters), and the
+        # positions of its inputs and outputs the forward did not differentiate
+        self.replay_inputs: Optional[list] = None
+        self.constant_inputs = self.constant_outputs = _NONE
 
 
 class MindSporeAdapter(BaseInstrumentor):
@@ -63,9 +85,12 @@ class MindSporeAdapter(BaseInstrumentor):
         self._param_users: Dict[int, Tuple[Any, int, str]] = {}
         self._leaf_cells: Dict[str, str] = {}
         self._view = ms.Tensor.view       # the original, unpatched
-        # id(copy) -> (weak reference to the copy, id of the tensor it copies), per capture
-        self._copy_of: Dict[int, Tuple[Any, int]] = {}
+        # id(copy) -> (weak reference to the copy, id of the tensor it copies through any
+        # number of copies, weak reference to that tensor), per capture
+        self._copy_of: Dict[int, Tuple[Any, int, Any]] = {}
         self._grad_links = GradientLinks()
+        self._replay = Replay(self._origin)   # inside a recompute's replay of a forward
+        self._enable_grad = _pynative_executor.enable_grad
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -108,7 +133,7 @@ class MindSporeAdapter(BaseInstrumentor):
         tensors.begin_window(defer_host_statistics=session.config.keeps_apis)
 
     def named_submodules(self, module: nn.Cell) -> Iterable[Tuple[str, Any]]:
-        return module.cells_and_names()
+        return model_cells(module.cells_and_names())
 
     def own_parameters(self, module: nn.Cell) -> Iterable[Tuple[str, Any]]:
         return module.parameters_and_names(expand=False)
@@ -128,11 +153,14 @@ class MindSporeAdapter(BaseInstrumentor):
                 self.hold(patch)
         self.hold(patch_optimizer(self))
         self.hold(patch_grad_executor(self))
+        for patch in patch_recompute(self._replayed, self._detached):
+            self.hold(patch)
         for patch in patch_writes(self):
             self.hold(patch)
 
     def _uninstrument(self) -> None:
         self._cell_calls.clear()
+        self._replay = Replay(self._origin)
         self._param_users.clear()
         self._copy_of.clear()
         self._grad_links.clear()
@@ -164,11 +192,14 @@ class MindSporeAdapter(BaseInstrumentor):
         `writes`: the call writes memory in place (as do APIs named so, see `in_place`)."""
         session = self.session
         watched: List[Tuple[int, str, Any]] = []
-        call = self.run_guarded(session.begin_api, f"capturing {prefix}.{api}", prefix, api)
+        grad_on, replay = self._grad_state()
+        given = (args, kwargs)
+        call = self.run_guarded(session.begin_api, f"capturing {prefix}.{api}", prefix, api,
+                                grad_on, replay)
         if call is not None:
             result = self.run_guarded(self._api_inputs,
                                       f"capturing inputs of {call.forward_entry}",
-                                      call, api, args, kwargs)
+                                      call, api, args, kwargs, replay)
             if result is not None and not inner:
                 args, kwargs, watched = result
         writes = writes or in_place(api)
@@ -187,28 +218,60 @@ class MindSporeAdapter(BaseInstrumentor):
                 tensors.note_write(written)
         if call is not None:
             self.run_guarded(self._api_outputs, f"capturing outputs of {call.forward_entry}",
-                             call, watched, out)
+                             call, watched, out, replay)
+        if replay:
+            self.run_guarded(self._replay_computed, f"following a recompute of {api}",
+                             tensor_inputs(*given), out)
         return out
+
+    def _replay_computed(self, inputs: list, out: Any) -> None:
+        self._replay.computed(inputs, tensor_outputs(out))
+
+    def _grad_state(self) -> Tuple[bool, bool]:
+        """(whether a call's backward is watched: gradients are enabled and the backward is
+        captured, whether the call replays an earlier one: activation recompute)"""
+        return (self.session.filter.keeps_backward and bool(self._enable_grad()),
+                self._replay.depth > 0)
+
+    def _replayed(self, owners: List[Any], run: Callable[..., Any], *args: Any) -> Any:
+        """Run a recompute's replay of a forward (`precdbg_ms.recompute`): of the first of
+        `owners` that is a module of the model."""
+        if not self.installed:
+            return run(*args)
+        self.run_guarded(self.session.replay_begins, "starting a recompute",
+                         self.module_path(owners))
+        replay = self._replay
+        replay.begin()
+        try:
+            return run(*args)
+        finally:
+            replay.end()
+
+    def _detached(self, pairs: List[Tuple[Any, Any]]) -> None:
+        if self.installed:
+            self.run_guarded(self._replay.detached, "noting a recompute's inputs", pairs)
 
     def settle_statistics(self) -> None:
         """Something is about to write in place: the statistics deferred so far are read now,
         with the values they had when captured (one wait for the pipeline)."""
         self.run_guarded(tensors.settle, "reading deferred statistics before an in-place write")
 
-    def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict):
+    def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict, replay: bool):
         session = self.session
         inputs = tensor_inputs(args, kwargs)
-        for index, key, t in inputs:
-            session.capture(call, "forward", "input", index, key, t)
-        for index, (key, value) in enumerate(scalar_inputs(args, kwargs), len(inputs)):
-            session.capture_value(call, index, key, value)
+        if not replay:                  # a replay's forward is recorded already
+            for index, key, t in inputs:
+                session.capture(call, "forward", "input", index, key, t)
+            for index, (key, value) in enumerate(scalar_inputs(args, kwargs), len(inputs)):
+                session.capture_value(call, index, key, value)
         if not session.filter.keeps_backward or in_place(api):
             return args, kwargs, []
         # give each floating input to the op through its own view: its hook sees this call's dx
         watched, args, kwargs = [], list(args), dict(kwargs)
         for index, key, t in inputs:
             top = key.split(".")[0]
-            if "." in key or not is_floating(t) or not takes_grad(t):
+            if "." in key or not is_floating(t) or not takes_grad(t) or \
+                    (replay and self._replay.is_constant(t)):
                 continue
             view = self._view(t, t.shape)
             try:
@@ -222,11 +285,12 @@ class MindSporeAdapter(BaseInstrumentor):
             watched.append((index, key, view))
         return tuple(args), kwargs, watched
 
-    def _api_outputs(self, call: Any, watched: list, out: Any) -> None:
+    def _api_outputs(self, call: Any, watched: list, out: Any, replay: bool) -> None:
         session = self.session
         outputs = tensor_outputs(out)
-        for index, key, t in outputs:
-            session.capture(call, "forward", "output", index, key, t)
+        if not replay:
+            for index, key, t in outputs:
+                session.capture(call, "forward", "output", index, key, t)
         if session.filter.keeps_backward and watched:
             for index, key, t in outputs:
                 if is_floating(t) and takes_grad(t):
@@ -290,15 +354,27 @@ class MindSporeAdapter(BaseInstrumentor):
             self.run_guarded(self._link_copy, "linking a cell's copy of a tensor", original, copy)
 
     def _link_copy(self, original: Any, copy: Any) -> None:
-        self._copy_of[id(copy)] = (weakref.ref(copy), self._origin(original))
+        entry = self._copy_of.get(id(original))
+        if entry is not None and entry[0]() is original:      # a copy of a copy
+            self._copy_of[id(copy)] = (weakref.ref(copy), entry[1], entry[2])
+        else:
+            self._copy_of[id(copy)] = (weakref.ref(copy), id(original), weakref.ref(original))
         self.session.alias_of(original, copy)
 
-    def _origin(self, t: Any) -> int:
-        """The id of the tensor `t` is a cell's hook copy of (through any number of copies), or
-        its own: equal for a tensor and its copies, without reading their memory."""
+    def _root(self, t: Any) -> Any:
+        """The tensor `t` is a cell hook's copy of (through any number of copies), or `t`."""
+        entry = self._copy_of.get(id(t))
+        root = entry[2]() if entry is not None and entry[0]() is t else None
+        return t if root is None else root
+
+    def _origin(self, t: Any) -> Hashable:
+        """What a tensor and its cell hook copies (through any number of copies) share, without
+        reading their memory: the id of the tensor they copy while it lives. Once it is gone
+        its id may be another tensor's, so its copies then share (its id, "gone"), which no
+        tensor's id equals."""
         entry = self._copy_of.get(id(t))
         if entry is not None and entry[0]() is t:
-            return entry[1]
+            return entry[1] if entry[2]() is not None else (entry[1], "gone")
         return id(t)
 
     def link_returned_grads(self, returned: Any) -> None:
@@ -311,15 +387,25 @@ class MindSporeAdapter(BaseInstrumentor):
         session = self.session
         # the module is entered and its slot pushed first, so the forward hook always finds
         # both (and leaves the module) even when capturing below fails
-        slot: List[Any] = [None, None, set(), False]     # call, API call, input memory, entered
+        slot = _CellCall()
         self._cell_calls.setdefault(id(cell), []).append(slot)
-        call, subtree = session.begin_module("Cell", path, cls)
+        grad_on, replay = self._grad_state()
+        call, subtree = session.begin_module("Cell", path, cls, grad_on, replay)
         session.enter_module(path, subtree)
-        slot[0], slot[3] = call, True
-        api_call = session.begin_api("Functional", leaf_api) if leaf_api else None
-        slot[1] = api_call
+        slot.call, slot.entered = call, True
+        api_call = (session.begin_api("Functional", leaf_api, grad_on, replay) if leaf_api
+                    else None)
+        slot.api_call = api_call
+        # a replay that stands for no call (non-reentrant recompute) has no backward of its
+        # own: the original call's hooks get the gradients
+        slot.backward = grad_on and (not replay or call is not None or api_call is not None)
         inputs = tensor_inputs(args, kwargs)
-        slot[2] = {self._origin(t) for _, _, t in inputs}
+        if replay:        # its forward is recorded already; what it computes may be constant
+            slot.replay_inputs = inputs + [(0, "", p) for p in cell.get_parameters()]
+            slot.constant_inputs = self._replay.constant_positions(inputs)
+            return
+        slot.input_ids = {self._origin(t) for _, _, t in inputs}
+        slot.inputs = [self._root(t) for _, _, t in inputs]
         if call is not None:
             for index, k, t in inputs:
                 session.capture(call, "forward", "input", index, k, t)
@@ -339,43 +425,52 @@ class MindSporeAdapter(BaseInstrumentor):
         stack = self._cell_calls.get(key)
         if not stack:
             return
-        call, api_call, input_ids, entered = stack[-1]
+        slot = stack[-1]
         identity = False
         try:
+            if slot.replay_inputs is not None:    # a replay's forward is recorded already
+                outputs = tensor_outputs(output)
+                self._replay.computed(slot.replay_inputs, outputs)
+                slot.constant_outputs = self._replay.constant_positions(outputs)
+                return
             outputs = tensor_outputs(output)
             # a cell returning its input (Dropout in eval or p=0) has no backward of its own
-            identity = any(self._origin(t) in input_ids for _, _, t in outputs)
-            for target in (api_call, call):
+            identity = any(self._origin(t) in slot.input_ids for _, _, t in outputs)
+            slot.inputs = []
+            for target in (slot.api_call, slot.call):
                 if target is not None:
                     for index, k, t in outputs:
                         session.capture(target, "forward", "output", index, k, t)
             session.end_call()
         finally:
-            if entered:
+            if slot.entered:
                 session.exit_module()
             stack.pop()
             # the backward hook runs in reverse order of the forward calls
-            self._pending_backward(key).append(None if identity else (call, api_call))
+            if slot.backward:
+                self._pending_backward(key).append(None if identity else slot)
 
-    def _pending_backward(self, key: int) -> List[Tuple[Any, Any]]:
+    def _pending_backward(self, key: int) -> List[Optional["_CellCall"]]:
         return self._cell_calls.setdefault(-key - 1, [])
 
     def _cell_backward(self, key: int, grad_input: Any, grad_output: Any) -> None:
         pending = self._pending_backward(key)
         if not pending:
             return
-        calls = pending.pop()
-        if calls is None:
+        slot = pending.pop()
+        if slot is None:
             return
-        call, api_call = calls
         session = self.session
-        for target in (call, api_call):
+        for target in (slot.call, slot.api_call):
             if target is None:
                 continue
+            # a recompute's constants: tensors the forward did not differentiate
             for index, k, g in tensor_outputs(grad_output):
-                session.capture(target, "backward", "grad_output", index, k, g)
+                if index not in slot.constant_outputs:
+                    session.capture(target, "backward", "grad_output", index, k, g)
             for index, k, g in tensor_outputs(grad_input):
-                session.capture(target, "backward", "grad_input", index, k, g)
+                if index not in slot.constant_inputs:
+                    session.capture(target, "backward", "grad_input", index, k, g)
         session.end_call()
 
     # ------------------------------------------------------------------ parameters

@@ -19,7 +19,7 @@ from precdbg.protocols import Recorder
 from precdbg.schema import Direction, Role
 
 from . import compiled, plumbing, tensors
-from .api import CaptureMode, call_args, tensor_args, tensor_outputs
+from .api import CaptureMode, ModeHandle, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
 from .recompute import ENGINE, REPLAY, RecomputeDetector
 from .training_state import watch_training_state
@@ -67,69 +67,6 @@ class _Guard:
         _set_grad_enabled(self.prev_grad)
         self.disable.__exit__(None, None, None)
         self.adapter.busy -= 1
-
-
-_stack_size = torch._C._len_torch_function_stack
-_stack_at = torch._C._get_function_stack_at
-_stack_pop = torch._C._pop_torch_function_stack
-_stack_push = torch._C._push_on_torch_function_stack
-
-
-class _ModeHandle:
-    """The capture mode on torch's function-mode stack, as a handle: removing it takes exactly
-    this mode off (modes pushed above it stay). While a phase that is not captured runs (an
-    optimizer step) it is taken off the stack, so that phase's torch calls (thousands per step
-    in an optimizer) do not each pass through a Python handler that only forwards them."""
-    __slots__ = ("mode", "suspended", "replaying")
-
-    def __init__(self, mode: CaptureMode) -> None:
-        self.mode = mode
-        self.suspended = False
-        self.replaying = False
-        mode.__enter__()
-
-    def suspend(self) -> None:
-        """Off the stack, when it is the innermost mode (otherwise it stays and forwards)."""
-        size = _stack_size()
-        if not self.suspended and size and _stack_at(size - 1) is self.mode:
-            _stack_pop()
-            self.suspended = True
-
-    def resume(self) -> None:
-        if self.suspended:
-            self.suspended = False
-            _stack_push(self.mode)
-
-    def enter_replay(self) -> None:
-        """Put the mode back on the stack for a replayed forward (activation recompute inside
-        backward, which runs under the mode's own handler, so without it): until the engine
-        entry that runs it returns (`leave_replay`, called by CaptureMode; the engine also puts
-        the stack back as it was when its graph task ends)."""
-        size = _stack_size()
-        if self.suspended or (size and _stack_at(size - 1) is self.mode):
-            return
-        _stack_push(self.mode)
-        self.replaying = True
-
-    def leave_replay(self) -> None:
-        if self.replaying:
-            self.replaying = False
-            size = _stack_size()
-            if size and _stack_at(size - 1) is self.mode:
-                _stack_pop()
-
-    def remove(self) -> None:
-        if self.suspended:
-            self.suspended = False
-            return
-        above = []
-        while _stack_size():
-            top = _stack_pop()
-            if top is self.mode:
-                break
-            above.append(top)
-        for mode in reversed(above):    # the modes above it (or all, had it gone) go back
-            _stack_push(mode)
 
 
 class _ModuleHooks:
@@ -242,7 +179,7 @@ class TorchAdapter(BaseInstrumentor):
     def __init__(self) -> None:
         super().__init__()
         self._param_names: Dict[int, str] = {}
-        self._mode: Optional[_ModeHandle] = None
+        self._mode: Optional[ModeHandle] = None
         self._compiled: List[str] = []
         self._recompute = RecomputeDetector(self._replay_begins)
 
@@ -344,16 +281,16 @@ class TorchAdapter(BaseInstrumentor):
         # API calls are dumped: every torch call goes through the mode (at level module
         # nothing an API call records is kept, so the mode is not entered at all)
         if cfg.keeps_apis:
-            self._mode = _ModeHandle(CaptureMode(self._on_api_call, self))
+            self._mode = ModeHandle(CaptureMode(self._on_api_call, self))
             self.hold(self._mode)
 
     def _uninstrument(self) -> None:
         self._mode = None
         self._recompute.forget()
 
-    def _replay_begins(self) -> None:
+    def _replay_begins(self, replayed: List[Any]) -> None:
         if self.session is not None:
-            self.session.replay_begins()
+            self.session.replay_begins(self.module_path(replayed))
 
     def engine_returned(self) -> None:
         """An engine entry (backward, autograd.grad) returned: a replay's mode comes off."""

@@ -18,9 +18,13 @@ from precdbg.naming import framework_table
 
 from .recompute import ENGINE_ENTRIES
 
-__all__ = ["identify", "CaptureMode", "call_args", "tensor_args", "tensor_outputs"]
+__all__ = ["identify", "CaptureMode", "ModeHandle", "call_args", "tensor_args", "tensor_outputs"]
 
 _IGNORED = "ignored"
+_push_mode = torch._C._push_on_torch_function_stack
+_pop_mode = torch._C._pop_torch_function_stack
+_stack_size = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
 _Ident = Optional[Tuple[str, str]]
 
 
@@ -137,3 +141,60 @@ class CaptureMode(TorchFunctionMode):
         if ident is None or ident is _IGNORED:
             return func(*args, **kwargs)
         return self._on_call(func, ident, args, kwargs)
+
+
+class ModeHandle:
+    """The capture mode on torch's function-mode stack, as a handle: removing it takes exactly
+    this mode off (modes pushed above it stay). While a phase that is not captured runs (an
+    optimizer step) it is taken off the stack, so that phase's torch calls (thousands per step
+    in an optimizer) do not each pass through a Python handler that only forwards them."""
+    __slots__ = ("mode", "suspended", "replaying")
+
+    def __init__(self, mode: CaptureMode) -> None:
+        self.mode = mode
+        self.suspended = False
+        self.replaying = False
+        mode.__enter__()
+
+    def suspend(self) -> None:
+        """Off the stack, when it is the innermost mode (otherwise it stays and forwards)."""
+        size = _stack_size()
+        if not self.suspended and size and _stack_at(size - 1) is self.mode:
+            _pop_mode()
+            self.suspended = True
+
+    def resume(self) -> None:
+        if self.suspended:
+            self.suspended = False
+            _push_mode(self.mode)
+
+    def enter_replay(self) -> None:
+        """Put the mode back on the stack for a replayed forward (activation recompute inside
+        backward, which runs under the mode's own handler, so without it): until the engine
+        entry that runs it returns (`leave_replay`, called by CaptureMode; the engine also puts
+        the stack back as it was when its graph task ends)."""
+        size = _stack_size()
+        if self.suspended or (size and _stack_at(size - 1) is self.mode):
+            return
+        _push_mode(self.mode)
+        self.replaying = True
+
+    def leave_replay(self) -> None:
+        if self.replaying:
+            self.replaying = False
+            size = _stack_size()
+            if size and _stack_at(size - 1) is self.mode:
+                _pop_mode()
+
+    def remove(self) -> None:
+        if self.suspended:
+            self.suspended = False
+            return
+        above = []
+        while _stack_size():
+            top = _pop_mode()
+            if top is self.mode:
+                break
+            above.append(top)
+        for mode in reversed(above):    # the modes above it (or all, had it gone) go back
+            _push_mode(mode)

@@ -28,11 +28,11 @@ adapter lets them through unrecorded (ENGINE), however backward was entered.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
-__all__ = ["RecomputeDetector", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES"]
+__all__ = ["RecomputeDetector", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES", "replayed_functions"]
 
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 _RECOMPUTE_FUNCTIONS = frozenset({"recompute_fn", "_recompute", "recompute", "backward",
@@ -43,18 +43,42 @@ _ENGINE_ENTRY = "_engine_run_backward"       # torch.autograd.graph: where the e
 ENGINE_ENTRIES = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 
 
-def _recompute_frame(frame: Any) -> bool:
+def _recompute_frame(frame: Any) -> Optional[Any]:
+    """The frame of a checkpoint's recompute function above `frame`, up to the engine's entry;
+    None when there is none."""
     while frame is not None:
         code = frame.f_code
         name = code.co_name
         # the qualified name (Python 3.11+), else the file (torch/utils/checkpoint.py)
         if name in _RECOMPUTE_FUNCTIONS and \
                 "checkpoint" in (getattr(code, "co_qualname", None) or code.co_filename).lower():
-            return True
+            return frame
         if name == _ENGINE_ENTRY:
-            return False
+            return None
         frame = frame.f_back
-    return False
+    return None
+
+
+def replayed_functions(frame: Any) -> List[Any]:
+    """What a recompute frame replays, outermost first: the checkpoint's function
+    (`ctx.run_function` of a reentrant CheckpointFunction, Megatron's and MindSpeed's too;
+    `self.run_function` of Megatron's CheckpointWithoutOutput; the `fn` torch's non-reentrant
+    `recompute_fn` closes over) and what it wraps (a bound method's module, a partial's
+    function). A module among them is the one whose forward is replayed."""
+    local = frame.f_locals
+    fn = None
+    for holder in (local.get("ctx"), local.get("self")):
+        fn = getattr(holder, "run_function", None)
+        if fn is not None:
+            break
+    if fn is None:
+        fn = local.get("fn")
+    out: List[Any] = []
+    while fn is not None and len(out) < 6 and not any(fn is seen for seen in out):
+        out.append(fn)
+        bound_to = getattr(fn, "__self__", None)
+        fn = bound_to if bound_to is not None else getattr(fn, "func", None)
+    return out
 
 
 FORWARD, REPLAY, ENGINE = 0, 1, 2     # where a call runs: see RecomputeDetector.where
@@ -67,10 +91,11 @@ class RecomputeDetector:
     the node it holds (at uninstall)."""
     __slots__ = ("_node", "_answer", "_replay_begins")
 
-    def __init__(self, replay_begins: Callable[[], None]) -> None:
+    def __init__(self, replay_begins: Callable[[List[Any]], None]) -> None:
         self._node: Optional[Any] = None
         self._answer = ENGINE
-        self._replay_begins = replay_begins     # called when a replay starts (a new node)
+        # called when a replay starts (a new node), with `replayed_functions` of it
+        self._replay_begins = replay_begins
 
     def where(self) -> int:
         node = _current_node() if _current_node is not None else None
@@ -78,9 +103,10 @@ class RecomputeDetector:
             return FORWARD
         if node is not self._node:
             self._node = node
-            self._answer = REPLAY if _recompute_frame(sys._getframe(1)) else ENGINE
-            if self._answer == REPLAY:
-                self._replay_begins()
+            frame = _recompute_frame(sys._getframe(1))
+            self._answer = ENGINE if frame is None else REPLAY
+            if frame is not None:
+                self._replay_begins(replayed_functions(frame))
         return self._answer
 
     def forget(self) -> None:

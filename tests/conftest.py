@@ -158,15 +158,15 @@ def run_python(code_or_args: Any, *, env: Optional[Dict[str, str]] = None, timeo
 
 
 def run_guide(folder: Any, args: Sequence[str], env: Optional[Dict[str, str]] = None,
-              timeout: float = 300) -> Dict[str, Any]:
-    """Run a guide script (`python ARGS... CONFIG`) in a fresh process with a statistics/mix
-    config dumping into FOLDER/dump; it must exit 0 and print one JSON line last. Returns that
-    object with `dump` (the dump folder) and `stderr` added."""
+              timeout: float = 300, level: str = "mix") -> Dict[str, Any]:
+    """Run a guide script (`python ARGS... CONFIG`) in a fresh process with a statistics
+    config at `level` dumping into FOLDER/dump; it must exit 0 and print one JSON line last.
+    Returns that object with `dump` (the dump folder) and `stderr` added."""
     import json
     config = os.path.join(str(folder), "config.json")
     dump = os.path.join(str(folder), "dump")
     with open(config, "w", encoding="utf-8") as handle:
-        json.dump({"task": "statistics", "level": "mix", "dump_path": dump}, handle)
+        json.dump({"task": "statistics", "level": level, "dump_path": dump}, handle)
     proc = run_python([*args, config], timeout=timeout, env=env)
     assert proc.returncode == 0, f"{args}: rc {proc.returncode}\n{proc.stderr[-4000:]}"
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -180,6 +180,10 @@ def patch_targets() -> Dict[str, Any]:
     for cls in ms.Tensor.__mro__[:-1]:                    # Tensor and its C base, not object
         out[f"class {cls.__module__}.{cls.__qualname__}"] = cls
     out["class mindspore.nn.Optimizer"] = nn.Optimizer
+    recompute = importlib.import_module("mindspore.common.recompute")   # activation recompute
+    out["mindspore.common.recompute"] = recompute
+    for name in ("_RecomputeCell", "_RecomputeHandle"):
+        out[f"class mindspore.common.recompute.{name}"] = getattr(recompute, name)
     for cls in primitive_classes():
         out[f"class {cls.__module__}.{cls.__qualname__}@{id(cls):x}"] = cls
     return out

@@ -68,3 +68,31 @@ def test_backward_entered_through_the_engine_records_the_same(tmp_path: Any,
     a, b = _entries(plain["dump"]), _entries(run["dump"])
     assert list(a[0]) == list(b[0])
     assert not any(e.startswith("Tensor.rsub") for e in a[0])
+
+
+@pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner"])
+def test_the_replayed_module_is_named_from_the_checkpoint(tmp_path: Any, how: str,
+                                                          monkeypatch: Any) -> None:
+    """The checkpoint's own function says which module a replay re-runs (`checkpoint(block)`,
+    `checkpoint(self.body)`): the session is told its path when the replay starts, not left
+    to guess it from the first replayed submodule."""
+    import torch
+    from precdbg.session import Session
+    from precdbg_pt import PrecisionDebugger
+    from recompute_guide import Net
+
+    owners = []
+    original = Session.replay_begins
+    monkeypatch.setattr(Session, "replay_begins",
+                        lambda self, owner="": (owners.append(owner), original(self, owner))[1])
+    torch.manual_seed(0)
+    model = Net(how)
+    x = torch.randn(4, 16, requires_grad=True)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), task="statistics",
+                                 level="mix")
+    debugger.start(model)
+    model(x).square().mean().backward()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close()
+    assert owners == ["blocks.2", "blocks.1", "blocks.0"], owners
