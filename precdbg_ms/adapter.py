@@ -400,12 +400,12 @@ class MindSporeAdapter(BaseInstrumentor):
         # own: the original call's hooks get the gradients
         slot.backward = grad_on and (not replay or call is not None or api_call is not None)
         inputs = tensor_inputs(args, kwargs)
+        slot.input_ids = {self._origin(t) for _, _, t in inputs}
+        slot.inputs = [self._root(t) for _, _, t in inputs]
         if replay:        # its forward is recorded already; what it computes may be constant
             slot.replay_inputs = inputs + [(0, "", p) for p in cell.get_parameters()]
             slot.constant_inputs = self._replay.constant_positions(inputs)
             return
-        slot.input_ids = {self._origin(t) for _, _, t in inputs}
-        slot.inputs = [self._root(t) for _, _, t in inputs]
         if call is not None:
             for index, k, t in inputs:
                 session.capture(call, "forward", "input", index, k, t)
@@ -428,15 +428,14 @@ class MindSporeAdapter(BaseInstrumentor):
         slot = stack[-1]
         identity = False
         try:
-            if slot.replay_inputs is not None:    # a replay's forward is recorded already
-                outputs = tensor_outputs(output)
-                self._replay.computed(slot.replay_inputs, outputs)
-                slot.constant_outputs = self._replay.constant_positions(outputs)
-                return
             outputs = tensor_outputs(output)
             # a cell returning its input (Dropout in eval or p=0) has no backward of its own
             identity = any(self._origin(t) in slot.input_ids for _, _, t in outputs)
             slot.inputs = []
+            if slot.replay_inputs is not None:    # a replay's forward is recorded already
+                self._replay.computed(slot.replay_inputs, outputs)
+                slot.constant_outputs = self._replay.constant_positions(outputs)
+                return
             for target in (slot.api_call, slot.call):
                 if target is not None:
                     for index, k, t in outputs:

@@ -1,10 +1,11 @@
 """The guides' pattern on a small MindSpore model with activation recompute (used by
-tests/test_ms_recompute.py): `python recompute_guide_ms.py HOW [perturb] CONFIG` where HOW is `none`,
-`reentrant` or `nonreentrant` (`Cell.recompute()` on each block) or `functional`
-(`mindspore.recompute(block, ...)` in the model's construct); a third argument `perturb` scales
-the second block's first weight by 1.01 just before the dumped step (a real difference). Each block takes the activations
-and a constant table (a data input no gradient is asked of, as rotary tables and masks are), and
-runs a parameter-free cell on it. Prints one JSON line: the losses and precdbg's failure count."""
+tests/test_ms_recompute.py): `python recompute_guide_ms.py HOW [perturb] CONFIG` where HOW is
+`none`, `reentrant` or `nonreentrant` (`Cell.recompute()` on each block) or `functional`
+(`mindspore.recompute(block, ...)` in the model's construct); `perturb` scales the second
+block's first weight by 1.01 just before the dumped step (a real difference). Each block takes
+the activations and a constant table (a data input no gradient is asked of, as rotary tables
+and masks are) and runs a parameter-free cell on it; a dropout with p=0 returns its input.
+Prints one JSON line: the losses and precdbg's failure count."""
 from __future__ import annotations
 
 import json
@@ -29,11 +30,12 @@ class Block(nn.Cell):
         self.fc = nn.Dense(16, 16)
         self.act = nn.Tanh()
         self.fc2 = nn.Dense(16, 16)
+        self.drop = nn.Dropout(p=0.0)             # returns its input: no backward of its own
 
     def construct(self, x: ms.Tensor, table: ms.Tensor) -> ms.Tensor:
         scaled = self.act(table) * 0.5            # computed from the constant alone
         h = self.fc(self.norm(x)) * scaled
-        return x + self.fc2(mint.tanh(h))
+        return x + self.drop(self.fc2(mint.tanh(h)))
 
 
 class Net(nn.Cell):
