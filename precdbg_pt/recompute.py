@@ -20,8 +20,9 @@ checkpoint implementation:
 
 That is, a frame whose function is named `recompute_fn`, `_recompute`, `recompute`, `backward`
 or `checkpoint_function_backward` and whose qualified name mentions a checkpoint. The answer is
-kept for the node being executed, so the frames are read once per node, not once per call. What a
-replayed call records is the session's rule (`Session.begin_api`'s `replay`). Other torch calls
+kept for the node being executed, so the frames are read once per node, not once per call; the
+recompute frame also says which module is replayed (`replayed_functions`). What a replayed
+call records is the core's rule (`precdbg.replay`). Other torch calls
 the engine runs (a custom Function's backward, a hook) are backward work, not forward calls: the
 adapter lets them through unrecorded (ENGINE), however backward was entered.
 """
@@ -32,7 +33,8 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-__all__ = ["RecomputeDetector", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES", "replayed_functions"]
+__all__ = ["RecomputeDetector", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES",
+           "replayed_functions"]
 
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 _RECOMPUTE_FUNCTIONS = frozenset({"recompute_fn", "_recompute", "recompute", "backward",
