@@ -197,18 +197,16 @@ def patch_recompute(replaying: Callable[..., Any],
                 return out
             return detach
         patches.append(ClassPatch(recompute, "_detach_input", make_detach))
-    cell_cls = getattr(recompute, "_RecomputeCell", None)
-    if cell_cls is not None and callable(getattr(cell_cls, "bprop", None)):
-        def make_bprop(original: Any) -> Any:
-            def bprop(cell: Any, *args: Any) -> Any:
-                return replaying(_owners(cell), original, cell, *args)
-            return bprop
-        patches.append(ClassPatch(cell_cls, "bprop", make_bprop))
-    handle_cls = getattr(recompute, "_RecomputeHandle", None)
-    if handle_cls is not None and callable(getattr(handle_cls, "recompute", None)):
-        def make_recompute(original: Any) -> Any:
-            def rerun(handle: Any, *args: Any) -> Any:
-                return replaying([], original, handle, *args)
-            return rerun
-        patches.append(ClassPatch(handle_cls, "recompute", make_recompute))
+    def replay_patch(owner: Any, attr: str, owners_of: Callable[[Any], List[Any]]) -> None:
+        if owner is not None and callable(getattr(owner, attr, None)):
+            def make(original: Any) -> Any:
+                def replayed(obj: Any, *args: Any) -> Any:
+                    return replaying(owners_of(obj), original, obj, *args)
+                return replayed
+            patches.append(ClassPatch(owner, attr, make))
+
+    # reentrant: the recompute cell's bprop replays the cell it wraps; non-reentrant: the
+    # handle's recompute replays a function (its cell's hooks run again and say which)
+    replay_patch(getattr(recompute, "_RecomputeCell", None), "bprop", _owners)
+    replay_patch(getattr(recompute, "_RecomputeHandle", None), "recompute", lambda _: [])
     return patches

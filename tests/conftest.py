@@ -174,6 +174,18 @@ def run_guide(folder: Any, args: Sequence[str], env: Optional[Dict[str, str]] = 
     return out
 
 
+def assert_same_run(plain: Dict[str, Any], run: Dict[str, Any]) -> Dict[str, Any]:
+    """Two `run_guide` results of one training, differently run (with activation recompute and
+    without): the same losses, and dumps that pair record for record with no difference.
+    Returns the comparison."""
+    from precdbg.compare import compare_dumps
+    assert run["losses"] == plain["losses"]
+    result = compare_dumps(plain["dump"], run["dump"])
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert not result["unmatched"], result["unmatched"][:5]
+    return result
+
+
 def run_ranks(script: str, world: int = 2, timeout: float = 180) -> List[Tuple[str, str]]:
     """Run `python SCRIPT` as `world` ranks of one torch.distributed job (tests/ranks_support);
     every rank must exit 0. Returns (stdout, stderr) per rank."""

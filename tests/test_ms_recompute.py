@@ -23,7 +23,7 @@ pytest.importorskip("mindspore")
 import precdbg  # noqa: E402
 from precdbg.compare import compare_dumps  # noqa: E402
 
-from conftest import REPO, run_guide  # noqa: E402
+from conftest import REPO, assert_same_run, run_guide  # noqa: E402
 
 GUIDE = os.path.join(REPO, "tests", "recompute_guide_ms.py")
 
@@ -45,10 +45,7 @@ def plain(tmp_path_factory: Any) -> Dict[str, Any]:
 def test_recompute_run_pairs_with_the_run_without(tmp_path: Any, how: str,
                                                   plain: Dict[str, Any]) -> None:
     run = _run(tmp_path, how)
-    assert run["losses"] == plain["losses"]
-    result = compare_dumps(plain["dump"], run["dump"])
-    assert result["verdict"] == "match", result["first_divergence"]
-    assert not result["unmatched"], result["unmatched"][:5]
+    assert_same_run(plain, run)
     table = precdbg.open_dump(run["dump"]).records()
     entries = set(table["entry"])
     assert len(table) == len(precdbg.open_dump(plain["dump"]).records())
@@ -86,8 +83,6 @@ def test_level_module_pairs_too(tmp_path: Any, how: str) -> None:
     backward went missing that way)."""
     plain = _run(tmp_path, "none", level="module")
     run = _run(tmp_path, how, level="module")
-    result = compare_dumps(plain["dump"], run["dump"])
-    assert result["verdict"] == "match", result["first_divergence"]
-    assert not result["unmatched"], result["unmatched"][:5]
+    assert_same_run(plain, run)
     backward = precdbg.open_dump(run["dump"]).records()
     assert "Cell.head.Dense.backward.0" in set(backward["entry"])
