@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import os
 import platform
-import weakref
-from typing import Any, Callable, Dict, FrozenSet, Hashable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 import mindspore as ms
 from mindspore import nn
@@ -32,7 +31,7 @@ from precdbg.naming import framework_table, in_place, inventory_role
 from precdbg.protocols import Recorder
 
 from . import tensors
-from .aliasing import wrap_cell_backward_hook
+from .aliasing import CopyOrigins, wrap_cell_backward_hook
 from .calls import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
                     tensor_outputs)
 from .optimizer import patch_optimizer
@@ -85,9 +84,8 @@ class MindSporeAdapter(BaseInstrumentor):
         self._param_users: Dict[int, Tuple[Any, int, str]] = {}
         self._leaf_cells: Dict[str, str] = {}
         self._view = ms.Tensor.view       # the original, unpatched
-        # id(copy) -> (weak reference to the copy, id of the tensor it copies through any
-        # number of copies, weak reference to that tensor), per capture
-        self._copy_of: Dict[int, Tuple[Any, int, Any]] = {}
+        self._copies = CopyOrigins()     # a cell's hook copies and what they copy
+        self._origin = self._copies.origin
         self._grad_links = GradientLinks()
         self._replay = Replay(self._origin)   # inside a recompute's replay of a forward
         self._enable_grad = _pynative_executor.enable_grad
@@ -162,7 +160,7 @@ class MindSporeAdapter(BaseInstrumentor):
         self._cell_calls.clear()
         self._replay = Replay(self._origin)
         self._param_users.clear()
-        self._copy_of.clear()
+        self._copies.clear()
         self._grad_links.clear()
         tensors.forget_writes()
 
@@ -354,28 +352,8 @@ class MindSporeAdapter(BaseInstrumentor):
             self.run_guarded(self._link_copy, "linking a cell's copy of a tensor", original, copy)
 
     def _link_copy(self, original: Any, copy: Any) -> None:
-        entry = self._copy_of.get(id(original))
-        if entry is not None and entry[0]() is original:      # a copy of a copy
-            self._copy_of[id(copy)] = (weakref.ref(copy), entry[1], entry[2])
-        else:
-            self._copy_of[id(copy)] = (weakref.ref(copy), id(original), weakref.ref(original))
+        self._copies.link(original, copy)
         self.session.alias_of(original, copy)
-
-    def _root(self, t: Any) -> Any:
-        """The tensor `t` is a cell hook's copy of (through any number of copies), or `t`."""
-        entry = self._copy_of.get(id(t))
-        root = entry[2]() if entry is not None and entry[0]() is t else None
-        return t if root is None else root
-
-    def _origin(self, t: Any) -> Hashable:
-        """What a tensor and its cell hook copies (through any number of copies) share, without
-        reading their memory: the id of the tensor they copy while it lives. Once it is gone
-        its id may be another tensor's, so its copies then share (its id, "gone"), which no
-        tensor's id equals."""
-        entry = self._copy_of.get(id(t))
-        if entry is not None and entry[0]() is t:
-            return entry[1] if entry[2]() is not None else (entry[1], "gone")
-        return id(t)
 
     def link_returned_grads(self, returned: Any) -> None:
         """A grad function returned: its gradients are the parameter hooks' ones, in new objects."""
@@ -401,7 +379,7 @@ class MindSporeAdapter(BaseInstrumentor):
         slot.backward = grad_on and (not replay or call is not None or api_call is not None)
         inputs = tensor_inputs(args, kwargs)
         slot.input_ids = {self._origin(t) for _, _, t in inputs}
-        slot.inputs = [self._root(t) for _, _, t in inputs]
+        slot.inputs = [self._copies.root(t) for _, _, t in inputs]
         if replay:        # its forward is recorded already; what it computes may be constant
             slot.replay_inputs = inputs + [(0, "", p) for p in cell.get_parameters()]
             slot.constant_inputs = self._replay.constant_positions(inputs)

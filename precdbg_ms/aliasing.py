@@ -5,11 +5,12 @@ the tensor it copies: a consumer of the copy reads what the original's producer 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+import weakref
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import mindspore as ms
 
-__all__ = ["AliasingHandle", "AliasingHook", "wrap_cell_backward_hook"]
+__all__ = ["AliasingHandle", "AliasingHook", "CopyOrigins", "wrap_cell_backward_hook"]
 
 
 def _tensors(value: Any) -> List[Any]:
@@ -66,3 +67,43 @@ def wrap_cell_backward_hook(cell: Any, alias: Callable[[Any, Any], None]
         return None
     object.__setattr__(cell, "_cell_backward_hook", AliasingHook(prim, alias))
     return AliasingHandle(cell, prim)
+
+
+class CopyOrigins:
+    """Which tensor each cell hook copy copies (through any number of copies), for one capture
+    window, without reading memory: copies are known by weak references, never kept alive."""
+    __slots__ = ("_copy_of",)
+
+    def __init__(self) -> None:
+        # id(copy) -> (weak reference to the copy, id of the tensor it copies through any
+        # number of copies, weak reference to that tensor)
+        self._copy_of: Dict[int, Tuple[Any, int, Any]] = {}
+
+    def clear(self) -> None:
+        self._copy_of.clear()
+
+    def link(self, original: Any, copy: Any) -> None:
+        entry = self._entry(original)
+        if entry is not None:                         # a copy of a copy
+            self._copy_of[id(copy)] = (weakref.ref(copy), entry[1], entry[2])
+        else:
+            self._copy_of[id(copy)] = (weakref.ref(copy), id(original), weakref.ref(original))
+
+    def _entry(self, t: Any) -> Optional[Tuple[Any, int, Any]]:
+        entry = self._copy_of.get(id(t))
+        return entry if entry is not None and entry[0]() is t else None
+
+    def root(self, t: Any) -> Any:
+        """The tensor `t` is a copy of (through any number of copies), or `t`."""
+        entry = self._entry(t)
+        root = entry[2]() if entry is not None else None
+        return t if root is None else root
+
+    def origin(self, t: Any) -> Hashable:
+        """What a tensor and its copies share: the id of the tensor they copy while it lives.
+        Once it is gone its id may be another tensor's, so its copies then share (its id,
+        "gone"), which no tensor's id equals."""
+        entry = self._entry(t)
+        if entry is None:
+            return id(t)
+        return entry[1] if entry[2]() is not None else (entry[1], "gone")
