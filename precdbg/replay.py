@@ -4,7 +4,10 @@ call it re-runs.
 Activation checkpointing runs a block's forward again during backward (a reentrant checkpoint's
 first forward runs without gradients; a non-reentrant one's with them). The adapters tell the
 session when a call is a replay; this table says which earlier call it re-runs: the first not
-yet replayed of the same API or module, in the same module, that ran without gradients. Its
+yet replayed of the same API or module, in the same module, that ran without gradients in a
+checkpoint's forward (the adapter says which calls may be replayed: not an evaluation
+forward's). Calls of a checkpoint's forward run again inside an outer replay (nested
+checkpoints) have no gradients either and stand for nothing: the inner replay does. Its
 forward is not recorded again (its values are those of that call); its backward, where there is
 one, is recorded under that call's name, so a run with recompute pairs record for record with
 one without. None (nothing recorded) when no such call is left: the original's backward is
@@ -44,16 +47,17 @@ class ReplayTable(Generic[C]):
         queue = self._queues.get(key)
         return queue.popleft() if queue else None
 
-    def begins(self, owner: str = "") -> None:
+    def begins(self, owner: Optional[str] = None) -> None:
         """A recompute starts replaying. `owner`: the module whose forward it replays, where
-        the adapter knows it (from the checkpoint's function, or MindSpore's recompute cell).
+        the adapter knows it (from the checkpoint's function, MindSpore's recompute cell, or
+        the module a checkpointed plain function was called in: "" for the root).
         A checkpoint may wrap a module's forward function, not its call (transformers'
         GradientCheckpointingLayer, MindSpore's Cell.recompute): the module's hooks do not run
         in the replay, and the calls it makes itself outside its submodules are that module's;
-        with no owner given, that module is taken as the parent of the first replayed
+        with no owner given (None), that module is taken as the parent of the first replayed
         submodule (`module_replayed`)."""
-        self.owner = owner
-        self._owner_known = bool(owner)
+        self.owner = owner or ""
+        self._owner_known = owner is not None
 
     def module_replayed(self, path: str, outside_modules: bool) -> None:
         """A replayed module starts; `outside_modules`: no other module of the replay is

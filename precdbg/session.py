@@ -274,12 +274,17 @@ class Session:
         return n
 
     def begin_api(self, prefix: str, api: str, watched: bool = True,
-                  replay: bool = False) -> Optional[Call]:
+                  replay: bool = False, replayable: bool = True) -> Optional[Call]:
         """An API call starts; returns the Call to record into, or None when not captured.
         `watched`: its backward is watched now (gradients were enabled). `replay`: the call
-        re-runs an earlier forward call (activation recompute): see `precdbg.replay`."""
+        re-runs an earlier forward call (activation recompute): see `precdbg.replay`.
+        `replayable`: a call not watched may be re-run by a later replay (it runs in an
+        activation checkpoint's forward; False for other calls without gradients, such as an
+        evaluation forward, which a replay must not stand for; True where not known)."""
         module = self.owning_module
         if replay:       # outside every module of the replay: the module it replays
+            if not watched:      # no backward to give (a checkpoint's forward in a replay):
+                return None      # the call stays for the replay that has one
             return self._replays.replayed(("api", module or self._replays.owner, prefix, api))
         index = self._count((prefix, api))
         forward = api_entry(prefix, api, index, "forward")
@@ -290,17 +295,18 @@ class Session:
             call = Call(_API, prefix, api, canonical_op(api), module, index,
                         self._order, self.phase, self._stack_id(), self._stores(forward, api),
                         forward)
-        if not watched:
+        if not watched and replayable:
             self._replays.not_watched(("api", module, prefix, api), call)
         return call
 
     def begin_module(self, prefix: str, path: str, cls: str, watched: bool = True,
-                     replay: bool = False) -> Tuple[Optional[Call], bool]:
+                     replay: bool = False, replayable: bool = True
+                     ) -> Tuple[Optional[Call], bool]:
         """A module call starts: (Call or None, whether the module selects its whole subtree).
-        `watched` and `replay` as for `begin_api`."""
+        `watched`, `replay` and `replayable` as for `begin_api`."""
         if replay:
             self._replays.module_replayed(path, not self._module_stack)
-            return (self._replays.replayed(("module", prefix, path, cls)),
+            return (self._replays.replayed(("module", prefix, path, cls)) if watched else None,
                     self.filter.module_selects_subtree(module_entry(prefix, path, cls, "forward",
                                                                     0), cls, path))
         index = self._count((prefix, path))
@@ -314,12 +320,13 @@ class Session:
             call = Call(_MODULE, prefix, cls, canonical_op(cls), path, index,
                         self._order, self.phase, self._stack_id(), self._stores(forward, cls),
                         forward)
-        if not watched:
+        if not watched and replayable:
             self._replays.not_watched(("module", prefix, path, cls), call)
         return call, subtree
 
-    def replay_begins(self, owner: str = "") -> None:
-        """A recompute starts replaying; `owner`: the module it replays ("" when not known)."""
+    def replay_begins(self, owner: Optional[str] = None) -> None:
+        """A recompute starts replaying; `owner`: the module it replays (None when not known,
+        "" for the root)."""
         self._replays.begins(owner)
 
     def param_call(self, path: str, kind: str = RecordKind.PARAM_GRAD.value, owner_cls: str = "",

@@ -237,7 +237,7 @@ class MindSporeAdapter(BaseInstrumentor):
         if not self.installed:
             return run(*args)
         self.run_guarded(self.session.replay_begins, "starting a recompute",
-                         self.module_path(owners))
+                         self.module_path(owners) or None)
         replay = self._replay
         replay.begin()
         try:

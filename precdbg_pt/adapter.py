@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import sys
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
@@ -21,7 +22,8 @@ from precdbg.schema import Direction, Role
 from . import compiled, plumbing, tensors
 from .api import CaptureMode, ModeHandle, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
-from .recompute import ENGINE, REPLAY, RecomputeDetector
+from .recompute import (ENGINE, REPLAY, RecomputeDetector, checkpoint_patches,
+                        in_checkpoint_forward, note_owner)
 from .training_state import watch_training_state
 
 __all__ = ["TorchAdapter"]
@@ -90,7 +92,7 @@ class _ModuleHooks:
         try:
             with _Guard(adapter):
                 call, subtree = session.begin_module("Module", self.path, self.cls, grad_on,
-                                                     replay)
+                                                     replay, not grad_on and adapter.replayable())
                 session.enter_module(self.path, subtree)
                 targets: Optional[list] = None
                 if call is not None:
@@ -275,7 +277,8 @@ class TorchAdapter(BaseInstrumentor):
         from torch.optim import optimizer as opt
         self.hold(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self.hold(opt.register_optimizer_step_post_hook(self._optimizer_post))
-        for patch in watch_training_state(self) + plumbing.plumbing_patches(self):
+        for patch in (watch_training_state(self) + plumbing.plumbing_patches(self)
+                      + checkpoint_patches(self)):
             self.hold(patch)
         cfg = session.config
         # API calls are dumped: every torch call goes through the mode (at level module
@@ -288,9 +291,34 @@ class TorchAdapter(BaseInstrumentor):
         self._mode = None
         self._recompute.forget()
 
-    def _replay_begins(self, replayed: List[Any]) -> None:
+    def _replay_begins(self, replayed: List[Any], forward_owner: Optional[str]) -> None:
         if self.session is not None:
-            self.session.replay_begins(self.module_path(replayed))
+            self.session.replay_begins(self.module_path(replayed) or forward_owner)
+
+    # ------------------------------------------------------------------ checkpoints
+    def replayable(self) -> bool:
+        """Whether a call not watched (asked only then) may be re-run by a recompute's
+        replay: the backward is captured and the call runs in an activation checkpoint's
+        forward (read off the stack)."""
+        if not self.session.filter.keeps_backward:
+            return False
+        return in_checkpoint_forward(sys._getframe(2))
+    def checkpoint_forward(self, ctx: Any) -> None:
+        """A checkpoint's forward starts (precdbg_pt.recompute.checkpoint_patches): its ctx
+        keeps the module it runs in, the owner of what its replay re-runs."""
+        if self.installed and not self.busy and self.session is not None:
+            note_owner(ctx, self.session.owning_module)
+
+    def replay_entered(self) -> bool:
+        """A checkpoint's replay starts inside backward: the capture mode goes back on torch's
+        stack for it (True when it was put back now)."""
+        if not self.installed or self.paused or self._mode is None:
+            return False
+        return self._mode.enter_replay()
+
+    def replay_left(self, put_back: bool) -> None:
+        if put_back and self._mode is not None:
+            self._mode.leave_replay()
 
     def engine_returned(self) -> None:
         """An engine entry (backward, autograd.grad) returned: a replay's mode comes off."""
@@ -317,7 +345,8 @@ class TorchAdapter(BaseInstrumentor):
         replay = where == REPLAY     # activation recompute: its backward only
         try:
             with _Guard(self):
-                call = session.begin_api(ident[0], ident[1], grad_on, replay)
+                call = session.begin_api(ident[0], ident[1], grad_on, replay,
+                                         not grad_on and self.replayable())
                 if call is not None:
                     inputs, values = call_args(args, kwargs)
                     if not replay:

@@ -168,16 +168,17 @@ class ModeHandle:
             self.suspended = False
             _push_mode(self.mode)
 
-    def enter_replay(self) -> None:
+    def enter_replay(self) -> bool:
         """Put the mode back on the stack for a replayed forward (activation recompute inside
         backward, which runs under the mode's own handler, so without it): until the engine
         entry that runs it returns (`leave_replay`, called by CaptureMode; the engine also puts
-        the stack back as it was when its graph task ends)."""
+        the stack back as it was when its graph task ends). True when it was put back now."""
         size = _stack_size()
         if self.suspended or (size and _stack_at(size - 1) is self.mode):
-            return
+            return False
         _push_mode(self.mode)
         self.replaying = True
+        return True
 
     def leave_replay(self) -> None:
         if self.replaying:

@@ -25,6 +25,11 @@ recompute frame also says which module is replayed (`replayed_functions`). What 
 call records is the core's rule (`precdbg.replay`). Other torch calls
 the engine runs (a custom Function's backward, a hook) are backward work, not forward calls: the
 adapter lets them through unrecorded (ENGINE), however backward was entered.
+
+Backward runs without the capture mode on torch's stack: a replay's calls are seen once the
+mode is back. A replayed module's hook puts it back; for a checkpointed plain function (no
+module in it) the checkpoint's replay entry does (`checkpoint_patches`), and the module its
+forward was called in, noted on its ctx then, is the owner of what it replays (`forward_owner`).
 """
 from __future__ import annotations
 
@@ -33,8 +38,11 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
+from precdbg.instrumentor import ClassPatch
+
 __all__ = ["RecomputeDetector", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES",
-           "replayed_functions"]
+           "replayed_functions", "forward_owner", "note_owner", "checkpoint_patches",
+           "in_checkpoint_forward"]
 
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 _RECOMPUTE_FUNCTIONS = frozenset({"recompute_fn", "_recompute", "recompute", "backward",
@@ -61,6 +69,25 @@ def _recompute_frame(frame: Any) -> Optional[Any]:
     return None
 
 
+def in_checkpoint_forward(frame: Any) -> bool:
+    """Whether `frame` runs inside the forward of a reentrant activation checkpoint (a
+    `forward` of a class whose qualified name mentions a checkpoint: torch's, Megatron's,
+    MindSpeed's and DeepSpeed's `CheckpointFunction` and their output-discarding variants),
+    whose calls, run without gradients, a replay re-runs in backward. A checkpoint none of
+    whose inputs needs a gradient (`ctx.needs_input_grad`) has no backward: one run under
+    no_grad (an evaluation forward), or nested in another's forward, whose replay then runs it
+    again. Asked only for calls that run without gradients."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "forward" and "checkpoint" in (
+                getattr(code, "co_qualname", None) or code.co_filename).lower():
+            needs = getattr(frame.f_locals.get("ctx"), "needs_input_grad", None)
+            if needs is None or any(needs):  # else an outer checkpoint may replay this one
+                return True
+        frame = frame.f_back
+    return False
+
+
 def replayed_functions(frame: Any) -> List[Any]:
     """What a recompute frame replays, outermost first: the checkpoint's function
     (`ctx.run_function` of a reentrant CheckpointFunction, Megatron's and MindSpeed's too;
@@ -83,6 +110,77 @@ def replayed_functions(frame: Any) -> List[Any]:
     return out
 
 
+_OWNER_ATTR = "_precdbg_owner"      # on a checkpoint's ctx: the module its forward ran in
+
+
+def forward_owner(frame: Any) -> Optional[str]:
+    """The module whose forward called the checkpoint a recompute frame replays (noted on the
+    checkpoint's ctx by `checkpoint_patches`; None when not noted)."""
+    local = frame.f_locals
+    ctx = local.get("ctx")
+    if ctx is None:
+        ctx = getattr(local.get("self"), "ctx", None)   # Megatron's CheckpointWithoutOutput
+    return getattr(ctx, _OWNER_ATTR, None)
+
+
+def note_owner(ctx: Any, module: str) -> None:
+    """Keep on a checkpoint's ctx the module its forward runs in (see `forward_owner`)."""
+    try:
+        setattr(ctx, _OWNER_ATTR, module)
+    except (AttributeError, TypeError):     # a ctx that takes no attributes: owner unknown
+        pass
+
+
+# Checkpoint implementations whose forward runs a function without gradients and whose replay
+# runs it again inside backward: (module, class, forward, replay). The forward notes on its ctx
+# the module it runs in; the replay puts the capture mode back on torch's stack, so the calls it
+# re-runs are seen from its first, not from its first submodule's hook (a checkpointed plain
+# function, as Megatron's and MindSpeed's activation-function recompute use, has none). Patched
+# only where the module is imported already (nothing is imported for it).
+_CHECKPOINTS = (
+    ("torch.utils.checkpoint", "CheckpointFunction", "forward", "backward"),
+    ("megatron.core.tensor_parallel.random", "CheckpointFunction", "forward", "backward"),
+    ("megatron.core.tensor_parallel.random", "CheckpointWithoutOutputFunction", "forward", ""),
+    ("megatron.core.tensor_parallel.random", "CheckpointWithoutOutput", "", "_recompute"),
+    ("mindspeed.core.tensor_parallel.random", "CheckpointFunctionWithoutOutput", "forward", ""),
+    ("mindspeed.core.tensor_parallel.random", "CheckpointWithoutOutput", "", "_recompute"),
+    ("deepspeed.runtime.activation_checkpointing.checkpointing", "CheckpointFunction",
+     "forward", "backward"),
+)
+def _wrapped(original: Any, before: Callable[[tuple], Any],
+             after: Callable[[Any], None]) -> Any:
+    """`original` (a function or staticmethod) with `before(args)` run first and `after` of
+    its answer run once it returns or raises; a staticmethod stays one."""
+    static = isinstance(original, staticmethod)
+    function = original.__func__ if static else original
+
+    def checkpoint_entry(*args: Any, **kwargs: Any) -> Any:
+        token = before(args)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            after(token)
+    return staticmethod(checkpoint_entry) if static else checkpoint_entry
+
+
+def checkpoint_patches(adapter: Any) -> List[ClassPatch]:
+    """The patches of `_CHECKPOINTS` for the adapter (its `checkpoint_forward(ctx)` and
+    `replay_entered()` / `replay_left(token)`), for the implementations imported now."""
+    patches: List[ClassPatch] = []
+    for module_name, class_name, forward, replay in _CHECKPOINTS:
+        owner = getattr(sys.modules.get(module_name), class_name, None)
+        if not isinstance(owner, type):
+            continue
+        if forward and callable(getattr(owner, forward, None)):
+            patches.append(ClassPatch(owner, forward, lambda original: _wrapped(
+                original, lambda args: adapter.checkpoint_forward(args[0] if args else None),
+                lambda token: None)))
+        if replay and callable(getattr(owner, replay, None)):
+            patches.append(ClassPatch(owner, replay, lambda original: _wrapped(
+                original, lambda args: adapter.replay_entered(), adapter.replay_left)))
+    return patches
+
+
 FORWARD, REPLAY, ENGINE = 0, 1, 2     # where a call runs: see RecomputeDetector.where
 
 
@@ -93,10 +191,11 @@ class RecomputeDetector:
     the node it holds (at uninstall)."""
     __slots__ = ("_node", "_answer", "_replay_begins")
 
-    def __init__(self, replay_begins: Callable[[List[Any]], None]) -> None:
+    def __init__(self, replay_begins: Callable[[List[Any], Optional[str]], None]) -> None:
         self._node: Optional[Any] = None
         self._answer = ENGINE
-        # called when a replay starts (a new node), with `replayed_functions` of it
+        # called when a replay starts (a new node), with `replayed_functions` and
+        # `forward_owner` of it
         self._replay_begins = replay_begins
 
     def where(self) -> int:
@@ -108,7 +207,7 @@ class RecomputeDetector:
             frame = _recompute_frame(sys._getframe(1))
             self._answer = ENGINE if frame is None else REPLAY
             if frame is not None:
-                self._replay_begins(replayed_functions(frame))
+                self._replay_begins(replayed_functions(frame), forward_owner(frame))
         return self._answer
 
     def forget(self) -> None:

@@ -1,8 +1,11 @@
 """The guides' pattern on a small residual model with activation recompute (used by
 tests/test_recompute.py): `python recompute_guide.py HOW BACKWARD CONFIG` where HOW is `none`,
-`reentrant` or `nonreentrant` (torch.utils.checkpoint around each block's call), or `inner` (a
+`reentrant` or `nonreentrant` (torch.utils.checkpoint around each block's call), `inner` (a
 reentrant checkpoint of the block's body inside its forward, as transformers' checkpointing
-layers do: the block's hooks run outside the checkpoint, its own calls inside) and BACKWARD is
+layers do: the block's hooks run outside the checkpoint, its own calls inside), or `function`
+/ `function_nonreentrant` (a checkpoint of a plain function, no module in it, inside the block:
+the activation recompute of Megatron and MindSpeed), or `nested` (`reentrant` around blocks
+that are `function` inside) and BACKWARD is
 `method` (loss.backward()) or `engine` (torch.autograd.backward(loss), as Megatron calls it).
 Each block also runs a custom autograd Function whose backward calls torch functions. Prints one
 JSON line: the losses and precdbg's failure count."""
@@ -32,35 +35,44 @@ class ScaledTanh(torch.autograd.Function):
         return grad * 0.5 * (1 - y * y)
 
 
+def activation(h):
+    """A plain function: the block's activation, checkpointed on its own in `function` runs."""
+    return ScaledTanh.apply(torch.nn.functional.gelu(h))
+
+
 class Block(torch.nn.Module):
-    def __init__(self, inner: bool) -> None:
+    def __init__(self, how: str) -> None:
         super().__init__()
         self.norm = torch.nn.LayerNorm(16)
         self.fc = torch.nn.Linear(16, 16)
-        self.inner = inner
+        self.how = how
 
     def forward(self, x):
-        if self.inner:    # the checkpoint inside: the block's own hooks run outside it
+        if self.how == "inner":   # the checkpoint inside: the block's own hooks run outside it
             return checkpoint(self.body, x, use_reentrant=True)
         return self.body(x)
 
     def body(self, x):
-        return x + ScaledTanh.apply(self.fc(self.norm(x)))
+        h = self.fc(self.norm(x))
+        if self.how.startswith("function") or self.how == "nested":
+            reentrant = self.how != "function_nonreentrant"
+            return x + checkpoint(activation, h, use_reentrant=reentrant)
+        return x + activation(h)
 
 
 class Net(torch.nn.Module):
     def __init__(self, how: str) -> None:
         super().__init__()
         self.how = how
-        self.blocks = torch.nn.ModuleList(Block(how == "inner") for _ in range(3))
+        self.blocks = torch.nn.ModuleList(Block(how) for _ in range(3))
         self.head = torch.nn.Linear(16, 4)
 
     def forward(self, x):
         for block in self.blocks:
-            if self.how in ("none", "inner"):
+            if self.how not in ("reentrant", "nonreentrant", "nested"):
                 x = block(x)
             else:
-                x = checkpoint(block, x, use_reentrant=self.how == "reentrant")
+                x = checkpoint(block, x, use_reentrant=self.how != "nonreentrant")
         return self.head(x)
 
 

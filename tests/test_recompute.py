@@ -13,7 +13,7 @@ backward makes are backward work: not recorded as forward calls, whether backwar
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -43,16 +43,19 @@ def plain(tmp_path_factory: Any) -> Dict[str, Any]:
     return _run(tmp_path_factory.mktemp("plain"), "none")
 
 
-@pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner"])
+@pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner", "function",
+                                 "function_nonreentrant", "nested"])
 def test_recompute_run_pairs_with_the_run_without(tmp_path: Any, how: str,
                                                   plain: Dict[str, Any]) -> None:
     run = _run(tmp_path, how)
     assert_same_run(plain, run)
     entries, directions = _entries(run["dump"])
     assert not any("_set_grad_enabled" in e for e in entries)
-    # the blocks' calls have their backward records (names of the forward calls they replay)
+    # the blocks' calls have their backward records (names of the forward calls they replay),
+    # the checkpointed plain function's too (gelu: the first call of its replay)
     for name in ("Functional.layer_norm.0.backward", "Functional.linear.2.backward",
-                 "Module.blocks.1.Block.backward.0"):
+                 "Module.blocks.1.Block.backward.0", "Functional.gelu.0.backward",
+                 "Functional.gelu.2.backward"):
         assert name in set(entries[directions == "backward"]), name
 
 
@@ -66,12 +69,13 @@ def test_backward_entered_through_the_engine_records_the_same(tmp_path: Any,
     assert not any(e.startswith("Tensor.rsub") for e in a[0])
 
 
-@pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner"])
+@pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner", "function"])
 def test_the_replayed_module_is_named_from_the_checkpoint(tmp_path: Any, how: str,
                                                           monkeypatch: Any) -> None:
     """The checkpoint's own function says which module a replay re-runs (`checkpoint(block)`,
-    `checkpoint(self.body)`): the session is told its path when the replay starts, not left
-    to guess it from the first replayed submodule."""
+    `checkpoint(self.body)`), or, for a plain function, the module its forward was called in:
+    the session is told its path when the replay starts, not left to guess it from the first
+    replayed submodule (a plain function may have none)."""
     import torch
     from precdbg.session import Session
     from precdbg_pt import PrecisionDebugger
@@ -92,3 +96,33 @@ def test_the_replayed_module_is_named_from_the_checkpoint(tmp_path: Any, how: st
     debugger.step()
     assert debugger.close()
     assert owners == ["blocks.2", "blocks.1", "blocks.0"], owners
+
+
+def _backward_entries_after_an_evaluation(root: Any, how: str) -> List[str]:
+    import torch
+    from precdbg_pt import PrecisionDebugger
+    from recompute_guide import Net
+
+    torch.manual_seed(0)
+    model = Net(how)
+    x, held_out = torch.randn(4, 16, requires_grad=True), torch.randn(4, 16)
+    debugger = PrecisionDebugger(dump_path=str(root / how), task="statistics", level="mix")
+    debugger.start(model)
+    with torch.no_grad():
+        model(held_out)          # an evaluation forward in the captured step, checkpoints too
+    model(x).square().mean().backward()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and debugger.failures == 0
+    entries, directions = _entries(str(root / how))
+    return sorted(set(entries[directions == "backward"]))
+
+
+@pytest.mark.parametrize("how", ["reentrant", "function", "nested"])
+def test_an_evaluation_forward_is_not_what_a_replay_stands_for(tmp_path: Any, how: str) -> None:
+    """Calls without gradients outside a checkpoint that has a backward (an evaluation
+    forward under no_grad, its checkpoints included) are not replayed: the replay's backward
+    records carry the training forward's names, as in the run without recompute."""
+    expected = _backward_entries_after_an_evaluation(tmp_path, "none")
+    assert "Module.blocks.0.Block.backward.1" in expected      # the second call: training's
+    assert _backward_entries_after_an_evaluation(tmp_path, how) == expected
