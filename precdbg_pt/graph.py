@@ -42,78 +42,104 @@ class _DxState:
         self.partial: List[Optional[torch.Tensor]] = [None] * n
 
 
+_ACCUMULATE_GRAD: List[Optional[type]] = [None]    # AccumulateGrad's class, once one is met
+
+
+def _leaf_of(node: Any) -> Optional[torch.Tensor]:
+    """The leaf tensor an AccumulateGrad node accumulates into (None for other nodes)."""
+    cls = type(node)
+    known = _ACCUMULATE_GRAD[0]
+    if known is None:
+        if cls.__name__ != "AccumulateGrad":
+            return None
+        known = _ACCUMULATE_GRAD[0] = cls
+    return node.variable if cls is known else None
+
+
 def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
                    outputs: Sequence[Tuple[int, str, torch.Tensor]], node_limit: int) -> bool:
     """Hook dy of every output and dx of every target of `call`; the hooks record through
     `adapter.session.capture`, guarded by `adapter.Guard`, and are held by `adapter.hold`.
     Returns False when the call is an identity on its input (its output *is* an input), which
-    has no backward of its own."""
+    has no backward of its own. Nodes are keys themselves (a node's Python object stays the
+    same while it is held): asked for every captured call whose backward is watched."""
     # a tensor passed as several arguments (torch.mul(x, x)) is several targets: its k-th edge
     # found in the graph goes to its k-th argument (extra edges sum into the last one)
-    node_of_target: Dict[Tuple[int, int], List[int]] = {}
-    leaf_of_target: Dict[int, List[int]] = {}
+    node_targets: Dict[Tuple[Any, int], List[int]] = {}
+    leaf_targets: Dict[int, List[int]] = {}
     for i, (_, _, node, nr, leaf) in enumerate(targets):
         if node is not None:
-            node_of_target.setdefault((id(node), nr), []).append(i)
+            hits = node_targets.get((node, nr))
+            if hits is None:
+                node_targets[(node, nr)] = [i]
+            else:
+                hits.append(i)
         else:
-            leaf_of_target.setdefault(id(leaf), []).append(i)
-    target_nodes = {key[0] for key in node_of_target}
-    by_node: Dict[int, Tuple[Any, List[Tuple[int, int, str]]]] = {}
+            hits = leaf_targets.get(id(leaf))
+            if hits is None:
+                leaf_targets[id(leaf)] = [i]
+            else:
+                hits.append(i)
+    target_nodes = {key[0] for key in node_targets}
+    by_node: Dict[Any, List[Tuple[int, int, str]]] = {}
     for index, key, t in outputs:
         node = t.grad_fn
         if node is None:
             continue
-        if id(node) in target_nodes:
+        if node in target_nodes:
             return False
-        found = by_node.get(id(node))
-        if found is None:
-            by_node[id(node)] = (node, [(t.output_nr, index, key)])
+        outs = by_node.get(node)
+        if outs is None:
+            by_node[node] = [(t.output_nr, index, key)]
         else:
-            found[1].append((t.output_nr, index, key))
+            outs.append((t.output_nr, index, key))
     if not by_node:
         return True
     hold = adapter.hold
     if not targets:
-        for node, outs in by_node.values():
+        for node, outs in by_node.items():
             hold(node.register_prehook(DyHook(adapter, call, outs)))
         return True
     state = _DxState(len(targets))
-    edges: Dict[int, Tuple[Any, List[Tuple[int, int]]]] = {}
-    edges_found: Dict[int, int] = {}
-    stack = [node for node, _ in by_node.values()]
+    expected = state.expected
+    edges: Dict[Any, List[Tuple[int, int]]] = {}
+    edges_found: Dict[int, int] = {}          # per target list (its first index): edges met
+    stack = list(by_node)
     visited = set()
     while stack and len(visited) < node_limit:
         node = stack.pop()
-        if id(node) in visited:
+        if node in visited:
             continue
-        visited.add(id(node))
+        visited.add(node)
         for position, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
-            hits = node_of_target.get((id(nxt), nr))
-            if hits is None and leaf_of_target and type(nxt).__name__ == "AccumulateGrad":
-                hits = leaf_of_target.get(id(nxt.variable))
+            hits = node_targets.get((nxt, nr)) if node_targets else None
+            if hits is None and leaf_targets:
+                leaf = _leaf_of(nxt)
+                if leaf is not None:
+                    hits = leaf_targets.get(id(leaf))
             if hits is not None:
-                k = edges_found.get(id(hits), 0)
-                edges_found[id(hits)] = k + 1
-                ti = hits[min(k, len(hits) - 1)]
-                found_edges = edges.get(id(node))
-                if found_edges is None:
-                    edges[id(node)] = (node, [(position, ti)])
+                k = edges_found.get(hits[0], 0)
+                edges_found[hits[0]] = k + 1
+                ti = hits[k] if k < len(hits) else hits[-1]
+                node_edges = edges.get(node)
+                if node_edges is None:
+                    edges[node] = [(position, ti)]
                 else:
-                    found_edges[1].append((position, ti))
-                state.expected[ti] += 1
-            elif id(nxt) not in target_nodes and id(nxt) not in visited:
+                    node_edges.append((position, ti))
+                expected[ti] += 1
+            elif nxt not in target_nodes and nxt not in visited:
                 stack.append(nxt)
     # a node that received an output's dy and sends dx to an input (most API calls are one
     # node) gets one hook for both: its post-hook sees the gradients it consumed and produced
-    for key, (node, outs) in by_node.items():
-        node_edges = edges.pop(key, None)
+    for node, outs in by_node.items():
+        node_edges = edges.pop(node, None)
         if node_edges is None:
             hold(node.register_prehook(DyHook(adapter, call, outs)))
         else:
-            hold(node.register_hook(DxHook(adapter, call, outs, node_edges[1], state, targets)))
-    for node, node_edges in edges.values():
+            hold(node.register_hook(DxHook(adapter, call, outs, node_edges, state, targets)))
+    for node, node_edges in edges.items():
         hold(node.register_hook(DxHook(adapter, call, None, node_edges, state, targets)))
     return True
 
