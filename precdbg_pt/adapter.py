@@ -306,19 +306,32 @@ class TorchAdapter(BaseInstrumentor):
     def checkpoint_forward(self, ctx: Any) -> None:
         """A checkpoint's forward starts (precdbg_pt.recompute.checkpoint_patches): its ctx
         keeps the module it runs in, the owner of what its replay re-runs."""
-        if self.installed and not self.busy and self.session is not None:
-            note_owner(ctx, self.session.owning_module)
+        session = self.session
+        if self.installed and not self.busy and session is not None:
+            try:
+                note_owner(ctx, session.owning_module)
+            except Exception as exc:  # noqa: BLE001 - never raise into training
+                session.hook_failed(exc, "a checkpoint's forward")
 
     def replay_entered(self) -> bool:
         """A checkpoint's replay starts inside backward: the capture mode goes back on torch's
         stack for it (True when it was put back now)."""
-        if not self.installed or self.paused or self._mode is None:
+        session, mode = self.session, self._mode
+        if not self.installed or self.paused or mode is None or session is None:
             return False
-        return self._mode.enter_replay()
+        try:
+            return mode.enter_replay()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, "starting a checkpoint's replay")
+            return False
 
     def replay_left(self, put_back: bool) -> None:
-        if put_back and self._mode is not None:
-            self._mode.leave_replay()
+        session, mode = self.session, self._mode
+        if put_back and mode is not None and session is not None:
+            try:
+                mode.leave_replay()
+            except Exception as exc:  # noqa: BLE001 - never raise into training
+                session.hook_failed(exc, "ending a checkpoint's replay")
 
     def engine_returned(self) -> None:
         """An engine entry (backward, autograd.grad) returned: a replay's mode comes off."""

@@ -126,3 +126,36 @@ def test_an_evaluation_forward_is_not_what_a_replay_stands_for(tmp_path: Any, ho
     expected = _backward_entries_after_an_evaluation(tmp_path, "none")
     assert "Module.blocks.0.Block.backward.1" in expected      # the second call: training's
     assert _backward_entries_after_an_evaluation(tmp_path, how) == expected
+
+
+def test_a_failing_replay_entry_never_reaches_training(tmp_path: Any, monkeypatch: Any) -> None:
+    """The checkpoint patches run precdbg's code inside torch's checkpoint: what it raises is
+    counted as a failure, and the checkpoint runs (and its gradients come out) as without it."""
+    import torch
+    from precdbg_pt import PrecisionDebugger
+    from precdbg_pt.api import ModeHandle
+    from recompute_guide import Net
+
+    def grads(debugger: Any) -> List[Any]:
+        torch.manual_seed(0)
+        model = Net("function")
+        x = torch.randn(4, 16, requires_grad=True)
+        if debugger is not None:
+            debugger.start(model)
+        model(x).square().mean().backward()
+        if debugger is not None:
+            debugger.stop()
+            debugger.step()
+        return [p.grad.clone() for p in model.parameters()]
+
+    expected = grads(None)
+
+    def broken(self: Any) -> bool:
+        raise RuntimeError("injected")
+    monkeypatch.setattr(ModeHandle, "enter_replay", broken)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), task="statistics",
+                                 level="mix")
+    got = grads(debugger)
+    assert debugger.failures >= 1
+    assert debugger.close()
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
