@@ -147,6 +147,8 @@ _CHECKPOINTS = (
     ("deepspeed.runtime.activation_checkpointing.checkpointing", "CheckpointFunction",
      "forward", "backward"),
 )
+
+
 def _wrapped(original: Any, before: Callable[[tuple], Any],
              after: Callable[[Any], None]) -> Any:
     """`original` (a function or staticmethod) with `before(args)` run first and `after` of
@@ -167,10 +169,12 @@ def checkpoint_patches(adapter: Any) -> List[ClassPatch]:
     """The patches of `_CHECKPOINTS` for the adapter (its `checkpoint_forward(ctx)` and
     `replay_entered()` / `replay_left(token)`), for the implementations imported now."""
     patches: List[ClassPatch] = []
+    done = set()                # a class one module re-exports from another is patched once
     for module_name, class_name, forward, replay in _CHECKPOINTS:
         owner = getattr(sys.modules.get(module_name), class_name, None)
-        if not isinstance(owner, type):
+        if not isinstance(owner, type) or owner in done:
             continue
+        done.add(owner)
         if forward and callable(getattr(owner, forward, None)):
             patches.append(ClassPatch(owner, forward, lambda original: _wrapped(
                 original, lambda args: adapter.checkpoint_forward(args[0] if args else None),
