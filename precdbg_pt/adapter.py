@@ -22,8 +22,8 @@ from precdbg.schema import Direction, Role
 from . import compiled, plumbing, tensors
 from .api import CaptureMode, ModeHandle, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
-from .recompute import (ENGINE, REPLAY, RecomputeDetector, checkpoint_patches,
-                        in_checkpoint_forward, note_owner)
+from .recompute import (ENGINE, REPLAY, RecomputeDetector, checkpoint_context,
+                        checkpoint_patches, note_owner)
 from .training_state import watch_training_state
 
 __all__ = ["TorchAdapter"]
@@ -167,6 +167,24 @@ class _GradHolderHook(GuardedHook):
         return f"gradient of {self.path}"
 
 
+class _ReplayHooks:
+    """The pre-hook and hook of a reentrant checkpoint's node (one object, two bound methods):
+    its backward replays its forward, with the capture mode back on torch's stack."""
+    __slots__ = ("adapter", "put_back")
+
+    def __init__(self, adapter: "TorchAdapter") -> None:
+        self.adapter, self.put_back = adapter, False
+
+    def enter(self, grad_outputs: Any) -> None:
+        self.put_back = self.adapter.replay_entered()
+        return None
+
+    def leave(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        put_back, self.put_back = self.put_back, False
+        self.adapter.replay_left(put_back)
+        return None
+
+
 class TorchAdapter(BaseInstrumentor):
     """Owner of every hook, mode and handle precdbg puts into torch."""
     framework = "pytorch"
@@ -298,20 +316,20 @@ class TorchAdapter(BaseInstrumentor):
     # ------------------------------------------------------------------ checkpoints
     def replayable(self) -> bool:
         """Whether a call not watched (asked only then) may be re-run by a recompute's
-        replay: the backward is captured and the call runs in an activation checkpoint's
-        forward (read off the stack)."""
+        replay: the backward is captured and the call runs in the forward of an activation
+        checkpoint with a backward (read off the stack). At the first such call of a
+        checkpoint, its ctx keeps the module it runs in (the owner of what its replay re-runs)
+        and gets the hooks that put the capture mode back for its replay."""
         if not self.session.filter.keeps_backward:
             return False
-        return in_checkpoint_forward(sys._getframe(2))
-    def checkpoint_forward(self, ctx: Any) -> None:
-        """A checkpoint's forward starts (precdbg_pt.recompute.checkpoint_patches): its ctx
-        keeps the module it runs in, the owner of what its replay re-runs."""
-        session = self.session
-        if self.installed and not self.busy and session is not None:
-            try:
-                note_owner(ctx, session.owning_module)
-            except Exception as exc:  # noqa: BLE001 - never raise into training
-                session.hook_failed(exc, "a checkpoint's forward")
+        ctx = checkpoint_context(sys._getframe(2))
+        if ctx is None:
+            return False
+        if note_owner(ctx, self.session.owning_module):
+            hooks = _ReplayHooks(self)
+            self.hold(ctx.register_prehook(hooks.enter))
+            self.hold(ctx.register_hook(hooks.leave))
+        return True
 
     def replay_entered(self) -> bool:
         """A checkpoint's replay starts inside backward: the capture mode goes back on torch's

@@ -28,8 +28,11 @@ adapter lets them through unrecorded (ENGINE), however backward was entered.
 
 Backward runs without the capture mode on torch's stack: a replay's calls are seen once the
 mode is back. A replayed module's hook puts it back; for a checkpointed plain function (no
-module in it) the checkpoint's replay entry does (`checkpoint_patches`), and the module its
-forward was called in, noted on its ctx then, is the owner of what it replays (`forward_owner`).
+module in it) hooks on the checkpoint's ctx do, set at the first call of its forward (the
+adapter's `replayable`, `checkpoint_context`), or a patch of the replay function of
+Megatron's and MindSpeed's output-discarding checkpoints (`checkpoint_patches`). The module the
+checkpoint's forward was called in, noted on its ctx then, owns what it replays
+(`forward_owner`).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from precdbg.instrumentor import ClassPatch
 
 __all__ = ["RecomputeDetector", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES",
            "replayed_functions", "forward_owner", "note_owner", "checkpoint_patches",
-           "in_checkpoint_forward"]
+           "checkpoint_context", "UNKNOWN_CONTEXT"]
 
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 _RECOMPUTE_FUNCTIONS = frozenset({"recompute_fn", "_recompute", "recompute", "backward",
@@ -69,23 +72,27 @@ def _recompute_frame(frame: Any) -> Optional[Any]:
     return None
 
 
-def in_checkpoint_forward(frame: Any) -> bool:
-    """Whether `frame` runs inside the forward of a reentrant activation checkpoint (a
-    `forward` of a class whose qualified name mentions a checkpoint: torch's, Megatron's,
-    MindSpeed's and DeepSpeed's `CheckpointFunction` and their output-discarding variants),
-    whose calls, run without gradients, a replay re-runs in backward. A checkpoint none of
-    whose inputs needs a gradient (`ctx.needs_input_grad`) has no backward: one run under
-    no_grad (an evaluation forward), or nested in another's forward, whose replay then runs it
+UNKNOWN_CONTEXT = object()     # a checkpoint forward found without a ctx to hook
+
+
+def checkpoint_context(frame: Any) -> Optional[Any]:
+    """The ctx of the reentrant activation checkpoint whose replay will re-run a call made at
+    `frame` (None when there is none): the innermost `forward` of a class whose qualified name
+    mentions a checkpoint (torch's, Megatron's, MindSpeed's, DeepSpeed's `CheckpointFunction`,
+    their output-discarding variants, any other `*Checkpoint*Function`) that has a backward. A
+    checkpoint none of whose inputs needs a gradient (`ctx.needs_input_grad`) has none: one run
+    under no_grad (an evaluation forward), or nested in another's forward, whose replay runs it
     again. Asked only for calls that run without gradients."""
     while frame is not None:
         code = frame.f_code
         if code.co_name == "forward" and "checkpoint" in (
                 getattr(code, "co_qualname", None) or code.co_filename).lower():
-            needs = getattr(frame.f_locals.get("ctx"), "needs_input_grad", None)
+            ctx = frame.f_locals.get("ctx")
+            needs = getattr(ctx, "needs_input_grad", None)
             if needs is None or any(needs):  # else an outer checkpoint may replay this one
-                return True
+                return ctx if ctx is not None else UNKNOWN_CONTEXT
         frame = frame.f_back
-    return False
+    return None
 
 
 def replayed_functions(frame: Any) -> List[Any]:
@@ -115,7 +122,7 @@ _OWNER_ATTR = "_precdbg_owner"      # on a checkpoint's ctx: the module its forw
 
 def forward_owner(frame: Any) -> Optional[str]:
     """The module whose forward called the checkpoint a recompute frame replays (noted on the
-    checkpoint's ctx by `checkpoint_patches`; None when not noted)."""
+    checkpoint's ctx by `note_owner`; None when not noted)."""
     local = frame.f_locals
     ctx = local.get("ctx")
     if ctx is None:
@@ -123,65 +130,51 @@ def forward_owner(frame: Any) -> Optional[str]:
     return getattr(ctx, _OWNER_ATTR, None)
 
 
-def note_owner(ctx: Any, module: str) -> None:
-    """Keep on a checkpoint's ctx the module its forward runs in (see `forward_owner`)."""
+def note_owner(ctx: Any, module: str) -> bool:
+    """Keep on a checkpoint's ctx the module its forward runs in (see `forward_owner`), once:
+    True the first time (the caller hooks the ctx's replay then), False after, or when the ctx
+    takes no attributes."""
+    if ctx is UNKNOWN_CONTEXT or hasattr(ctx, _OWNER_ATTR):
+        return False
     try:
         setattr(ctx, _OWNER_ATTR, module)
     except (AttributeError, TypeError):     # a ctx that takes no attributes: owner unknown
-        pass
+        return False
+    return True
 
 
-# Checkpoint implementations whose forward runs a function without gradients and whose replay
-# runs it again inside backward: (module, class, forward, replay). The forward notes on its ctx
-# the module it runs in; the replay puts the capture mode back on torch's stack, so the calls it
-# re-runs are seen from its first, not from its first submodule's hook (a checkpointed plain
-# function, as Megatron's and MindSpeed's activation-function recompute use, has none). Patched
-# only where the module is imported already (nothing is imported for it).
-_CHECKPOINTS = (
-    ("torch.utils.checkpoint", "CheckpointFunction", "forward", "backward"),
-    ("megatron.core.tensor_parallel.random", "CheckpointFunction", "forward", "backward"),
-    ("megatron.core.tensor_parallel.random", "CheckpointWithoutOutputFunction", "forward", ""),
-    ("megatron.core.tensor_parallel.random", "CheckpointWithoutOutput", "", "_recompute"),
-    ("mindspeed.core.tensor_parallel.random", "CheckpointFunctionWithoutOutput", "forward", ""),
-    ("mindspeed.core.tensor_parallel.random", "CheckpointWithoutOutput", "", "_recompute"),
-    ("deepspeed.runtime.activation_checkpointing.checkpointing", "CheckpointFunction",
-     "forward", "backward"),
+# A reentrant checkpoint replays its function in its own backward: a hook on its ctx (the
+# checkpoint's node), set at the first call of its forward, puts the capture mode back on torch's
+# stack for it (the adapter's `replayable`). The output-discarding variants replay earlier, in a
+# hook on a later tensor: their replay function is patched, where its module is imported
+# already (nothing is imported for it): (module, class, replay function).
+_OUTPUT_DISCARDING = (
+    ("megatron.core.tensor_parallel.random", "CheckpointWithoutOutput", "_recompute"),
+    ("mindspeed.core.tensor_parallel.random", "CheckpointWithoutOutput", "_recompute"),
 )
 
 
-def _wrapped(original: Any, before: Callable[[tuple], Any],
-             after: Callable[[Any], None]) -> Any:
-    """`original` (a function or staticmethod) with `before(args)` run first and `after` of
-    its answer run once it returns or raises; a staticmethod stays one."""
-    static = isinstance(original, staticmethod)
-    function = original.__func__ if static else original
-
-    def checkpoint_entry(*args: Any, **kwargs: Any) -> Any:
-        token = before(args)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            after(token)
-    return staticmethod(checkpoint_entry) if static else checkpoint_entry
-
-
 def checkpoint_patches(adapter: Any) -> List[ClassPatch]:
-    """The patches of `_CHECKPOINTS` for the adapter (its `checkpoint_forward(ctx)` and
-    `replay_entered()` / `replay_left(token)`), for the implementations imported now."""
+    """Patches of the `_OUTPUT_DISCARDING` replays imported now: the adapter's
+    `replay_entered()` before, `replay_left(its answer)` after."""
     patches: List[ClassPatch] = []
     done = set()                # a class one module re-exports from another is patched once
-    for module_name, class_name, forward, replay in _CHECKPOINTS:
+    for module_name, class_name, replay in _OUTPUT_DISCARDING:
         owner = getattr(sys.modules.get(module_name), class_name, None)
-        if not isinstance(owner, type) or owner in done:
+        if not isinstance(owner, type) or owner in done or \
+                not callable(getattr(owner, replay, None)):
             continue
         done.add(owner)
-        if forward and callable(getattr(owner, forward, None)):
-            patches.append(ClassPatch(owner, forward, lambda original: _wrapped(
-                original, lambda args: adapter.checkpoint_forward(args[0] if args else None),
-                lambda token: None)))
-        if replay and callable(getattr(owner, replay, None)):
-            patches.append(ClassPatch(owner, replay, lambda original: _wrapped(
-                original, lambda args: adapter.replay_entered(), adapter.replay_left)))
+
+        def make(original: Any) -> Any:
+            def replay_entry(*args: Any, **kwargs: Any) -> Any:
+                put_back = adapter.replay_entered()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    adapter.replay_left(put_back)
+            return replay_entry
+        patches.append(ClassPatch(owner, replay, make))
     return patches
 
 

@@ -4,8 +4,9 @@ tests/test_recompute.py): `python recompute_guide.py HOW BACKWARD CONFIG` where 
 reentrant checkpoint of the block's body inside its forward, as transformers' checkpointing
 layers do: the block's hooks run outside the checkpoint, its own calls inside), or `function`
 / `function_nonreentrant` (a checkpoint of a plain function, no module in it, inside the block:
-the activation recompute of Megatron and MindSpeed), or `nested` (`reentrant` around blocks
-that are `function` inside) and BACKWARD is
+the activation recompute of Megatron and MindSpeed), `own` (the same through a reentrant
+checkpoint Function of the script's own, as other frameworks write them), or `nested`
+(`reentrant` around blocks that are `function` inside) and BACKWARD is
 `method` (loss.backward()) or `engine` (torch.autograd.backward(loss), as Megatron calls it).
 Each block also runs a custom autograd Function whose backward calls torch functions. Prints one
 JSON line: the losses and precdbg's failure count."""
@@ -35,6 +36,27 @@ class ScaledTanh(torch.autograd.Function):
         return grad * 0.5 * (1 - y * y)
 
 
+class OwnCheckpointFunction(torch.autograd.Function):
+    """A reentrant checkpoint of a framework's own (fairscale's and ColossalAI's have this
+    shape): its forward runs the function without gradients, its backward runs it again with
+    them and differentiates that."""
+
+    @staticmethod
+    def forward(ctx, run_function, *args):
+        ctx.run_function = run_function
+        ctx.save_for_backward(*args)
+        with torch.no_grad():
+            return run_function(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            outputs = ctx.run_function(*inputs)
+        torch.autograd.backward(outputs, grads)
+        return (None, *(t.grad for t in inputs))
+
+
 def activation(h):
     """A plain function: the block's activation, checkpointed on its own in `function` runs."""
     return ScaledTanh.apply(torch.nn.functional.gelu(h))
@@ -54,6 +76,8 @@ class Block(torch.nn.Module):
 
     def body(self, x):
         h = self.fc(self.norm(x))
+        if self.how == "own":
+            return x + OwnCheckpointFunction.apply(activation, h)
         if self.how.startswith("function") or self.how == "nested":
             reentrant = self.how != "function_nonreentrant"
             return x + checkpoint(activation, h, use_reentrant=reentrant)

@@ -117,11 +117,8 @@ def test_class_patch_on_a_module_and_a_refusing_owner():
 # ----------------------------------------------------------------------------- torch
 def _torch_originals() -> dict:
     from torch.optim.lr_scheduler import LRScheduler
-    from torch.utils.checkpoint import CheckpointFunction
     return {"LRScheduler.step": vars(LRScheduler)["step"],
-            "GradScaler.update": vars(torch.amp.GradScaler)["update"],
-            "CheckpointFunction.forward": vars(CheckpointFunction)["forward"],
-            "CheckpointFunction.backward": vars(CheckpointFunction)["backward"]}
+            "GradScaler.update": vars(torch.amp.GradScaler)["update"]}
 
 
 def _torch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:

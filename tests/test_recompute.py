@@ -44,7 +44,7 @@ def plain(tmp_path_factory: Any) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner", "function",
-                                 "function_nonreentrant", "nested"])
+                                 "function_nonreentrant", "own", "nested"])
 def test_recompute_run_pairs_with_the_run_without(tmp_path: Any, how: str,
                                                   plain: Dict[str, Any]) -> None:
     run = _run(tmp_path, how)
@@ -69,7 +69,7 @@ def test_backward_entered_through_the_engine_records_the_same(tmp_path: Any,
     assert not any(e.startswith("Tensor.rsub") for e in a[0])
 
 
-@pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner", "function"])
+@pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner", "function", "own"])
 def test_the_replayed_module_is_named_from_the_checkpoint(tmp_path: Any, how: str,
                                                           monkeypatch: Any) -> None:
     """The checkpoint's own function says which module a replay re-runs (`checkpoint(block)`,
@@ -118,7 +118,7 @@ def _backward_entries_after_an_evaluation(root: Any, how: str) -> List[str]:
     return sorted(set(entries[directions == "backward"]))
 
 
-@pytest.mark.parametrize("how", ["reentrant", "function", "nested"])
+@pytest.mark.parametrize("how", ["reentrant", "function", "own", "nested"])
 def test_an_evaluation_forward_is_not_what_a_replay_stands_for(tmp_path: Any, how: str) -> None:
     """Calls without gradients outside a checkpoint that has a backward (an evaluation
     forward under no_grad, its checkpoints included) are not replayed: the replay's backward
