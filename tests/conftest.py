@@ -174,6 +174,18 @@ def run_guide(folder: Any, args: Sequence[str], env: Optional[Dict[str, str]] = 
     return out
 
 
+def run_variant(root: Any, script: str, *args: str, level: str = "mix",
+                env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """`run_guide` of one variant of a guide script (`script ARGS...`) into its own folder
+    under ROOT, on one torch thread; it must report no precdbg failures."""
+    folder = root / "-".join(args + (level,)).replace(":", "_")
+    folder.mkdir()
+    out = run_guide(folder, [script, *args], env={"OMP_NUM_THREADS": "1", **(env or {})},
+                    level=level)
+    assert out["failures"] == 0, out["stderr"][-3000:]
+    return out
+
+
 def assert_same_run(plain: Dict[str, Any], run: Dict[str, Any]) -> Dict[str, Any]:
     """Two `run_guide` results of one training, differently run (with activation recompute and
     without): the same losses, and dumps that pair record for record with no difference.

@@ -17,16 +17,13 @@ import pytest
 import precdbg
 from precdbg.compare import compare_dumps
 
-from conftest import REPO, run_guide
+from conftest import REPO, run_variant
 
 GUIDE = os.path.join(REPO, "tests", "compiled_guide.py")
 
 
 def _run(tmp_path: Any, how: str) -> Dict[str, Any]:
-    folder = tmp_path / how.replace(":", "_")
-    folder.mkdir()
-    return run_guide(folder, [GUIDE, how], env={"OMP_NUM_THREADS": "1",
-                                                "PYTHONFAULTHANDLER": "1"})
+    return run_variant(tmp_path, GUIDE, how, env={"PYTHONFAULTHANDLER": "1"})
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +35,6 @@ def uncompiled(tmp_path_factory: Any) -> Dict[str, Any]:
 def test_compiled_model_is_captured_like_the_uncompiled_one(tmp_path: Any, how: str,
                                                             uncompiled: Dict[str, Any]) -> None:
     run = _run(tmp_path, how)
-    assert run["failures"] == 0, run["stderr"][-3000:]
     assert "Traceback" not in run["stderr"], run["stderr"][-3000:]
     assert run["losses"] == uncompiled["losses"]
     # the stance is back after stop(), and the dumped step compiled nothing new

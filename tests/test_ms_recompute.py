@@ -23,17 +23,13 @@ pytest.importorskip("mindspore")
 import precdbg  # noqa: E402
 from precdbg.compare import compare_dumps  # noqa: E402
 
-from conftest import REPO, assert_same_run, run_guide  # noqa: E402
+from conftest import REPO, assert_same_run, run_variant  # noqa: E402
 
 GUIDE = os.path.join(REPO, "tests", "recompute_guide_ms.py")
 
 
 def _run(root: Any, how: str, *extra: str, level: str = "mix") -> Dict[str, Any]:
-    folder = root / "-".join((how, level) + extra)
-    folder.mkdir()
-    out = run_guide(folder, [GUIDE, how, *extra], env={"OMP_NUM_THREADS": "1"}, level=level)
-    assert out["failures"] == 0, out["stderr"][-3000:]
-    return out
+    return run_variant(root, GUIDE, how, *extra, level=level)
 
 
 @pytest.fixture(scope="module")

@@ -20,17 +20,13 @@ import pytest
 
 import precdbg
 
-from conftest import REPO, assert_same_run, run_guide
+from conftest import REPO, assert_same_run, run_variant
 
 GUIDE = os.path.join(REPO, "tests", "recompute_guide.py")
 
 
 def _run(root: Any, how: str, backward: str = "method") -> Dict[str, Any]:
-    folder = root / f"{how}-{backward}"
-    folder.mkdir()
-    out = run_guide(folder, [GUIDE, how, backward], env={"OMP_NUM_THREADS": "1"})
-    assert out["failures"] == 0, out["stderr"][-3000:]
-    return out
+    return run_variant(root, GUIDE, how, backward)
 
 
 def _entries(dump: str) -> Tuple[np.ndarray, np.ndarray]:
