@@ -33,6 +33,7 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "wd": {"move_to_decay": ["blocks.0.ln_1.weight"]},
     "frozen": {"frozen": ["blocks.1.mlp.fc.bias"]},
     "weight": {"perturb": True}, "data": {"data": True}, "eps": {"ln_eps": 1e-3},
+    "bf16": {"autocast": True},
 }
 
 
@@ -49,7 +50,7 @@ def _torch_batch():
 
 
 def _dump_torch(path: str, lr: float = LR, move_to_decay=(), frozen=(), perturb: bool = False,
-                data: bool = False, ln_eps: Any = None) -> None:
+                data: bool = False, ln_eps: Any = None, autocast: bool = False) -> None:
     import torch
     import precdbg_pt
     from precdbg_examples.gpt_torch import GPT, GPTConfig, train_step
@@ -71,7 +72,8 @@ def _dump_torch(path: str, lr: float = LR, move_to_decay=(), frozen=(), perturb:
     dbg = precdbg_pt.PrecisionDebugger(dump_path=path, level="mix")
     dbg.start(model)
     dbg.save("batch", {"x": x})
-    train_step(model, opt, x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        train_step(model, opt, x, y)
     dbg.stop()
     dbg.step()
     assert dbg.close()
@@ -253,6 +255,8 @@ def test_identical_runs_have_no_finding(dumps):
     ("frozen", {"trainable"}, ["trainable in A, frozen in B", "blocks.1.mlp.fc.bias"]),
     ("weight", {"initial_values"}, ["blocks.1.mlp.fc.weight"]),
     ("data", {"batch", "saved"}, ["first batch", "save('batch') differs"]),
+    ("bf16", {"compute_dtype"}, ["linear float32 vs bfloat16", "autocast",
+                                 "first: linear in module 'blocks.0."]),
 ])
 def test_each_pytorch_difference_is_found_alone(dumps, variant, kinds, words):
     result = check_dumps(_base(dumps), dumps.path("torch-variants", variant))

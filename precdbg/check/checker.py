@@ -33,6 +33,7 @@ class _Checker(SetupChecks):
         self.first_batch()
         self.saved_items()
         self.parameters()
+        self.compute_dtypes()
         if self.a.manifest is None or self.b.manifest is None:
             missing = [r.label for r in (self.a, self.b) if r.manifest is None]
             self.notes.append(f"no run manifest in {' and '.join(missing)} (run.json missing or "

@@ -4,12 +4,64 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-from ..layers import SettingDifference, format_value, same_setting
+import numpy as np
 
+from ..layers import SettingDifference, format_value, same_setting
+from ..precision import is_floating
 
 from .values import (_CONDITIONS, _DEVICE_KIND, _ENV_LOW, _ENV_MINDSPORE_ONLY,
-                     _ENV_PYTORCH_ONLY, _Run, _deterministic, _fmt, _nonzero, _same,
+                     _ENV_PYTORCH_ONLY, _Run, _deterministic, _fmt, _names, _nonzero, _same,
                      semantics)
+
+# ops whose output dtype is their input's or the one they are asked for: they follow the
+# compute dtype and would only repeat it (casts are the point of their call)
+_FOLLOWING_OPS = frozenset({
+    "cast", "copy", "contiguous", "clone", "detach", "view", "view_as", "reshape", "expand",
+    "expand_as", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "t",
+    "getitem", "setitem", "cat", "stack", "split", "chunk", "unbind", "narrow", "select",
+    "index_select", "gather", "repeat", "neg", "zeros_like", "ones_like", "empty_like",
+    "full_like", "zeros", "ones", "empty", "full", "arange", "tensor", "pad"})
+
+
+def _compute_dtypes(run: _Run) -> Dict[str, List[Tuple[int, str, str]]]:
+    """op -> [(seq, float dtype, module)] of one run's forward API outputs in floating point,
+    in execution order."""
+    t = run.table
+    out: Dict[str, List[Tuple[int, str, str]]] = {}
+    if not len(t):
+        return out
+    mask = (t["kind"] == "api") & (t["direction"] == "forward") & (t["role"] == "output")
+    idx = np.nonzero(mask)[0]
+    idx = idx[np.argsort(t["seq"][idx], kind="stable")]
+    ops, dtypes, modules, seqs = t["op"], t["dtype"], t["module"], t["seq"]
+    for i in idx.tolist():
+        op, dtype = str(ops[i]), str(dtypes[i])
+        if op not in _FOLLOWING_OPS and is_floating(dtype):
+            out.setdefault(op, []).append((int(seqs[i]), dtype, str(modules[i])))
+    return out
+
+
+def _counts(calls: List[Tuple[int, str, str]]) -> Dict[str, int]:
+    counts: Dict[str, int] = {}
+    for _, dtype, _ in calls:
+        counts[dtype] = counts.get(dtype, 0) + 1
+    return counts
+
+
+def _first_apart(a: List[Tuple[int, str, str]], b: List[Tuple[int, str, str]]
+                 ) -> Tuple[int, str]:
+    """(seq, module) in run a of the first call of an op whose dtype is not the one of the
+    other run's call at the same position (the last call when only the numbers differ)."""
+    for (seq, dtype_a, module), (_, dtype_b, _) in zip(a, b):
+        if dtype_a != dtype_b:
+            return seq, module
+    return a[-1][0], a[-1][2]
+
+
+def _dtype_mix(counts: Dict[str, int]) -> str:
+    if len(counts) == 1:
+        return next(iter(counts))
+    return " + ".join(f"{n} {dtype}" for dtype, n in sorted(counts.items(), key=lambda x: -x[1]))
 
 
 class SetupChecks:
@@ -225,6 +277,30 @@ class SetupChecks:
                 return True, (f"{where or op}: {key} {format_value(first)} vs "
                               f"{format_value(second)}")
         return False, ""
+
+    def compute_dtypes(self) -> None:
+        """Ops whose forward outputs are computed in other float dtypes in the two runs:
+        autocast on one side only, another AMP level (O1 / O2 lists), a model cast to half."""
+        da, db = _compute_dtypes(self.a), _compute_dtypes(self.b)
+        differ = []
+        for op, calls_a in da.items():
+            calls_b = db.get(op)
+            if calls_b and set(_counts(calls_a)) != set(_counts(calls_b)):
+                seq, module = _first_apart(calls_a, calls_b)
+                differ.append((seq, op, _counts(calls_a), _counts(calls_b), module))
+        if not differ:
+            return
+        differ.sort()
+        la, lb = self.a.label, self.b.label
+        shown = [f"{op} {_dtype_mix(ca)} vs {_dtype_mix(cb)}" for _, op, ca, cb, _ in differ]
+        _, op, _, _, module = differ[0]
+        where = f"module '{module}'" if module else "the root module"
+        self.add("high", "compute_dtype",
+                 f"{len(differ)} op(s) compute in other dtypes ({la} vs {lb}; autocast, the "
+                 f"AMP level or a model cast to another dtype differs): {_names(shown)}; "
+                 f"first: {op} in {where}",
+                 {op: ca for _, op, ca, _, _ in differ}, {op: cb for _, op, _, cb, _ in differ},
+                 ops=[op for _, op, _, _, _ in differ])
 
     def layer_settings(self) -> None:
         """Settings that differ and that no known-semantics note explained, one finding per

@@ -1,14 +1,17 @@
 """Pair the records of two dumps (one step, one rank each).
 
-Records pair by (kind, direction, module path, API, role, argument position) and the k-th
-occurrence of that key in execution order, where API is the framework API (`Tensor.add`) within
-one framework and the canonical op (`add`) across frameworks. Counting occurrences per module and
-API, not per run, means an extra cast, copy or view on one side shifts nothing but its own key
-(entry names, whose call index counts the whole run, would shift every later pair). A user
+Records pair by (kind, direction, module path, which forward call of that module a forward API
+call ran in, API, role, argument position) and the k-th occurrence of that key in execution
+order, where API is the framework API (`Tensor.add`) within one framework and the canonical op
+(`add`) across frameworks. Counting occurrences per module call and API, not per run, means an
+extra cast, copy or view on one side shifts nothing but its own key within one call of its
+module (entry names, whose call index counts the whole run, would shift every later pair; with
+gradient accumulation, per-module counts would pair one micro-batch with the next). A user
 mapping renames module paths or ops of the candidate before pairing.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -63,13 +66,39 @@ def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapp
         leaves, kind = _leaf_modules(table), table["kind"].tolist()
         module = [m.rpartition(".")[0] if kind[i] == "api" and leaves.get(m) == op[i] else m
                   for i, m in enumerate(module)]
+    within = _module_call_of(table, module)       # before the mapping renames module paths
     if mapping:
         modules, ops = mapping.get("modules", {}), mapping.get("ops", {})
         module = [rename_module(m, modules) for m in module]
         op = [ops.get(o, o) for o in op]
     kind, direction = table["kind"].tolist(), table["direction"].tolist()
     role, arg = table["role"].tolist(), table["arg_index"].tolist()
-    return [(kind[i], direction[i], module[i], op[i], role[i], arg[i]) for i in range(n)]
+    return [(kind[i], direction[i], module[i], within[i], op[i], role[i], arg[i])
+            for i in range(n)]
+
+
+def _module_call_of(table: RecordTable, module: List[str]) -> List[int]:
+    """Per record, which forward call of its module it ran in (the last one begun before it;
+    -1 before the first, for backward records, and where no module call was recorded): an
+    extra call inside one call of a module (a gradient accumulation's micro-batch) shifts the
+    pairs of that call only."""
+    kind, direction, seq = table["kind"].tolist(), table["direction"].tolist(), \
+        table["seq"].tolist()
+    begun: Dict[str, Dict[str, int]] = {}
+    entries = table["entry"].tolist()
+    for i, k in enumerate(kind):
+        if k == "module" and direction[i] == "forward":
+            calls = begun.setdefault(module[i], {})
+            first = calls.get(entries[i])
+            if first is None or seq[i] < first:
+                calls[entries[i]] = seq[i]
+    starts = {path: sorted(calls.values()) for path, calls in begun.items()}
+    out = []
+    for i, path in enumerate(module):
+        found = starts.get(path)
+        out.append(bisect.bisect_right(found, seq[i]) - 1
+                   if found and direction[i] == "forward" and kind[i] == "api" else -1)
+    return out
 
 
 def rename_module(path: str, modules: Mapping[str, str]) -> str:

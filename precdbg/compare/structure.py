@@ -23,6 +23,7 @@ The verdict is the earliest such module in the baseline's timeline (`seq` of its
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -76,8 +77,7 @@ class StructuralDiff:
         if self.class_differs:
             parts.append(f"class {self.class_a} vs {self.class_b}")
         if self.calls_a != self.calls_b:
-            parts.append(f"the baseline calls {_shown(self.calls_a)}, the candidate "
-                         f"{_shown(self.calls_b)}")
+            parts.append(_calls_apart(self.calls_a, self.calls_b))
         what = "calls differ"
         if self.settings:
             parts.append(self.settings_text())
@@ -106,6 +106,27 @@ def _shown(calls: List[str]) -> str:
         return "nothing"
     text = ", ".join(calls[:_SHOWN_CALLS])
     return text + (f", ... ({len(calls)} calls)" if len(calls) > _SHOWN_CALLS else "")
+
+
+def _calls_apart(calls_a: List[str], calls_b: List[str]) -> str:
+    """Where two call lists part: the whole lists when short, otherwise the first place they
+    differ (what one run calls in addition, or instead), counting the other places."""
+    if len(calls_a) <= _SHOWN_CALLS and len(calls_b) <= _SHOWN_CALLS:
+        return f"the baseline calls {_shown(calls_a)}, the candidate {_shown(calls_b)}"
+    places = [op for op in difflib.SequenceMatcher(None, calls_a, calls_b, autojunk=False)
+              .get_opcodes() if op[0] != "equal"]
+    tag, i1, i2, j1, j2 = places[0]
+    after = f"after {calls_a[i1 - 1]} (call {i1} of {len(calls_a)})" if i1 else "first"
+    if tag == "insert":
+        text = f"the candidate also calls {_shown(calls_b[j1:j2])} {after}"
+    elif tag == "delete":
+        text = f"the baseline also calls {_shown(calls_a[i1:i2])} {after}"
+    else:
+        text = (f"{after}, the baseline calls {_shown(calls_a[i1:i2])}, the candidate "
+                f"{_shown(calls_b[j1:j2])}")
+    more = len(places) - 1
+    return text + (f"; they differ in {more} more place(s)" if more else "") + \
+        f"; {len(calls_a)} vs {len(calls_b)} calls"
 
 
 @dataclasses.dataclass

@@ -1,0 +1,60 @@
+"""Pairing records of two runs when one makes an extra call: with gradient accumulation, an extra
+cast inside each micro-batch's forward must not pair the baseline's second micro-batch with the
+candidate's first (real dumps of a real training loop, compared through the CLI's code)."""
+from __future__ import annotations
+
+import torch
+
+from compare_support import assert_first
+from precdbg.compare import compare_dumps
+from precdbg_pt import PrecisionDebugger
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, extra_cast: bool) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 4)
+        self.extra_cast = extra_cast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc(x)).float()
+        if self.extra_cast:                  # a port's extra cast: changes no number
+            h = h.float()
+        return self.head(h)
+
+
+def _dump(path: str, extra_cast: bool) -> None:
+    torch.manual_seed(0)
+    net = _Net(extra_cast)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    micro = [(torch.randn(4, 8, generator=gen), torch.randint(0, 4, (4,), generator=gen))
+             for _ in range(2)]
+    debugger = PrecisionDebugger(dump_path=path, level="mix")
+    debugger.start(net)
+    for x, y in micro:                       # two micro-batches, one optimizer step
+        loss = torch.nn.functional.cross_entropy(net(x), y) / len(micro)
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and not debugger.failures
+
+
+def test_extra_call_per_micro_batch_pairs_within_each_module_call(tmp_path):
+    _dump(str(tmp_path / "a"), extra_cast=False)
+    _dump(str(tmp_path / "b"), extra_cast=True)
+    result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    first = assert_first(result, step=0, direction="forward", kind="module", module="",
+                         reason=["calls differ", "Tensor.float"])
+    assert first["name_a"].startswith("Module._Net.forward.0"), first
+    # nothing else differs: the second micro-batch's casts pair with each other, never with
+    # the first micro-batch's extra cast
+    beyond = [r for r in result["rows"] if r["status"] != "match"]
+    assert not beyond, beyond[:3]
+    unmatched = result["unmatched"]
+    assert unmatched and all(u["side"] == "b" and ".float." in u["name"] for u in unmatched), \
+        unmatched
+    assert {u["name"] for u in unmatched} == {"Tensor.float.1.forward", "Tensor.float.3.forward"}
