@@ -19,7 +19,7 @@ from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
 from precdbg.schema import Direction, Role
 
-from . import compiled, plumbing, tensors
+from . import compiled, plumbing, tensors, wrappers
 from .api import CaptureMode, ModeHandle, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
 from .recompute import (ENGINE, REPLAY, RecomputeDetector, checkpoint_context,
@@ -91,8 +91,9 @@ class _ModuleHooks:
         replay = adapter._recompute.where() == REPLAY     # activation recompute
         try:
             with _Guard(adapter):
+                grad_on, replayable = adapter.forward_watch(grad_on)
                 call, subtree = session.begin_module("Module", self.path, self.cls, grad_on,
-                                                     replay, not grad_on and adapter.replayable())
+                                                     replay, replayable)
                 session.enter_module(self.path, subtree)
                 targets: Optional[list] = None
                 if call is not None:
@@ -202,6 +203,7 @@ class TorchAdapter(BaseInstrumentor):
         self._mode: Optional[ModeHandle] = None
         self._compiled: List[str] = []
         self._recompute = RecomputeDetector(self._replay_begins)
+        self._in_checkpoint = False     # a reentrant checkpoint's forward was seen running
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -262,7 +264,7 @@ class TorchAdapter(BaseInstrumentor):
 
     # ------------------------------------------------------------------ what the base asks
     def named_submodules(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
-        return compiled.named_submodules(module)    # torch.compile wrappers see through
+        return wrappers.named_submodules(module)    # named through compile and DDP wrappers
 
     def class_name(self, module: torch.nn.Module) -> str:
         return plumbing.model_class(module).__name__
@@ -307,6 +309,7 @@ class TorchAdapter(BaseInstrumentor):
 
     def _uninstrument(self) -> None:
         self._mode = None
+        self._in_checkpoint = False
         self._recompute.forget()
 
     def _replay_begins(self, replayed: List[Any], forward_owner: Optional[str]) -> None:
@@ -315,9 +318,9 @@ class TorchAdapter(BaseInstrumentor):
 
     # ------------------------------------------------------------------ checkpoints
     def replayable(self) -> bool:
-        """Whether a call not watched (asked only then) may be re-run by a recompute's
-        replay: the backward is captured and the call runs in the forward of an activation
-        checkpoint with a backward (read off the stack). At the first such call of a
+        """Whether a call may be re-run by a recompute's replay (asked for calls without
+        gradients, see `forward_watch`): the backward is captured and the call runs in the
+        forward of an activation checkpoint with a backward (read off the stack). At the first such call of a
         checkpoint, its ctx keeps the module it runs in (the owner of what its replay re-runs)
         and gets the hooks that put the capture mode back for its replay."""
         if not self.session.filter.keeps_backward:
@@ -325,11 +328,28 @@ class TorchAdapter(BaseInstrumentor):
         ctx = checkpoint_context(sys._getframe(2))
         if ctx is None:
             return False
+        self._in_checkpoint = True
         if note_owner(ctx, self.session.owning_module):
             hooks = _ReplayHooks(self)
             self.hold(ctx.register_prehook(hooks.enter))
             self.hold(ctx.register_hook(hooks.leave))
         return True
+
+    def forward_watch(self, grad_on: bool) -> Tuple[bool, bool]:
+        """(watched, replayable) of a forward call about to run (`grad_on`: gradients are
+        enabled and the backward is captured). Without gradients it is not watched, and a
+        replay may re-run it (`replayable`). With them it is watched, unless it runs in a
+        reentrant checkpoint's forward all the same (`torch.enable_grad()` inside one, as
+        Megatron's bias-dropout-add): the graph it makes there is dropped and the checkpoint's
+        replay has its backward. The stack is read for that only after a checkpoint's forward
+        was seen, until a call with gradients runs outside one."""
+        if not grad_on:
+            return False, self.replayable()
+        if self._in_checkpoint:
+            if self.replayable():
+                return False, True
+            self._in_checkpoint = False
+        return True, False
 
     def replay_entered(self) -> bool:
         """A checkpoint's replay starts inside backward: the capture mode goes back on torch's
@@ -376,8 +396,8 @@ class TorchAdapter(BaseInstrumentor):
         replay = where == REPLAY     # activation recompute: its backward only
         try:
             with _Guard(self):
-                call = session.begin_api(ident[0], ident[1], grad_on, replay,
-                                         not grad_on and self.replayable())
+                grad_on, replayable = self.forward_watch(grad_on)
+                call = session.begin_api(ident[0], ident[1], grad_on, replay, replayable)
                 if call is not None:
                     inputs, values = call_args(args, kwargs)
                     if not replay:

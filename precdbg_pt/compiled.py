@@ -6,7 +6,8 @@ an internal Dynamo error. So while a step is captured the compiler's stance is `
 (`torch.compiler.set_stance`): every compiled function and module runs as plain PyTorch and
 every API and module call is captured; the compiled code and its caches stay as they are and
 run again after `stop()`. A compiled model is named as the model it wraps (no `_orig_mod.`
-in module paths), so its dump aligns with an uncompiled run and with MindSpore.
+in module paths: precdbg_pt.wrappers), so its dump aligns with an uncompiled run and with
+MindSpore.
 
 Nothing here imports TorchDynamo itself: where it has not been imported, nothing can have been
 compiled and there is nothing to change.
@@ -15,72 +16,25 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import torch
 
-__all__ = ["EagerStance", "eager_stance", "named_submodules", "compiled_paths", "note_compiled"]
+from . import wrappers
+
+__all__ = ["EagerStance", "eager_stance", "compiled_paths", "note_compiled"]
 
 log = logging.getLogger("precdbg")
-_WRAPPED = "_orig_mod"       # torch._dynamo.eval_frame.OptimizedModule's wrapped module
-
-
-def _optimized_module_type() -> Optional[type]:
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    return getattr(eval_frame, "OptimizedModule", None) if eval_frame is not None else None
-
-
-def _unwrap(module: torch.nn.Module, optimized: Optional[type]) -> Tuple[torch.nn.Module, bool]:
-    """(the module a compile wrapper wraps, or the module itself; whether it is compiled)."""
-    compiled = bool(getattr(module, "_compiled_call_impl", None))     # nn.Module.compile()
-    while optimized is not None and isinstance(module, optimized):
-        inner = getattr(module, _WRAPPED, None)
-        if not isinstance(inner, torch.nn.Module):
-            break
-        module, compiled = inner, True
-    return module, compiled or bool(getattr(module, "_compiled_call_impl", None))
-
-
-def _walk(module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module, bool]]:
-    """(path, module, compiled) of `module` and everything below it, in `named_modules()`
-    order, every `torch.compile` wrapper (OptimizedModule) replaced by the module it wraps
-    under the wrapper's own path; shared modules once."""
-    optimized = _optimized_module_type()
-    seen = set()
-    top, compiled = _unwrap(module, optimized)
-    stack: List[Tuple[str, torch.nn.Module, bool]] = [("", top, compiled)]
-    while stack:
-        path, current, compiled = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield path, current, compiled
-        children = []
-        for name, child in current._modules.items():
-            if child is not None:
-                inner, child_compiled = _unwrap(child, optimized)
-                children.append((f"{path}.{name}" if path else name, inner, child_compiled))
-        stack.extend(reversed(children))
-
-
-def named_submodules(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
-    """`module.named_modules()` (the model's own, should it override it); where that holds a
-    compile wrapper, the walk of `_walk` instead, wrappers replaced by what they wrap."""
-    entries = list(module.named_modules())
-    optimized = _optimized_module_type()
-    if optimized is None or not any(isinstance(sub, optimized) for _, sub in entries):
-        return entries
-    return [(path, sub) for path, sub, _ in _walk(module)]
 
 
 def compiled_paths(model: Any) -> List[str]:
     """Paths of the compiled modules of `model` (a `torch.compile` wrapper, or
     `nn.Module.compile()` in place), "" for the model itself; `model` as `start(model)` takes
     it (a module or a list/tuple of them, whose paths start with `"{i}."`)."""
-    if _optimized_module_type() is None:
+    if "torch._dynamo.eval_frame" not in sys.modules:
         return []
     if isinstance(model, torch.nn.Module):
-        return [path for path, _, compiled in _walk(model) if compiled]
+        return [path for path, _, compiled in wrappers.walk(model) if compiled]
     found: List[str] = []
     if isinstance(model, (list, tuple)):
         for i, item in enumerate(model):

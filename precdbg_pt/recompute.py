@@ -82,7 +82,8 @@ def checkpoint_context(frame: Any) -> Optional[Any]:
     their output-discarding variants, any other `*Checkpoint*Function`) that has a backward. A
     checkpoint none of whose inputs needs a gradient (`ctx.needs_input_grad`) has none: one run
     under no_grad (an evaluation forward), or nested in another's forward, whose replay runs it
-    again. Asked only for calls that run without gradients."""
+    again. Asked for calls that run without gradients, and for those with gradients right
+    after a checkpoint's forward was seen (TorchAdapter.forward_watch)."""
     while frame is not None:
         code = frame.f_code
         if code.co_name == "forward" and "checkpoint" in (

@@ -5,8 +5,10 @@ reentrant checkpoint of the block's body inside its forward, as transformers' ch
 layers do: the block's hooks run outside the checkpoint, its own calls inside), or `function`
 / `function_nonreentrant` (a checkpoint of a plain function, no module in it, inside the block:
 the activation recompute of Megatron and MindSpeed), `own` (the same through a reentrant
-checkpoint Function of the script's own, as other frameworks write them), or `nested`
-(`reentrant` around blocks that are `function` inside) and BACKWARD is
+checkpoint Function of the script's own, as other frameworks write them), `nested`
+(`reentrant` around blocks that are `function` inside), or `enable_grad` (`reentrant`, the
+residual add under torch.enable_grad() inside the checkpoint's forward, as Megatron's
+bias-dropout-add runs) and BACKWARD is
 `method` (loss.backward()) or `engine` (torch.autograd.backward(loss), as Megatron calls it).
 Each block also runs a custom autograd Function whose backward calls torch functions. Prints one
 JSON line: the losses and precdbg's failure count."""
@@ -81,6 +83,10 @@ class Block(torch.nn.Module):
         if self.how.startswith("function") or self.how == "nested":
             reentrant = self.how != "function_nonreentrant"
             return x + checkpoint(activation, h, use_reentrant=reentrant)
+        if self.how == "enable_grad":        # a graph made in the checkpoint's forward, dropped
+            y = activation(h)
+            with torch.enable_grad():
+                return x + y
         return x + activation(h)
 
 
@@ -93,7 +99,7 @@ class Net(torch.nn.Module):
 
     def forward(self, x):
         for block in self.blocks:
-            if self.how not in ("reentrant", "nonreentrant", "nested"):
+            if self.how not in ("reentrant", "nonreentrant", "nested", "enable_grad"):
                 x = block(x)
             else:
                 x = checkpoint(block, x, use_reentrant=self.how != "nonreentrant")

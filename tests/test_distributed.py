@@ -80,15 +80,16 @@ def test_every_rank_writes_its_own_file(two_ranks):
     assert np.all(r0["rank"] == 0) and np.all(r1["rank"] == 1)
     # same model, same calls on both ranks; different data, different values
     assert list(r0["entry"]) == list(r1["entry"])
-    out0 = [r for r in r0.rows() if r["entry"] == "Module.module.GPT.forward.0"
+    out0 = [r for r in r0.rows() if r["entry"] == "Module.GPT.forward.0"
             and r["role"] == "output"]
-    out1 = [r for r in r1.rows() if r["entry"] == "Module.module.GPT.forward.0"
+    out1 = [r for r in r1.rows() if r["entry"] == "Module.GPT.forward.0"
             and r["role"] == "output"]
     assert len(out0) == len(out1) == 1
     assert out0[0]["norm"] != out1[0]["norm"]
-    # DDP wraps the model: paths are under "module."
+    # DDP wraps the model: it is named as the model it wraps (no "module." in paths)
     linear = [r for r in r0.rows() if r["entry"] == "Functional.linear.0.forward"]
-    assert linear and linear[0]["module"] == "module.blocks.0.attn.qkv"
+    assert linear and linear[0]["module"] == "blocks.0.attn.qkv"
+    assert not [m for m in np.unique(r0["module"]).tolist() if m.startswith("module")]
     # a dw record for every parameter on every rank
     assert np.count_nonzero(r1["kind"] == "param_grad") == np.count_nonzero(r1["role"] == "param")
 

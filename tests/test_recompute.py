@@ -40,7 +40,7 @@ def plain(tmp_path_factory: Any) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("how", ["reentrant", "nonreentrant", "inner", "function",
-                                 "function_nonreentrant", "own", "nested"])
+                                 "function_nonreentrant", "own", "nested", "enable_grad"])
 def test_recompute_run_pairs_with_the_run_without(tmp_path: Any, how: str,
                                                   plain: Dict[str, Any]) -> None:
     run = _run(tmp_path, how)

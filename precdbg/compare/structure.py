@@ -42,6 +42,14 @@ _SHOWN_CALLS = 8
 LAYOUT_OPS = frozenset({"view", "view_as", "reshape", "contiguous", "detach", "clone", "expand",
                         "expand_as", "flatten", "unflatten", "squeeze", "unsqueeze", "permute",
                         "transpose", "t", "requires_grad", "size", "dim", "numel"})
+# Calls that make a constant (no input's values read): what a constant changes shows in the
+# calls that read it, which are compared; an extra one alone - Megatron's recompute makes zeros
+# for the arguments it was given as None and a tensor of the mask type - changes no number.
+CONSTANT_OPS = frozenset({"zeros", "ones", "empty", "full", "tensor", "as_tensor",
+                          "scalar_tensor", "arange", "linspace", "eye", "zeros_like",
+                          "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
+                          "new_empty", "new_full", "new_tensor"})
+_NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
 _FORWARD = Direction.FORWARD.value
 
@@ -178,7 +186,7 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
             if path and inside(parent, seq):
                 calls.setdefault(parent, []).append(
                     (seq, f"{path.rpartition('.')[2]}:{api_col[i]}"))
-        elif str(op_col[i]) not in LAYOUT_OPS and inside(path, seq):
+        elif str(op_col[i]) not in _NOT_STRUCTURE and inside(path, seq):
             label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
             calls.setdefault(path, []).append((seq, label))
     return first, {path: [label for _, label in sorted(items)] for path, items in calls.items()}
