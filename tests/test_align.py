@@ -58,3 +58,47 @@ def test_extra_call_per_micro_batch_pairs_within_each_module_call(tmp_path):
     assert unmatched and all(u["side"] == "b" and ".float." in u["name"] for u in unmatched), \
         unmatched
     assert {u["name"] for u in unmatched} == {"Tensor.float.1.forward", "Tensor.float.3.forward"}
+
+
+def _albert(path: str, scale_call: int = 0) -> None:
+    """transformers' ALBERT (random init, offline): one layer's weights shared by all six
+    layers, so one module path is called six times per forward. `scale_call` > 0: a forward
+    hook scales that call's output by 1.001 (a call-specific defect)."""
+    from transformers import AlbertConfig, AlbertForMaskedLM
+    torch.manual_seed(0)
+    config = AlbertConfig(vocab_size=128, embedding_size=32, hidden_size=64, num_hidden_layers=6,
+                          num_attention_heads=4, intermediate_size=128,
+                          max_position_embeddings=64, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0)
+    model = AlbertForMaskedLM(config)
+    shared = model.albert.encoder.albert_layer_groups[0].albert_layers[0]
+    calls = [0]
+
+    def scale(module, args, output):
+        calls[0] += 1
+        if calls[0] == scale_call:
+            return (output[0] * 1.001,) + tuple(output[1:]) if isinstance(output, tuple) \
+                else output * 1.001
+        return None
+    shared.register_forward_hook(scale)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    debugger = PrecisionDebugger(dump_path=path, level="mix")
+    debugger.start(model)
+    model(input_ids=ids, labels=ids).loss.backward()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and not debugger.failures
+
+
+SHARED = "albert.encoder.albert_layer_groups.0.albert_layers.0"
+
+
+def test_a_shared_layer_is_named_at_the_call_that_differs(tmp_path):
+    """The six calls of one module path are compared call by call: the fourth call, whose
+    output alone is scaled, is named, not the first."""
+    _albert(str(tmp_path / "a"))
+    _albert(str(tmp_path / "b"), scale_call=4)
+    result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    first = assert_first(result, step=0, direction="forward", kind="module", module=SHARED,
+                         reason=["calls differ", "Tensor.mul", "inputs agree"])
+    assert first["name_a"] == f"Module.{SHARED}.AlbertLayer.forward.3", first["name_a"]

@@ -139,19 +139,25 @@ def _calls_apart(calls_a: List[str], calls_b: List[str]) -> str:
 
 @dataclasses.dataclass
 class _Module:
+    """One forward call of a module path and the calls it made, in order."""
     entry: str
     cls: str
     op: str
     seq: int
     order: int
+    calls: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def labels(self) -> List[str]:
+        return [label for _, label in sorted(self.calls)]
 
 
 def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]]
-          ) -> Tuple[Dict[str, _Module], Dict[str, List[str]]]:
-    """(first forward call of each module path, calls each module path made while it ran, in
-    order). A call counts for a module only between its forward's first and last record: the
-    root's path ("") also owns what runs outside the model (the loss, hooks in backward,
-    clipping, the optimizer), which is no part of its structure."""
+          ) -> Dict[str, List[_Module]]:
+    """The forward calls of each module path, in order, each with the calls it made. A call
+    counts for a module's call only between that call's first and last record: the root's path
+    ("") also owns what runs outside the model (the loss, hooks in backward, clipping, the
+    optimizer), which is no part of its structure."""
     forward = table["direction"] == _FORWARD
     kind = table["kind"]
     idx = np.nonzero(forward & ((kind == _API) | (kind == _MODULE)))[0]
@@ -160,20 +166,25 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
     entry_col, module_col, op_col = table["entry"], table["module"], table["op"]
     api_col, prefix_col, seq_col, order_col = table["api"], table["prefix"], table["seq"], \
         table["order"]
-    first: Dict[str, _Module] = {}
+    found: Dict[str, Dict[str, _Module]] = {}             # path -> entry -> its call
     spans: Dict[str, Dict[str, List[int]]] = {}          # path -> entry -> [first, last] seq
     for i in idx[kind[idx] == _MODULE].tolist():
         path, entry, seq = path_of(str(module_col[i])), str(entry_col[i]), int(seq_col[i])
         span = spans.setdefault(path, {}).setdefault(entry, [seq, seq])
         span[0], span[1] = min(span[0], seq), max(span[1], seq)
-        if path not in first:
-            first[path] = _Module(entry, str(api_col[i]), str(op_col[i]), seq,
-                                  int(order_col[i]))
+        calls = found.setdefault(path, {})
+        if entry not in calls:
+            calls[entry] = _Module(entry, str(api_col[i]), str(op_col[i]), seq,
+                                   int(order_col[i]))
 
-    def inside(path: str, seq: int) -> bool:
-        return any(lo <= seq <= hi for lo, hi in spans.get(path, {}).values())
+    def running(path: str, seq: int) -> Optional[_Module]:
+        """The call of `path` that was running at `seq` (the latest begun, when recursive)."""
+        best: Optional[str] = None
+        for entry, (lo, hi) in spans.get(path, {}).items():
+            if lo <= seq <= hi and (best is None or lo > spans[path][best][0]):
+                best = entry
+        return found[path][best] if best is not None else None
 
-    calls: Dict[str, List[Tuple[int, str]]] = {}
     seen_entries = set()
     for i in idx.tolist():
         entry = str(entry_col[i])
@@ -182,14 +193,30 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
         seen_entries.add(entry)
         path, seq = path_of(str(module_col[i])), int(seq_col[i])
         if kind[i] == _MODULE:
-            parent = path.rpartition(".")[0]
-            if path and inside(parent, seq):
-                calls.setdefault(parent, []).append(
-                    (seq, f"{path.rpartition('.')[2]}:{api_col[i]}"))
-        elif str(op_col[i]) not in _NOT_STRUCTURE and inside(path, seq):
-            label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
-            calls.setdefault(path, []).append((seq, label))
-    return first, {path: [label for _, label in sorted(items)] for path, items in calls.items()}
+            caller = running(path.rpartition(".")[0], seq) if path else None
+            if caller is not None:
+                caller.calls.append((seq, f"{path.rpartition('.')[2]}:{api_col[i]}"))
+        elif str(op_col[i]) not in _NOT_STRUCTURE:
+            caller = running(path, seq)
+            if caller is not None:
+                label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
+                caller.calls.append((seq, label))
+    return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
+
+
+def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
+                    ) -> Tuple[_Module, _Module, List[str], List[str]]:
+    """The calls of a module to compare: call by call when both runs called it as often (the
+    first call whose calls differ: a weight-shared layer's fourth call, a second micro-batch),
+    otherwise all its calls together, named by the first."""
+    if len(calls_a) == len(calls_b):
+        for ma, mb in zip(calls_a, calls_b):
+            la, lb = ma.labels, mb.labels
+            if la != lb:
+                return ma, mb, la, lb
+        return calls_a[0], calls_b[0], calls_a[0].labels, calls_b[0].labels
+    return (calls_a[0], calls_b[0], [c for m in calls_a for c in m.labels],
+            [c for m in calls_b for c in m.labels])
 
 
 def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: int,
@@ -206,14 +233,14 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
     for difference in settings:
         by_module.setdefault(difference.path_a, []).append(difference)
     modules = (mapping or {}).get("modules") or None
-    mods_a, calls_a = _side(ta, same_framework, None)
-    mods_b, calls_b = _side(tb, same_framework, modules)
+    mods_a = _side(ta, same_framework, None)
+    mods_b = _side(tb, same_framework, modules)
     out: List[StructuralDiff] = []
-    for path, ma in mods_a.items():
-        mb = mods_b.get(path)
-        if mb is None:
+    for path, calls_a in mods_a.items():
+        calls_b = mods_b.get(path)
+        if not calls_b:
             continue
-        seq_a, seq_b = calls_a.get(path, []), calls_b.get(path, [])
+        ma, mb, seq_a, seq_b = _calls_compared(calls_a, calls_b)
         calls_differ = same_framework and seq_a != seq_b
         # a layer the op table knows (Linear, GELU, LayerNorm, ...) that became another is a
         # difference by itself; a user's class under another name (GPT2Block vs Block, a
