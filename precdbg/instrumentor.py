@@ -15,7 +15,8 @@ from .layers import raw_settings
 from .protocols import Recorder
 from .schema import Phase, RecordKind
 
-__all__ = ["BaseInstrumentor", "ClassPatch", "GuardedHook", "Handle", "NamedTensor", "OptimizerToken"]
+__all__ = ["BaseInstrumentor", "ClassPatch", "GuardedHook", "Handle", "NamedTensor", "OptimizerToken",
+           "named_through"]
 
 T = TypeVar("T")
 _OPTIMIZER, _PARAM = Phase.OPTIMIZER.value, RecordKind.PARAM.value
@@ -56,6 +57,29 @@ class ClassPatch:
 
     def __repr__(self) -> str:
         return f"ClassPatch({getattr(self.owner, '__name__', self.owner)}.{self.attr})"
+
+
+def named_through(named: Iterable[Tuple[str, Any]],
+                  held_as: Callable[[Any], Optional[str]]) -> List[Tuple[str, Any]]:
+    """A model walk's (path, module) pairs named through its hand-over wrappers: a wrapper is
+    left out and the module it holds takes its path (`held_as(module)`: the attribute a wrapper
+    holds its module under, None for any other module), so a wrapped model's paths and
+    parameter names are those of the model unwrapped."""
+    named = list(named)
+    at = dict(named)
+    out: List[Tuple[str, Any]] = []
+    for path, module in named:
+        if held_as(module) is not None:
+            continue
+        kept: List[str] = []
+        prefix = ""
+        for part in path.split(".") if path else ():
+            parent = at.get(prefix)
+            if parent is None or held_as(parent) != part:
+                kept.append(part)
+            prefix = f"{prefix}.{part}" if prefix else part
+        out.append((".".join(kept), module))
+    return out
 
 
 class BaseInstrumentor:

@@ -25,12 +25,12 @@ from mindspore.graph.api import _pynative_executor
 
 import precdbg
 from precdbg.errors import FrameworkError
-from precdbg.instrumentor import BaseInstrumentor, NamedTensor
+from precdbg.instrumentor import BaseInstrumentor, NamedTensor, named_through
 from precdbg.manifest import jsonable
 from precdbg.naming import framework_table, in_place, inventory_role
 from precdbg.protocols import Recorder
 
-from . import tensors
+from . import tensors, wrappers
 from .aliasing import CopyOrigins, wrap_cell_backward_hook
 from .calls import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
                     tensor_outputs)
@@ -131,7 +131,7 @@ class MindSporeAdapter(BaseInstrumentor):
         tensors.begin_window(defer_host_statistics=session.config.keeps_apis)
 
     def named_submodules(self, module: nn.Cell) -> Iterable[Tuple[str, Any]]:
-        return model_cells(module.cells_and_names())
+        return named_through(model_cells(module.cells_and_names()), wrappers.held_as)
 
     def own_parameters(self, module: nn.Cell) -> Iterable[Tuple[str, Any]]:
         return module.parameters_and_names(expand=False)
