@@ -159,8 +159,11 @@ def test_functional_gelu_pairs_with_the_gelu_cell(tmp_path):
     assert {r["direction"] for r in gelu} == {"forward", "backward"}
 
 
-# --------------------------------------------------------------------------- float16 twin
-_FP16_SCRIPT = r"""
+# --------------------------------------------------------------------------- float16 twins
+# python -c _HALF_SCRIPT PT_DUMP MS_DUMP MODE: the tiny GPT twin, one SGD step each. MODE
+# "fp16": both models cast to float16; "o2": PyTorch in float32, MindSpore through
+# ms.amp.auto_mixed_precision(net, "O2") (float16, LayerNorm kept float32 in wrapper cells)
+_HALF_SCRIPT = r"""
 import sys
 import mindspore as ms
 ms.set_device("CPU")
@@ -171,16 +174,21 @@ sys.path.insert(0, "tests")
 import compare_support as cs
 import precdbg_ms
 from precdbg_examples import gpt_ms, gpt_torch
+mode = sys.argv[3]
 x, y = cs.numpy_batch()
 torch.manual_seed(cs.SEED)
 net = gpt_torch.GPT(cs.tiny_config())
 state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
-net = net.to(torch.float16)
+if mode == "fp16":
+    net = net.to(torch.float16)
 cs.dump_torch_steps(sys.argv[1], net, torch.optim.SGD(net.parameters(), lr=0.1), [(x, y)])
 model = gpt_ms.GPT(gpt_ms.GPTConfig(**cs.TINY))
 gpt_ms.load_torch_state(model, state)
-for p in model.get_parameters():
-    p.set_dtype(ms.float16)
+if mode == "fp16":
+    for p in model.get_parameters():
+        p.set_dtype(ms.float16)
+else:
+    model = ms.amp.auto_mixed_precision(model, "O2")
 step = gpt_ms.train_step_fn(model, msnn.SGD(model.trainable_params(), learning_rate=0.1))
 dbg = precdbg_ms.PrecisionDebugger(dump_path=sys.argv[2], level="mix")
 dbg.start(model)
@@ -195,7 +203,7 @@ def test_float16_twin_matches_within_the_float16_tolerance(tmp_path):
     the twin stays within the float16 tolerance (2^-10; min/max 4x), with margin, and every
     floating record is judged as float16."""
     pt, ms_dump = tmp_path / "pt", tmp_path / "ms"
-    _run_all({"fp16": [PYTHON, "-c", _FP16_SCRIPT, str(pt), str(ms_dump)]})
+    _run_all({"fp16": [PYTHON, "-c", _HALF_SCRIPT, str(pt), str(ms_dump), "fp16"]})
     result = _compare(str(pt), str(ms_dump), str(tmp_path / "compare.json"))
     assert result["verdict"] == "match", result["first_divergence"]
     assert result["unmatched_count"] == 0, result["unmatched"][:10]
@@ -205,42 +213,13 @@ def test_float16_twin_matches_within_the_float16_tolerance(tmp_path):
     assert 1e-4 < worst < 0.8 * 2.0 ** -10, worst     # real float16 noise, under tolerance
 
 
-# --------------------------------------------------------------------------- MindSpore AMP O2
-_O2_SCRIPT = r"""
-import sys
-import mindspore as ms
-ms.set_device("CPU")
-ms.set_context(mode=ms.PYNATIVE_MODE)
-import torch
-from mindspore import nn as msnn
-sys.path.insert(0, "tests")
-import compare_support as cs
-import precdbg_ms
-from precdbg_examples import gpt_ms, gpt_torch
-x, y = cs.numpy_batch()
-torch.manual_seed(cs.SEED)
-net = gpt_torch.GPT(cs.tiny_config())
-state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
-cs.dump_torch_steps(sys.argv[1], net, torch.optim.SGD(net.parameters(), lr=0.1), [(x, y)])
-model = gpt_ms.GPT(gpt_ms.GPTConfig(**cs.TINY))
-gpt_ms.load_torch_state(model, state)
-model = ms.amp.auto_mixed_precision(model, "O2")   # float16, LayerNorm kept float32 in wrappers
-step = gpt_ms.train_step_fn(model, msnn.SGD(model.trainable_params(), learning_rate=0.1))
-dbg = precdbg_ms.PrecisionDebugger(dump_path=sys.argv[2], level="mix")
-dbg.start(model)
-step(ms.Tensor(x), ms.Tensor(y))
-dbg.stop()
-assert dbg.close() and not dbg.failures
-"""
-
-
 def test_mindspore_amp_o2_is_named_through_its_wrappers(tmp_path):
     """`auto_mixed_precision(net, "O2")` wraps the network and each LayerNorm in cells holding
     them as `_backbone`: the MindSpore dump is named as the network itself, so against the
     PyTorch float32 run the parameters pair, the set-up check names the float16 compute, and the
     records pair within the float16 tolerance; only O2's casts have no counterpart."""
     pt, ms_dump = tmp_path / "pt", tmp_path / "ms"
-    _run_all({"o2": [PYTHON, "-c", _O2_SCRIPT, str(pt), str(ms_dump)]})
+    _run_all({"o2": [PYTHON, "-c", _HALF_SCRIPT, str(pt), str(ms_dump), "o2"]})
     result = _compare(str(pt), str(ms_dump), str(tmp_path / "compare.json"))
     kinds = {f["kind"] for f in result["setup"]}
     assert "inventory" not in kinds and "compute_dtype" in kinds, result["setup"]
