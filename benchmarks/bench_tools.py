@@ -107,9 +107,11 @@ class MsprobeTool:
                      for root, _, names in os.walk(step) for f in names) for step in steps]
         records = 0
         if steps:
-            for dump_json in glob.glob(os.path.join(steps[-1], "rank*", "dump.json")):
-                with open(dump_json, "r", encoding="utf-8") as handle:
-                    records += len(json.load(handle).get("data", {}))
+            # step<N>/rank<R>/dump.json, or step<N>/dump.json where msprobe knows no rank
+            for root, _, names in os.walk(steps[-1]):
+                if "dump.json" in names:
+                    with open(os.path.join(root, "dump.json"), "r", encoding="utf-8") as handle:
+                        records += len(json.load(handle).get("data", {}))
         return sizes, records
 
 

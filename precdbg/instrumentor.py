@@ -250,7 +250,8 @@ class BaseInstrumentor:
                 if call is None:
                     continue
                 session.capture(call, "none", role, 0, leaf, value, trainable=trainable)
-                session.end_call()
+                session.end_call(launch=False)      # parameters share statistics launches
+        session.end_call()
 
     # ------------------------------------------------------------------ optimizer phase
     def optimizer_begins(self, optimizer: Any, describe: Callable[[Any], Dict[str, Any]]

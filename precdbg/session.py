@@ -370,10 +370,13 @@ class Session:
     def _stores(self, entry: str, api: str) -> bool:
         return self._store_all or self.filter.stores_tensor(entry, api)
 
-    def end_call(self) -> None:
+    def end_call(self, launch: bool = True) -> None:
         """Called after a call's records are captured: the batch crosses to the host when full
-        (precdbg.batch: host statistics stream, device statistics wait for stop())."""
-        self.tensors.launch_queued()
+        (precdbg.batch: host statistics stream, device statistics wait for stop()). `launch`:
+        launch the statistics kernels queued so far (False: tensors that nothing changes before
+        a later end_call, like the parameters of the inventory, share launches)."""
+        if launch:
+            self.tensors.launch_queued()
         if self._batch.full():
             self.flush_batch()
 

@@ -1,5 +1,7 @@
 """The fused statistics kernel (Triton, CUDA): one read of each tensor in its own dtype, six
-values per tensor into a row of a device result buffer (`precdbg_pt.device_stats`). Triton is
+values per tensor into a row of a device result buffer (`precdbg_pt.device_stats`). Sums and
+sums of squares are accumulated in float64 per lane and reduced once per program (a float64
+add per element is far below what memory bandwidth lets the kernel do). Triton is
 imported lazily and optionally; a kernel that cannot be built or launched turns the fused path
 off for the process (statistics then use torch ops) and says so once. On CPU tensors the same
 kernel runs in Triton's interpreter (TRITON_INTERPRET=1): testing only.
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Sequence, Tuple
 
 import torch
 
@@ -16,9 +18,11 @@ __all__ = ["SLOTS", "KERNEL_DTYPES", "triton_available", "disable", "launch", "f
 
 log = logging.getLogger("precdbg")
 
-_BLOCK = 1024                 # elements per block (one float32 partial each)
-_SPAN = 16 * _BLOCK           # elements per program: fewer atomics on the result row
+_BLOCK = 1024                 # elements a program reads at a time (one per lane)
+_PROGRAMS_PER_SM = 4          # programs a launch aims at per multiprocessor (see launch)
+_INTERPRETED_PROGRAMS = 4     # the same aim in Triton's interpreter (CPU tensors, testing)
 SLOTS = 4                     # tensors one launch may cover
+_INT32 = 2 ** 31
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # compile options: squares and sums rounded as written (no fused multiply-add), stated rather than
 # left to Triton's changing default (and its warning)
@@ -43,9 +47,9 @@ def _build_kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "c1", "c2", "c3", "row0"])
-    def _stats_kernel(p0, p1, p2, p3, n0, n1, n2, n3, c1, c2, c3, out, row0,
-                      BLOCK: tl.constexpr, SPAN: tl.constexpr, F64: tl.constexpr):
+    @triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "c1", "c2", "c3", "row0", "span"])
+    def _stats_kernel(p0, p1, p2, p3, n0, n1, n2, n3, c1, c2, c3, out, row0, span,
+                      BLOCK: tl.constexpr, F64: tl.constexpr):
         # which tensor this program reads: programs [0,c1) tensor 0, [c1,c2) tensor 1, ...
         pid = tl.program_id(0).to(tl.int64)
         ptr = p0
@@ -66,17 +70,17 @@ def _build_kernel() -> Any:
             n = n3.to(tl.int64)
             first = pid - c3
         acc_t = tl.float64 if F64 else tl.float32
-        begin = first * SPAN
-        end = tl.minimum(begin + SPAN, n)
+        begin = first * span
+        end = tl.minimum(begin + span, n)
         lanes = tl.arange(0, BLOCK)
-        # min/max and counts are exact in any order: kept per lane, reduced once per program;
-        # the sums are reduced per block in float32 and accumulated in float64
+        # every lane keeps its own min/max (in the tensor's precision: exact), counts and float64
+        # sums over the span / BLOCK elements it reads; the lanes are reduced once at the end
         mn = tl.full((BLOCK,), float("inf"), acc_t)
         mx = tl.full((BLOCK,), float("-inf"), acc_t)
         nans = tl.full((BLOCK,), 0, tl.int32)
         infs = tl.full((BLOCK,), 0, tl.int32)
-        total = tl.full((), 0.0, tl.float64)
-        squares = tl.full((), 0.0, tl.float64)
+        total = tl.full((BLOCK,), 0.0, tl.float64)
+        squares = tl.full((BLOCK,), 0.0, tl.float64)
         for start in range(begin, end, BLOCK):
             offs = start + lanes
             inside = offs < end
@@ -88,21 +92,14 @@ def _build_kernel() -> Any:
             mx = tl.where(skip, mx, tl.maximum(mx, x))
             nans += is_nan.to(tl.int32)                  # masked lanes load 0.0: never counted
             infs += is_inf.to(tl.int32)
-            v = tl.where(is_nan | is_inf, 0.0, x)
-            s = tl.sum(v, axis=0)
-            q = tl.sum(v * v, axis=0)
-            if q == float("inf"):           # float32 overflow of the squares: redo in float64
-                vd = v.to(tl.float64)
-                total += tl.sum(vd, axis=0)
-                squares += tl.sum(vd * vd, axis=0)
-            else:
-                total += s.to(tl.float64)
-                squares += q.to(tl.float64)
+            v = tl.where(is_nan | is_inf, 0.0, x).to(tl.float64)
+            total += v
+            squares += v * v
         base = out + (row0 + slot) * 6
         tl.atomic_min(base, tl.min(mn, axis=0).to(tl.float64))
         tl.atomic_max(base + 1, tl.max(mx, axis=0).to(tl.float64))
-        tl.atomic_add(base + 2, total)
-        tl.atomic_add(base + 3, squares)
+        tl.atomic_add(base + 2, tl.sum(total, axis=0))
+        tl.atomic_add(base + 3, tl.sum(squares, axis=0))
         tl.atomic_add(base + 4, tl.sum(nans, axis=0).to(tl.float64))
         tl.atomic_add(base + 5, tl.sum(infs, axis=0).to(tl.float64))
 
@@ -138,15 +135,94 @@ def launch(tensors: Sequence[torch.Tensor], chunk: torch.Tensor, row0: int,
     """One launch for up to SLOTS tensors of one dtype and device, into rows row0.. of chunk."""
     flats = [flat_view(t) for t in tensors]
     numels = [t.numel() for t in flats]
-    programs = [-(-n // _SPAN) for n in numels]
+    # the span of a program: enough programs to keep the memory system busy (a few per SM:
+    # each reads one block of BLOCK elements at a time), few enough that the atomics that
+    # combine them stay cheap
+    span = -(-sum(numels) // (_BLOCK * _programs_wanted(chunk))) * _BLOCK
+    programs = [-(-n // span) for n in numels]
     pad = SLOTS - len(flats)
     ptrs = flats + [flats[0]] * pad
     ns = numels + [0] * pad
     bounds = list(itertools.accumulate(programs + [0] * pad))   # a few ints: no numpy call
-    kernel = _interpreted() if interpret else _TRITON["kernel"]
-    kernel[(int(bounds[-1]),)](*ptrs, *ns, int(bounds[0]), int(bounds[1]), int(bounds[2]),
-                                chunk, row0, BLOCK=_BLOCK, SPAN=_SPAN,
-                                F64=flats[0].dtype is torch.float64, **_OPTIONS)
+    grid = (int(bounds[-1]),)
+    args = (*ptrs, *ns, int(bounds[0]), int(bounds[1]), int(bounds[2]), chunk, row0, span)
+    f64 = flats[0].dtype is torch.float64
+    if interpret:
+        _interpreted()[grid](*args, BLOCK=_BLOCK, F64=f64, **_OPTIONS)
+        return
+    # the compiled kernel Triton chose for this device, dtype, pointer alignments and integer
+    # widths (pointers are specialised on 16-byte alignment; integers are not specialised, but
+    # typed int32 or int64 by their value)
+    key = (flats[0].dtype, chunk.device.index, *[p.data_ptr() % 16 == 0 for p in ptrs],
+           chunk.data_ptr() % 16 == 0, *[v >= _INT32 for v in args[4:11]], row0 >= _INT32,
+           span >= _INT32)
+    compiled = _COMPILED.get(key)
+    if compiled is not None:
+        try:
+            _launch_compiled(compiled, grid, (*args, _BLOCK, f64))
+            return
+        except Exception as exc:  # noqa: BLE001 - this Triton launches otherwise: its own way
+            _TRITON["direct"] = False
+            _COMPILED.clear()
+            log.warning("precdbg: launching the compiled statistics kernel directly failed "
+                        "(%s); launching through Triton", " ".join(str(exc).split())[:200])
+    compiled = _TRITON["kernel"][grid](*args, BLOCK=_BLOCK, F64=f64, **_OPTIONS)
+    if _direct_launch_supported() and compiled is not None:
+        _COMPILED[key] = compiled
+
+
+# Triton's JITFunction.run binds and specialises every argument and computes a cache key on each
+# launch (~20 us of Python). Once the compiled kernel of a key is known, it is launched the way
+# JITFunction.run launches it, where the installed Triton launches that way (checked once, from
+# its source); elsewhere every launch goes through JITFunction.run.
+_COMPILED: Dict[Any, Any] = {}
+
+
+def _direct_launch_supported() -> bool:
+    if "direct" not in _TRITON:
+        _TRITON["direct"] = False
+        try:
+            import inspect
+
+            from triton import knobs, runtime
+            from triton.runtime.jit import JITFunction
+            _TRITON["driver"], _TRITON["hooks"] = runtime.driver.active, knobs.runtime
+            source = " ".join(inspect.getsource(JITFunction.run).split())
+            _TRITON["direct"] = (
+                "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, "
+                "kernel.packed_metadata, launch_metadata, knobs.runtime.launch_enter_hook, "
+                "knobs.runtime.launch_exit_hook, *bound_args.values())" in source
+                and hasattr(knobs.runtime, "launch_enter_hook"))
+        except Exception:  # noqa: BLE001 - any doubt: launch through JITFunction.run
+            pass
+    return _TRITON["direct"]
+
+
+def _launch_compiled(compiled: Any, grid: Tuple[int], values: Tuple[Any, ...]) -> None:
+    """JITFunction.run's launch of an already compiled kernel: `values` are every argument in
+    the kernel's order, constexprs included (what Triton's bound arguments hold)."""
+    driver, hooks = _TRITON["driver"], _TRITON["hooks"]
+    stream = driver.get_current_stream(driver.get_current_device())
+    compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *values),
+                 hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
+
+
+_WANTED: Dict[Any, int] = {}
+
+
+def _programs_wanted(chunk: torch.Tensor) -> int:
+    """How many programs one launch on the chunk's device aims at (multiprocessors x a few)."""
+    device = chunk.device
+    wanted = _WANTED.get(device)
+    if wanted is None:
+        if device.type == "cuda":
+            count = torch.cuda.get_device_properties(device).multi_processor_count
+            wanted = _PROGRAMS_PER_SM * count
+        else:
+            wanted = _INTERPRETED_PROGRAMS
+        _WANTED[device] = wanted
+    return wanted
 
 
 def disable(exc: BaseException) -> None:

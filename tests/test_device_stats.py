@@ -18,8 +18,7 @@ from precdbg_pt import tensors as pt_tensors
 
 from conftest import make_batch_list, make_model, make_optimizer, run_steps
 
-U = 2.0 ** -24                      # float32 unit roundoff
-KERNEL_BOUND = 11 * U               # documented: block tree of log2(1024) levels + float64 rest
+KERNEL_BOUND = 1e-12                # documented: float64 sums in both backends
 HAS_TRITON = device_stats.triton_available()
 try:
     device_stats.summarize_with("triton", [torch.ones(3)])
@@ -140,18 +139,18 @@ def test_all_nan_overflow_and_extremes(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_documented_accuracy_of_mean_and_norm(backend):
-    """float32: mean and norm within 1e-6 relative of numpy float64 when the mean is not ~0;
-    for cancelling values the documented absolute bound 10 u * mean(|x|) on the mean."""
+    """float32: mean and norm within 1e-12 relative of numpy float64 (float64 sums; the issue
+    asks for 1e-6); for cancelling values the documented bound 1e-12 * mean(|x|) on the mean."""
     g = torch.Generator().manual_seed(11)
     shifted = torch.randn(1 << 18, generator=g) * 2 + 5
     cancelling = torch.randn(1 << 18, generator=g)
     rows = pt_tensors.resolve(device_stats.summarize_with(backend, [shifted, cancelling]))
     for row, x in zip(rows, (shifted, cancelling)):
         w = x.double().numpy()
-        assert abs(row[3] - np.linalg.norm(w)) <= 1e-6 * np.linalg.norm(w)
-        assert abs(row[2] - w.mean()) <= 10 * U * np.abs(w).mean() + 1e-15
+        assert abs(row[3] - np.linalg.norm(w)) <= 1e-12 * np.linalg.norm(w)
+        assert abs(row[2] - w.mean()) <= 1e-12 * np.abs(w).mean() + 1e-300
     w = shifted.double().numpy()
-    assert abs(rows[0, 2] - w.mean()) <= 1e-6 * abs(w.mean())
+    assert abs(rows[0, 2] - w.mean()) <= 1e-12 * abs(w.mean())
 
 
 def test_buffer_grows_past_a_chunk_and_crosses_once():
@@ -203,11 +202,12 @@ def test_dumped_step_crosses_to_the_host_at_most_twice(tmp_path, monkeypatch, ba
         np.testing.assert_array_equal(table[col], reference[col], err_msg=col)
     norm, ref_norm = table["norm"], reference["norm"]
     same = (norm == ref_norm) | (np.isnan(norm) & np.isnan(ref_norm))   # non-tensor values
-    bad = np.nonzero(~(same | (np.abs(norm - ref_norm) <= 1e-6 * ref_norm)))[0]
+    bad = np.nonzero(~(same | (np.abs(norm - ref_norm) <= 1e-10 * ref_norm)))[0]
     assert bad.size == 0, [(table["entry"][i], norm[i], ref_norm[i]) for i in bad[:5]]
-    # mean: 10 u * mean(|x|) <= 10 u * norm / sqrt(n) (Cauchy-Schwarz) on top of 1e-6 relative
+    # mean: both sides sum in float64 (in other orders): 1e-10 * mean(|x|) <= 1e-10 * norm /
+    # sqrt(n) (Cauchy-Schwarz)
     n = np.maximum(reference["numel"], 1)
-    slack = 10 * U * ref_norm / np.sqrt(n) + 1e-6 * np.abs(reference["mean"])
+    slack = 1e-10 * ref_norm / np.sqrt(n) + 1e-10 * np.abs(reference["mean"])
     finite = np.isfinite(reference["mean"]) & np.isfinite(ref_norm)
     assert np.all(np.abs(table["mean"][finite] - reference["mean"][finite]) <= slack[finite])
 
@@ -224,6 +224,23 @@ def test_cuda_fused_statistics_match_numpy(dtype):
     backend = "triton" if HAS_TRITON and dtype in FLOATS else "torch"
     for row, x in zip(raw, xs):
         check_raw(row, x, bound_for(backend, dtype) if dtype.is_floating_point else 1e-15)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_cuda_compiled_kernel_launched_directly_matches_numpy(dtype):
+    """After its first launch a compiled kernel is launched without Triton's binder: views at
+    every alignment (a kernel specialised for 16-byte aligned pointers must never read an
+    unaligned one) and several rounds, each against numpy."""
+    from precdbg_pt import stats_kernel
+    base = sample(40_003, dtype, seed=7).cuda()
+    views = [base[k:] for k in range(5)] + [base[k:k + 1025] for k in range(3)]
+    for _ in range(3):
+        raw = device_stats.resolve(device_stats.summarize_many(views))
+        for row, x in zip(raw, views):
+            check_raw(row, x, bound_for("triton", dtype))
+    if stats_kernel.triton_available():
+        assert stats_kernel._direct_launch_supported() == bool(stats_kernel._COMPILED)
 
 
 def _gpu_step(dbg: "PrecisionDebugger | None", model, opt, batch) -> List[str]:
