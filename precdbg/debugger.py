@@ -32,6 +32,8 @@ class BaseDebugger:
         # queued and its thread ends; a capture still running is stopped at exit.
         finalizer = weakref.finalize(self, self._session.writer.retire)
         finalizer.atexit = False
+        # At garbage collection or exit: one line when start() never ran on a configured step
+        weakref.finalize(self, _say_if_nothing_dumped, self._session)
 
     # -- the four lines ----------------------------------------------------------------------
     def start(self, model: Any = None) -> bool:
@@ -118,3 +120,12 @@ class BaseDebugger:
     @property
     def dump_path(self) -> str:
         return self.config.dump_path
+
+
+def _say_if_nothing_dumped(session: Session) -> None:
+    try:
+        notice = session.nothing_dumped_notice()
+    except Exception:  # noqa: BLE001 - a notice must never fail the exit
+        return
+    if notice:
+        log.warning(notice)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 
 from . import __version__, lifetime
@@ -62,6 +62,7 @@ class Session:
         self._every_record = self.filter.keeps_every_record()
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = 0
+        self.skipped_steps: Set[int] = set()    # steps start() ran on that config step left out
         self.active = False
         self.phase = Phase.FORWARD.value
         self.failures = 0
@@ -102,6 +103,18 @@ class Session:
         self._module_stack: List[Tuple[str, bool]] = []
         self._window_failures = 0
 
+    def nothing_dumped_notice(self) -> Optional[str]:
+        """Why this run wrote nothing, when start() ran only on steps the config leaves out
+        (the guides call step() on the dumped iteration only: the step counter then counts
+        dumped iterations, not training iterations). None when something was written."""
+        if self.run.written or not self.skipped_steps:
+            return None
+        ran = ", ".join(map(str, sorted(self.skipped_steps)))
+        return (f"precdbg: nothing was dumped: start() ran on step {ran} only, and config "
+                f"step is {sorted(self.config.step)}; steps are counted by debugger.step() "
+                f"calls from 0 (call step() after every training iteration, or list the steps "
+                f"start() runs on)")
+
     def selected(self) -> bool:
         cfg = self.config
         return ((not cfg.step or self.current_step in cfg.step)
@@ -113,6 +126,9 @@ class Session:
             return True
         self.rank, self.world_size = self.adapter.rank_and_world()
         if not self.selected():
+            if self.config.step and self.current_step not in self.config.step \
+                    and len(self.skipped_steps) < 8:
+                self.skipped_steps.add(self.current_step)
             return False
         self._reset_window()
         if not self.run.written:

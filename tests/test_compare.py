@@ -94,6 +94,8 @@ def test_perturbed_weight(dumps):
     assert first["name_a"] == "Param.blocks.1.mlp.fc.weight", cs.describe(result)
     assert "optimizer" not in first["reason"], "step 0 has no earlier step to blame"
     assert "more parameter" not in first["reason"], "only one parameter was changed"
+    assert "entered step 0 with different weights" in first["reason"], first["reason"]
+    assert "load one checkpoint in both" in first["reason"], first["reason"]
 
 
 def test_different_input_data(dumps):

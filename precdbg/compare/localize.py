@@ -359,6 +359,11 @@ def _inventory(entries: List[Entry], previous_matched: bool, setup: Sequence[str
     others = len(bad) - 1
     if others:
         reason += f" ({others} more parameter(s) differ)"
+    if not previous_matched and not e.trainable_differs and \
+            (ev is None or (not ev.only_in and ev.shape_ok)):
+        reason += (f": the runs entered step {e.step} with different weights (the "
+                   "initialisation, the checkpoint, or an earlier step that was not dumped); "
+                   "dump from the first training step, or load one checkpoint in both")
     verdict = _verdict(e, reason)
     verdict["chain"] = [{"name_a": e.name_a, "name_b": e.name_b, "step": e.step, "rank": e.rank,
                          "kind": e.kind, "direction": e.direction, "module": e.module,
