@@ -88,7 +88,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         med = lambda xs, k: sorted(x[k] for x in xs)[len(xs) // 2]  # noqa: E731
         _, count = tool.files()
         lines = [f"workload: {work.describe()}",
-                 f"plain step: host {med(plain_t, 0) * 1e3:.1f} ms, done {med(plain_t, 1) * 1e3:.1f} ms",
+                 f"plain step: host {med(plain_t, 0) * 1e3:.1f} ms, "
+                 f"done {med(plain_t, 1) * 1e3:.1f} ms",
                  f"dumped step ({args.task}/{args.level}): host {med(dumped_t, 0) * 1e3:.1f} ms, "
                  f"done {med(dumped_t, 1) * 1e3:.1f} ms; ratio "
                  f"{med(dumped_t, 1) / med(plain_t, 1):.2f}x; {count} records",

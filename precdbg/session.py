@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 from . import __version__, lifetime
@@ -62,7 +62,8 @@ class Session:
         self._every_record = self.filter.keeps_every_record()
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = 0
-        self.skipped_steps: Set[int] = set()    # steps start() ran on that config step left out
+        # steps start() ran on that config step left out: (how many, first, last)
+        self.skipped_steps: Optional[Tuple[int, int, int]] = None
         self.active = False
         self.phase = Phase.FORWARD.value
         self.failures = 0
@@ -107,10 +108,11 @@ class Session:
         """Why this run wrote nothing, when start() ran only on steps the config leaves out
         (the guides call step() on the dumped iteration only: the step counter then counts
         dumped iterations, not training iterations). None when something was written."""
-        if self.run.written or not self.skipped_steps:
+        if self.run.written or self.skipped_steps is None:
             return None
-        ran = ", ".join(map(str, sorted(self.skipped_steps)))
-        return (f"precdbg: nothing was dumped: start() ran on step {ran} only, and config "
+        count, first, last = self.skipped_steps
+        ran = f"step {first}" if count == 1 else f"{count} steps ({first} to {last})"
+        return (f"precdbg: nothing was dumped: start() ran on {ran} only, and config "
                 f"step is {sorted(self.config.step)}; steps are counted by debugger.step() "
                 f"calls from 0 (call step() after every training iteration, or list the steps "
                 f"start() runs on)")
@@ -126,9 +128,11 @@ class Session:
             return True
         self.rank, self.world_size = self.adapter.rank_and_world()
         if not self.selected():
-            if self.config.step and self.current_step not in self.config.step \
-                    and len(self.skipped_steps) < 8:
-                self.skipped_steps.add(self.current_step)
+            if self.config.step and self.current_step not in self.config.step:
+                seen = self.skipped_steps
+                step = self.current_step
+                self.skipped_steps = (1, step, step) if seen is None else \
+                    (seen[0] + (step != seen[2]), seen[1], step)
             return False
         self._reset_window()
         if not self.run.written:

@@ -17,9 +17,10 @@ Backends
 * ``triton`` (CUDA tensors of float32/float16/bfloat16/float64, when `triton` imports): one fused
   kernel. Each program reads a contiguous span of elements in blocks of ``_BLOCK``
   (precdbg_pt/stats_kernel.py; the span is chosen per launch so that the launch has a few
-  programs per multiprocessor: enough loads in flight to read at memory speed); every lane keeps its min/max in the tensor's precision (float32
-  for the half types, which convert exactly) and its sum and sum of squares in float64, and the
-  lanes are reduced once per program; programs combine their results with float64 atomics
+  programs per multiprocessor: enough loads in flight to read at memory speed); every lane
+  keeps its min/max in the tensor's precision (float32 for the half types, which convert
+  exactly) and its sum and sum of squares in float64, and the lanes are reduced once per
+  program; programs combine their results with float64 atomics
   (`atomic_add`, `atomic_min/max`). Several tensors of one dtype may share one launch
   (`summarize_many`, up to ``SLOTS``): a fixed number of pointer arguments rather than a device
   table of pointers, because a table would need a host-to-device copy per launch (an extra
@@ -35,9 +36,9 @@ Both backends convert every element exactly to float64 before it is added, so su
 squares carry float64 rounding only: a lane adds ``k = span / _BLOCK`` values, the lanes form a
 tree of ``log2(_BLOCK) = 10`` levels and the ``p`` programs of a tensor add atomically (in any
 order, ``k * p <= n / _BLOCK + p``), hence an error of at most ``(k + 10 + p) * 2**-53 * sum|x|``:
-below 1e-12 of ``sum|x|`` for tensors up to 2**31 elements. The norm and the mean of float32 inputs therefore
-have relative errors far below the 1e-6 the issue asked for (1e-12 is what the tests require; a
-float32 accumulation, the previous design, bounds them only by ~6e-7). Min, max and the NaN and
+below 1e-12 of ``sum|x|`` for tensors up to 2**31 elements. The norm and the mean of float32
+inputs therefore have relative errors far below 1e-6 (the tests require 1e-12; the previous
+design, float32 sums per block, was bounded by ~6e-7). Min, max and the NaN and
 Inf counts are exact.
 
 Testing only: `summarize_with(backend, tensors)` forces a backend, and runs the Triton kernel in

@@ -303,10 +303,11 @@ def main(folder, dump_step, config_steps):
     debugger = PrecisionDebugger(config_path=config)     # a local of main(), no close()
     model = torch.nn.Linear(4, 4)
     for iteration in range(3):
-        if iteration == dump_step:
+        dumped = dump_step < 0 or iteration == dump_step     # -1: every iteration
+        if dumped:
             debugger.start(model)
         model(torch.ones(2, 4)).sum().backward()
-        if iteration == dump_step:
+        if dumped:
             debugger.stop()
             debugger.step()
 
@@ -316,23 +317,25 @@ sys.exit(3)
 """
 
 
-@pytest.mark.parametrize("config_steps, notice", [([1], True), ([0], False), ([], False)])
-def test_guide_pattern_that_dumps_nothing_says_why(tmp_path, config_steps, notice):
+@pytest.mark.parametrize("dump_step, config_steps, ran", [
+    (1, [1], "step 0"), (-1, [10], "3 steps (0 to 2)"), (1, [0], None), (1, [], None)])
+def test_guide_pattern_that_dumps_nothing_says_why(tmp_path, dump_step, config_steps, ran):
     """The guides' pattern calls step() on the dumped iteration only, so the step counter
     counts dumped iterations: with config step [1] and the dump at iteration 1, start() runs
     on step 0 and nothing is written. The process says so in one line (and exits with its own
     code); when a step is written, or every step is selected, it says nothing."""
     script = tmp_path / "nothing.py"
     script.write_text(NOTHING_DUMPED)
-    proc = subprocess.run([PYTHON, str(script), str(tmp_path), "1", json.dumps(config_steps)],
+    proc = subprocess.run([PYTHON, str(script), str(tmp_path), str(dump_step),
+                           json.dumps(config_steps)],
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 3 and "trained" in proc.stdout, proc.stderr[-3000:]
     said = [line for line in proc.stderr.splitlines() if "nothing was dumped" in line]
-    if notice:
-        assert said == ["precdbg: nothing was dumped: start() ran on step 0 only, and config "
-                        "step is [1]; steps are counted by debugger.step() calls from 0 (call "
-                        "step() after every training iteration, or list the steps start() runs "
-                        "on)"], proc.stderr[-3000:]
+    if ran:
+        assert said == [f"precdbg: nothing was dumped: start() ran on {ran} only, and config "
+                        f"step is {config_steps}; steps are counted by debugger.step() calls "
+                        "from 0 (call step() after every training iteration, or list the steps "
+                        "start() runs on)"], proc.stderr[-3000:]
         assert not os.path.exists(tmp_path / "dump" / "step0")
     else:
         assert said == [], proc.stderr[-3000:]
