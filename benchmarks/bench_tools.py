@@ -13,9 +13,37 @@ import glob
 import importlib.util
 import json
 import os
+import re
+import shutil
 import threading
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+
+def step_folders(dump_path: str) -> List[str]:
+    """The step<N> folders of a dump (precdbg's and msprobe's layout), in step order."""
+    found = []
+    for path in glob.glob(os.path.join(dump_path, "step*")):
+        match = re.fullmatch(r"step(\d+)", os.path.basename(path))
+        if match and os.path.isdir(path):
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(path) for name in names)
+
+
+def prune_older_steps(dump_path: str) -> List[int]:
+    """Delete every finished step folder but the newest (call after a drain: nothing writes
+    them any more); returns their sizes in bytes. A tensor-task step of a big model on an
+    accelerator is tens of GB: the benchmark keeps one on disk at a time."""
+    sizes = []
+    for path in step_folders(dump_path)[:-1]:
+        sizes.append(folder_bytes(path))
+        shutil.rmtree(path)
+    return sizes
 
 
 class PrecdbgTool:
@@ -44,12 +72,12 @@ class PrecdbgTool:
 
     def files(self) -> Tuple[List[int], int]:
         import precdbg
-        paths = sorted(glob.glob(os.path.join(self.dump_path, "step*", "rank0.h5")))
-        if not paths:
+        steps = step_folders(self.dump_path)
+        if not steps:
             return [], 0
-        with precdbg.open_dump(paths[-1]) as dump:
+        with precdbg.open_dump(os.path.join(steps[-1], "rank0.h5")) as dump:
             records = len(dump.records())
-        return [os.path.getsize(p) for p in paths], records
+        return [folder_bytes(step) for step in steps], records
 
 
 # precdbg's level names -> msprobe's: module = L0 (nn.Module), api = L1 (torch API), mix = both
@@ -102,9 +130,8 @@ class MsprobeTool:
         return True, ""
 
     def files(self) -> Tuple[List[int], int]:
-        steps = sorted(glob.glob(os.path.join(self.dump_path, "step*")))
-        sizes = [sum(os.path.getsize(os.path.join(root, f))
-                     for root, _, names in os.walk(step) for f in names) for step in steps]
+        steps = step_folders(self.dump_path)
+        sizes = [folder_bytes(step) for step in steps]
         records = 0
         if steps:
             # step<N>/rank<R>/dump.json, or step<N>/dump.json where msprobe knows no rank

@@ -58,7 +58,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_models import DEVICES, MODELS, BenchError, Workload  # noqa: E402
-from bench_tools import PrecdbgTool, count_syncs, peak_bytes, reset_peak  # noqa: E402
+from bench_tools import (PrecdbgTool, count_syncs, peak_bytes, prune_older_steps,  # noqa: E402
+                         reset_peak)
 
 MODES: Tuple[Tuple[str, str], ...] = (("statistics", "mix"), ("tensor", "mix"),
                                       ("statistics", "api"), ("statistics", "module"))
@@ -161,6 +162,7 @@ def measure_mode(task: str, level: str, debugger_cls: Any, model: Any, run_step:
         plain: List[float] = []
         dumped: List[float] = []
         drain: List[float] = []
+        pruned: List[int] = []       # sizes of the step folders deleted after their drain
         for i in range(warmup + repeats):
             sync()
             t0 = time.perf_counter()
@@ -175,6 +177,7 @@ def measure_mode(task: str, level: str, debugger_cls: Any, model: Any, run_step:
             if not tool.drain():
                 raise RuntimeError(f"{task}/{level}: the writer did not finish a step")
             t3 = time.perf_counter()
+            pruned += prune_older_steps(dump_path)     # one step on disk at a time
             if i >= warmup:
                 plain.append(t1 - t0)
                 dumped.append(t2 - t1)
@@ -189,6 +192,7 @@ def measure_mode(task: str, level: str, debugger_cls: Any, model: Any, run_step:
         if not closed:
             raise RuntimeError(f"{task}/{level}: {why}")
         sizes, records = tool.files()
+        sizes = pruned + sizes
         if len(sizes) != rounds:
             raise RuntimeError(f"{task}/{level}: expected {rounds} step dumps, "
                                f"found {len(sizes)}")

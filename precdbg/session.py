@@ -18,6 +18,7 @@ from . import __version__, lifetime
 from .collector import CollectorPause
 from .config import DumpConfig
 from .errors import ConfigError
+from .failures import FailureLog, one_line
 from .filters import CaptureFilter
 from .layers import settings_text
 from .precision import PrecisionTracker
@@ -42,13 +43,6 @@ _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
 _INPUT, _OUTPUT, _FORWARD = Role.INPUT.value, Role.OUTPUT.value, Direction.FORWARD.value
 _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NONE.value
 _NAN = float("nan")
-_MAX_REPORTED_FAILURES = 20     # distinct failures reported; the rest are only counted
-
-
-def one_line(exc: BaseException, limit: int = 240) -> str:
-    """An exception's message on one line, shortened."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class Session:
@@ -66,9 +60,7 @@ class Session:
         self.skipped_steps: Optional[Tuple[int, int, int]] = None
         self.active = False
         self.phase = Phase.FORWARD.value
-        self.failures = 0
-        self._reported: set = set()
-        self._window_failures = 0
+        self._failures = FailureLog()
         self.forked = False
         self.rank = 0
         self.world_size = 1
@@ -80,6 +72,7 @@ class Session:
         self._overflow_kept = 0
         self.provenance = Provenance(adapter.tensors)
         self.collector = CollectorPause()
+        self._stacks = StackTable(adapter.internal_dirs)
         self._reset_step_counters()
         self._reset_window()
         lifetime.track_session(self)
@@ -97,12 +90,12 @@ class Session:
 
     def _reset_window(self) -> None:
         self._batch = TensorBatch(self.tensors, self._checksum)
-        self._stacks = StackTable(self.adapter.internal_dirs)
+        self._stacks.new_window()
         self._modules: List[Tuple[str, str, str, str]] = []
         self._module_cls: Dict[str, str] = {}
         self._calls_seen = 0
         self._module_stack: List[Tuple[str, bool]] = []
-        self._window_failures = 0
+        self._failures.new_window()
 
     def nothing_dumped_notice(self) -> Optional[str]:
         """Why this run wrote nothing, when start() ran only on steps the config leaves out
@@ -197,7 +190,7 @@ class Session:
         self._guarded(self.flush_batch, "stop(): flushing statistics")
         self._guarded(lambda: self.writer.close_step(
             self._modules, self._stacks.texts,
-            {"interrupted": interrupted, "failures": self._window_failures}),
+            {"interrupted": interrupted, "failures": self._failures.window}),
             "stop(): closing the step file")
         self._guarded(self._note_first_batch, "stop(): recording the first batch")
         self._reset_window()
@@ -245,21 +238,12 @@ class Session:
     # ------------------------------------------------------------------ failures
     def hook_failed(self, exc: BaseException, where: str) -> None:
         """Count a failure inside precdbg (a hook, statistics, start/stop/step); training goes
-        on. Each distinct failure (type and message) is reported once, in one line naming the
-        step and the stage; its traceback goes to the `precdbg` logger at DEBUG level."""
-        self.failures += 1
-        self._window_failures += 1
-        text = one_line(exc)
-        key = (type(exc).__name__, text)
-        if key in self._reported:
-            return
-        self._reported.add(key)
-        if len(self._reported) <= _MAX_REPORTED_FAILURES:
-            log.warning("precdbg: step %d: %s failed (%s: %s); training continues (counted in "
-                        "debugger.failures)", self.current_step, where, type(exc).__name__, text)
-            log.debug("precdbg: traceback of that failure", exc_info=exc)
-        elif len(self._reported) == _MAX_REPORTED_FAILURES + 1:
-            log.warning("precdbg: further kinds of failure are counted, not reported")
+        on (precdbg.failures: each distinct one reported once, in one line)."""
+        self._failures.add(exc, where, self.current_step)
+
+    @property
+    def failures(self) -> int:
+        return self._failures.count
 
     # ------------------------------------------------------------------ modules
     def set_module_tree(self, modules: Sequence[Tuple[str, str, str, Dict[str, Any]]]) -> None:

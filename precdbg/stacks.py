@@ -15,16 +15,30 @@ __all__ = ["StackTable"]
 _DEPTH = 6          # user frames kept per stack
 
 
+_TEXTS_KEPT = 100_000   # stack texts remembered across windows (then forgotten, and made again)
+
+
 class StackTable:
-    """Interns the user-code part of the current call stack (frames outside `skip`)."""
+    """Interns the user-code part of the current call stack (frames outside `skip`). Ids and
+    `texts` belong to one capture window (`new_window`); what a walk learns (which code is
+    internal, the text of a key) is kept for the next windows, so a dumped step that runs the
+    same code as the last one walks in C only and makes no text."""
 
     def __init__(self, skip: Tuple[str, ...]) -> None:
         self.skip = skip
-        self._ids: Dict[Tuple[int, ...], int] = {}    # (code id, instruction) per frame -> id
-        self._by_text: Dict[str, int] = {}
         # per code object id: inside `skip`? The code object is kept, so its id stays its own.
         self._internal: Dict[int, Tuple[CodeType, bool]] = {}
+        self._text_of: Dict[Tuple[int, ...], str] = {}    # a key's text, across windows
+        self.new_window()
+
+    def new_window(self) -> None:
+        """Ids start again from 0 (the texts of one window go into its step file)."""
+        self._ids: Dict[Tuple[int, ...], int] = {}    # (code id, instruction) per frame -> id
+        self._by_text: Dict[str, int] = {}
         self.texts: List[str] = []
+        if len(self._text_of) > _TEXTS_KEPT or len(self._internal) > _TEXTS_KEPT:
+            self._text_of.clear()        # code made at run time (exec, compilers) grows these
+            self._internal.clear()
 
     def current(self, depth: int = 2) -> int:
         """The id of the caller's stack, `depth` frames above this call. Runs once per captured
@@ -39,18 +53,27 @@ class StackTable:
                 sid = self._ids.get(key)
                 if sid is not None:
                     return sid
+                text = self._text_of.get(key)
+                if text is not None:      # a stack an earlier window met: no walk, no text
+                    return self._intern(key, text)
         frames, walked = self._walk(sys._getframe(depth))
         if key is None:
             key = walked
         sid = self._ids.get(key)
         if sid is None:
-            text = "\n".join(f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
-                             for f in frames)
-            sid = self._by_text.get(text)
-            if sid is None:
-                sid = self._by_text[text] = len(self.texts)
-                self.texts.append(text)
-            self._ids[key] = sid
+            text = self._text_of.get(key)
+            if text is None:
+                text = self._text_of[key] = "\n".join(
+                    f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}" for f in frames)
+            sid = self._intern(key, text)
+        return sid
+
+    def _intern(self, key: Tuple[int, ...], text: str) -> int:
+        sid = self._by_text.get(text)
+        if sid is None:
+            sid = self._by_text[text] = len(self.texts)
+            self.texts.append(text)
+        self._ids[key] = sid
         return sid
 
     def _walk(self, frame: Optional[FrameType]) -> Tuple[List[FrameType], Tuple[int, ...]]:

@@ -205,7 +205,7 @@ class DumpWriter:
     def _fail(self, exc: BaseException) -> None:
         """A failure while writing a step drops that step (its .partial is removed, earlier
         steps are untouched) and is reported once, with the file and the free space."""
-        from .session import one_line
+        from .failures import one_line
         self.errors += 1
         if isinstance(exc, OSError) and exc.errno and isinstance(exc.strerror, str) \
                 and exc.strerror.startswith(os.strerror(exc.errno)):

@@ -37,13 +37,13 @@ checkpoint's forward was called in, noted on its ctx then, owns what it replays
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
 from precdbg.instrumentor import ClassPatch
 
-__all__ = ["RecomputeDetector", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES",
+__all__ = ["RecomputeDetector", "CheckpointReplays", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES",
            "replayed_functions", "forward_owner", "note_owner", "checkpoint_patches",
            "checkpoint_context", "UNKNOWN_CONTEXT"]
 
@@ -210,3 +210,87 @@ class RecomputeDetector:
 
     def forget(self) -> None:
         self._node, self._answer = None, ENGINE
+
+
+class _ReplayHooks:
+    """The pre-hook and hook of a reentrant checkpoint's node (one object, two bound methods):
+    its backward replays its forward, with the capture mode back on torch's stack."""
+    __slots__ = ("adapter", "put_back")
+
+    def __init__(self, adapter: "CheckpointReplays") -> None:
+        self.adapter, self.put_back = adapter, False
+
+    def enter(self, grad_outputs: Any) -> None:
+        self.put_back = self.adapter.replay_entered()
+        return None
+
+    def leave(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        put_back, self.put_back = self.put_back, False
+        self.adapter.replay_left(put_back)
+        return None
+
+
+class CheckpointReplays:
+    """The adapter's part in checkpoint replays (TorchAdapter inherits it): whether a forward
+    call may be replayed, and the capture mode put back on torch's stack while a replay runs.
+    Uses the adapter's `session`, `_mode` (the capture mode's handle), `installed`, `paused`,
+    `hold` and `_in_checkpoint`."""
+
+    def replayable(self) -> bool:
+        """Whether a call may be re-run by a recompute's replay (asked for calls without
+        gradients, see `forward_watch`): the backward is captured and the call runs in the
+        forward of an activation checkpoint with a backward (read off the stack). At the first such call of a
+        checkpoint, its ctx keeps the module it runs in (the owner of what its replay re-runs)
+        and gets the hooks that put the capture mode back for its replay."""
+        if not self.session.filter.keeps_backward:
+            return False
+        ctx = checkpoint_context(sys._getframe(2))
+        if ctx is None:
+            return False
+        self._in_checkpoint = True
+        if note_owner(ctx, self.session.owning_module):
+            hooks = _ReplayHooks(self)
+            self.hold(ctx.register_prehook(hooks.enter))
+            self.hold(ctx.register_hook(hooks.leave))
+        return True
+
+    def forward_watch(self, grad_on: bool) -> Tuple[bool, bool]:
+        """(watched, replayable) of a forward call about to run (`grad_on`: gradients are
+        enabled and the backward is captured). Without gradients it is not watched, and a
+        replay may re-run it (`replayable`). With them it is watched, unless it runs in a
+        reentrant checkpoint's forward all the same (`torch.enable_grad()` inside one, as
+        Megatron's bias-dropout-add): the graph it makes there is dropped and the checkpoint's
+        replay has its backward. The stack is read for that only after a checkpoint's forward
+        was seen, until a call with gradients runs outside one."""
+        if not grad_on:
+            return False, self.replayable()
+        if self._in_checkpoint:
+            if self.replayable():
+                return False, True
+            self._in_checkpoint = False
+        return True, False
+
+    def replay_entered(self) -> bool:
+        """A checkpoint's replay starts inside backward: the capture mode goes back on torch's
+        stack for it (True when it was put back now)."""
+        session, mode = self.session, self._mode
+        if not self.installed or self.paused or mode is None or session is None:
+            return False
+        try:
+            return mode.enter_replay()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, "starting a checkpoint's replay")
+            return False
+
+    def replay_left(self, put_back: bool) -> None:
+        session, mode = self.session, self._mode
+        if put_back and mode is not None and session is not None:
+            try:
+                mode.leave_replay()
+            except Exception as exc:  # noqa: BLE001 - never raise into training
+                session.hook_failed(exc, "ending a checkpoint's replay")
+
+    def engine_returned(self) -> None:
+        """An engine entry (backward, autograd.grad) returned: a replay's mode comes off."""
+        if self._mode is not None:
+            self._mode.leave_replay()

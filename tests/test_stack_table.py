@@ -64,3 +64,19 @@ def test_bad_arguments_raise_instead_of_crashing() -> None:
     code = sys._getframe(0).f_code
     with pytest.raises(TypeError):
         _frames.key(0, {id(code): "not a pair"}, 3)
+
+
+def test_a_new_window_numbers_stacks_again_without_walking_known_ones() -> None:
+    table = StackTable(skip=(os.path.dirname(stacks.__file__) + os.sep,))
+
+    def no_walk(frame):
+        raise AssertionError("a stack met in an earlier window was walked in Python again")
+
+    seen = []
+    for window in range(2):
+        if window:
+            table.new_window()
+            assert table.texts == []
+            table._walk = no_walk
+        seen.append(([table.current(1) for _ in range(2)], list(table.texts)))
+    assert seen[0] == seen[1] and seen[0][0] == [0, 0] and len(seen[0][1]) == 1
