@@ -1,4 +1,5 @@
-"""Tensor questions the core asks: describe, identity, statistics on the device, host copies.
+"""Tensor questions the core asks: describe, identity, statistics on the device; host copies
+(the tensor task) are in `precdbg_pt.host_copies`.
 
 CPU tensors (whose device *is* host memory) go through `precdbg._fastats`: one vectorised pass
 over the bytes gives min, max, the finite sum and sum of squares, NaN and Inf counts (float64
@@ -23,6 +24,8 @@ import numpy as np
 import torch
 
 from . import device_stats, stats_kernel
+from .host_copies import PLAIN_TYPES as _PLAIN_TYPES, HostCopy as _HostCopy  # noqa: F401
+from .host_copies import hand_over, has_memory as _has_memory, to_host  # tensor task copies
 from .device_stats import DeviceHandle
 
 try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
@@ -31,19 +34,14 @@ except ImportError:  # pragma: no cover - exercised on machines without the exte
     _fastats = None
 
 __all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref",
-           "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host", "hand_over", "nbytes", "launch_queued", "retained_bytes",
-           "deferrable"]
+           "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host", "hand_over", "nbytes",
+           "launch_queued", "retained_bytes", "deferrable"]
 
 # testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
 _FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
 
 _HALF = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
-# numpy cannot hold these; their bytes go out as unsigned integers of the same width
-_RAW_VIEW = {torch.bfloat16: torch.uint16}
-for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
-    if hasattr(torch, _name):
-        _RAW_VIEW[getattr(torch, _name)] = torch.uint8
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -91,6 +89,12 @@ def _layout(t: torch.Tensor, stride: Optional[Tuple[int, ...]] = None
     return found
 
 
+# Which storage holds a tensor: the address of its StorageImpl (what `untyped_storage()._cdata`
+# answers, without making a storage object per record); older torch builds make the object.
+_storage_id: Callable[[torch.Tensor], int] = getattr(
+    torch._C, "_storage_id", lambda t: t.untyped_storage()._cdata)
+
+
 def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
     """(statistics key, data key). Equal statistics keys: the same elements of the same storage
     at the same version, in any order (a transpose has the statistics of its base). Equal data
@@ -101,7 +105,7 @@ def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
         ptr = t.data_ptr()
         if not ptr and t.numel():
             return None                   # no memory of its own (a wrapper subclass)
-        base = (ptr, t.dtype, t._version, t.device)
+        base = (ptr, t.dtype, t._version, t.get_device())
         layout = (t.numel(),) if contiguous else _layout(t)
         shape = tuple(t.shape)
         return (base, layout), (base, shape, None if contiguous else t.stride())
@@ -116,9 +120,6 @@ def holds(t: torch.Tensor, key: Tuple[Any, ...]) -> bool:
     return t.data_ptr() == key[0][0]
 
 
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
 def local(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding `t`'s elements in this process's memory: `t` itself, or a DTensor's
     local shard (FSDP2, tensor parallelism). Statistics of a whole DTensor would take a
@@ -131,15 +132,6 @@ def local(t: torch.Tensor) -> torch.Tensor:
     if dtensor is not None and isinstance(t, dtensor):
         return t.to_local()
     return t
-
-
-def _has_memory(t: torch.Tensor) -> bool:
-    """Whether a tensor's elements are in memory of its own (not so for a wrapper subclass,
-    whose data pointer is 0, nor for fake and functional tensors)."""
-    try:
-        return t.data_ptr() != 0
-    except Exception:  # noqa: BLE001 - no storage at all
-        return False
 
 
 def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
@@ -157,13 +149,15 @@ def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
         ptr, version = t.data_ptr(), t._version
         if not ptr and numel:
             return name, shape, numel, None, None    # no memory of its own (wrapper subclass)
-        base = (ptr, dtype, version, t.device)
+        # the device's index, not a device object per record (-1: host memory; one kind of
+        # accelerator runs in a process)
+        base = (ptr, dtype, version, t.get_device())
         if t.is_contiguous():
             keys = ((base, (numel,)), (base, shape, None))
         else:
             stride = t.stride()
             keys = ((base, _layout(t, stride)), (base, shape, stride))
-        return name, shape, numel, keys, (t.untyped_storage()._cdata, (ptr, numel), version)
+        return name, shape, numel, keys, (_storage_id(t), (ptr, numel), version)
     except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses, ...)
         return name, shape, numel, identity(t), storage(t)
 
@@ -172,7 +166,7 @@ def storage(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
     """(storage, view, version): which storage holds the tensor (every view of it shares one),
     which elements of it (start and count), and the storage's write count (views share it)."""
     try:
-        return t.untyped_storage()._cdata, (t.data_ptr(), t.numel()), t._version
+        return _storage_id(t), (t.data_ptr(), t.numel()), t._version
     except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses, inference)
         return None
 
@@ -402,71 +396,3 @@ def resolve(handles: Sequence[Handle]) -> np.ndarray:
         if isinstance(p, _Pending):
             p.tensor = None                   # release every tensor once its row is known
     return out
-
-
-class _HostCopy:
-    __slots__ = ("tensor", "asynchronous", "event")
-
-    def __init__(self, tensor: torch.Tensor, asynchronous: bool,
-                 event: Optional[Any] = None) -> None:
-        self.tensor, self.asynchronous, self.event = tensor, asynchronous, event
-
-
-def to_host(t: torch.Tensor) -> _HostCopy:
-    """Start copying a tensor to host memory (asynchronous on accelerators)."""
-    if type(t) not in _PLAIN_TYPES and not _has_memory(t):
-        raise ValueError(f"a {type(t).__name__} has no memory of its own to store (a tensor "
-                         f"subclass wrapping others); its statistics are not recorded either")
-    x = t.detach()
-    raw = _RAW_VIEW.get(x.dtype)
-    with torch.no_grad():
-        if x.device.type == "cpu":
-            host = x.clone(memory_format=torch.contiguous_format)
-        else:
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-            host.copy_(x, non_blocking=True)
-            # done when this stream gets there: the stream that issued the copy (a backward
-            # hook runs on autograd's device thread and stream)
-            event = _new_event(x.device)
-            return _HostCopy(host.view(raw) if raw is not None else host, True, event)
-    return _HostCopy(host.view(raw) if raw is not None else host, False)
-
-
-def _new_event(device: torch.device) -> Optional[Any]:
-    try:
-        event = torch.Event(device=device)
-        event.record()
-        return event
-    except (AttributeError, RuntimeError, TypeError):   # no generic events for this device
-        return None
-
-
-def hand_over(handles: Sequence[_HostCopy]
-              ) -> Tuple[List[np.ndarray], Optional[Callable[[], None]]]:
-    """Arrays of the copies now, and the wait (for the writer's thread) until their bytes are
-    there: each copy's event, or the whole device where a copy has none."""
-    arrays = [h.tensor.numpy() for h in handles]
-    pending = [h for h in handles if h.asynchronous]
-    if not pending:
-        return arrays, None
-    events = [h.event for h in pending if h.event is not None]
-    whole_device = len(events) < len(pending)
-    done = [False]
-
-    def wait() -> None:
-        if done[0]:
-            return
-        for event in events:
-            event.synchronize()
-        if whole_device:
-            _synchronize()
-        done[0] = True
-    return arrays, wait
-
-
-def _synchronize() -> None:
-    accel = getattr(torch, "accelerator", None)
-    if accel is not None and accel.is_available():
-        accel.synchronize()
-    elif torch.cuda.is_available():
-        torch.cuda.synchronize()

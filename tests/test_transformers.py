@@ -1,5 +1,6 @@
-"""Tiny randomly initialised Hugging Face models (built offline from configs), one training step
-dumped at level mix: no failures, module paths, dw, and unchanged numerics."""
+"""Tiny randomly initialised Hugging Face models (GPT-2, Llama, a Mixtral mixture of experts;
+built offline from configs), one training step dumped at level mix: no failures, module paths,
+dw, and unchanged numerics."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,11 +30,25 @@ def _llama():
     return transformers.LlamaForCausalLM(config)
 
 
+def _mixtral():
+    """A mixture of experts: a router's top-k, experts fed by index selection and weighted
+    scatter-adds, expert weights as fused 3-D parameters."""
+    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, vocab_size=128,
+                                        max_position_embeddings=64)
+    return transformers.MixtralForCausalLM(config)
+
+
 MODELS = {
     "gpt2": (_gpt2, ["transformer.h.0.attn", "transformer.h.1.mlp", "transformer.ln_f"],
              "transformer.h.0.attn.c_attn"),
     "llama": (_llama, ["model.layers.0.self_attn", "model.layers.1.mlp", "model.norm"],
               "model.layers.0.self_attn.q_proj"),
+    "mixtral": (_mixtral, ["model.layers.0.self_attn", "model.layers.1.mlp",
+                           "model.layers.1.mlp.experts", "model.norm"],
+                "model.layers.0.self_attn.q_proj"),
 }
 
 
