@@ -271,9 +271,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         self._param_names = {id(p): name for name, p, _ in params}
         # compiled code runs no hooks and cannot trace the capture mode: eager while captured
-        stance = compiled.eager_stance()
-        if stance is not None:
-            self.hold(stance)
+        if compiled.eager_while_captured(self):
             compiled.note_compiled(session, self._compiled)
         from torch.optim import optimizer as opt
         self.hold(opt.register_optimizer_step_pre_hook(self._optimizer_pre))

@@ -9,20 +9,26 @@ run again after `stop()`. A compiled model is named as the model it wraps (no `_
 in module paths: precdbg_pt.wrappers), so its dump aligns with an uncompiled run and with
 MindSpore.
 
-Nothing here imports TorchDynamo itself: where it has not been imported, nothing can have been
-compiled and there is nothing to change.
+Nothing here imports TorchDynamo itself: where it has not been imported when capture starts,
+nothing has been compiled yet, and `torch.compile` is patched for the captured step instead, so
+that code compiled inside it (a loss or attention function compiled on its first use) also runs
+eagerly: the stance is set as soon as TorchDynamo is there.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
+from precdbg.instrumentor import ClassPatch
+
 from . import wrappers
 
-__all__ = ["EagerStance", "eager_stance", "compiled_paths", "note_compiled"]
+__all__ = ["EagerStance", "eager_stance", "eager_while_captured", "compiled_paths",
+           "note_compiled"]
 
 log = logging.getLogger("precdbg")
 
@@ -91,3 +97,53 @@ def eager_stance() -> Optional[EagerStance]:
     except RuntimeError as exc:         # "attempted to set_stance in a torch.compile region"
         log.debug("precdbg: compiler stance left as it is (%s)", exc)
         return None
+
+
+def eager_while_captured(adapter: Any) -> bool:
+    """Make compiled code run eagerly until the adapter's handles are removed (stop()): the
+    `force_eager` stance now, or, while TorchDynamo is not imported, a patch of `torch.compile`
+    that sets the stance once something is compiled. True when the stance is set now
+    (compiled code may already exist)."""
+    stance = eager_stance()
+    if stance is not None:
+        adapter.hold(stance)
+        return True
+    if "torch._dynamo" not in sys.modules and callable(getattr(torch, "compile", None)):
+        adapter.hold(ClassPatch(torch, "compile",
+                                lambda original: _EagerAfterCompile(original, adapter)))
+    return False
+
+
+class _EagerAfterCompile:
+    """`torch.compile` while a step is captured: compiles as asked, unobserved (TorchDynamo's
+    import and set-up are the framework's, not the model's calls), then sets the `force_eager`
+    stance (once), before anything compiled can run; `torch.compile(mode=...)` used as a
+    decorator sets it when the decorator is applied."""
+
+    def __init__(self, original: Callable[..., Any], adapter: Any) -> None:
+        self.original, self.adapter, self.done = original, adapter, False
+        functools.update_wrapper(self, original)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.adapter.unobserved():
+            result = self.original(*args, **kwargs)
+        if not args and kwargs.get("model") is None and callable(result):
+            decorate = result                    # torch.compile(**options) -> a decorator
+
+            def decorator(fn: Any) -> Any:
+                with self.adapter.unobserved():
+                    compiled = decorate(fn)
+                self._eager()
+                return compiled
+            return decorator
+        self._eager()
+        return result
+
+    def _eager(self) -> None:
+        if self.done:
+            return
+        stance = eager_stance()
+        if stance is not None:
+            self.done = True
+            self.adapter.hold(stance)
+            log.debug("precdbg: code compiled inside a captured step runs eagerly until stop()")

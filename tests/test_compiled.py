@@ -59,6 +59,24 @@ def test_compiled_model_is_captured_like_the_uncompiled_one(tmp_path: Any, how: 
     assert not result["unmatched"]
 
 
+def test_code_compiled_inside_the_captured_step_runs_eagerly(tmp_path: Any) -> None:
+    """TorchDynamo imported only inside the captured step (a function compiled on its first
+    use): before, nothing set the stance and Dynamo's internal error reached training."""
+    uncompiled = _run(tmp_path, "sgd")
+    assert uncompiled["dynamo_at_start"] is False and uncompiled["graphs"] == [0, 0, 0]
+    run = _run(tmp_path, "loss:eager")
+    assert run["dynamo_at_start"] is False
+    assert "Traceback" not in run["stderr"], run["stderr"][-3000:]
+    assert run["failures"] == 0
+    assert run["losses"] == uncompiled["losses"]
+    assert run["stance"] == "default"                  # back after stop()
+    before, after_dump, end = run["graphs"]
+    assert before == 0 and after_dump == 0 and end > 0, run["graphs"]   # compiled afterwards
+    result = compare_dumps(uncompiled["dump"], run["dump"])
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert not result["unmatched"]
+
+
 def test_uncompiled_run_says_nothing_about_compiling(uncompiled: Dict[str, Any]) -> None:
     assert uncompiled["stance"] in (None, "default") and uncompiled["graphs"] == [0, 0, 0]
     assert "compiled with torch.compile" not in uncompiled["stderr"]
