@@ -421,9 +421,17 @@ class Session:
         batch.add(rec, seen)
         if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:
-            self._first_batch_parts.append((rec, self.tensors.to_host(tensor)))
+            self._first_batch_input(rec, tensor)
         if (call.store or self._checksum) and not seen.copied and seen.has_values:
             batch.copy(seen, tensor, call.store)
+
+    def _first_batch_input(self, rec: Record, tensor: Any) -> None:
+        """A copy of the model's input for run.json's first batch, where the tensor has bytes
+        to copy (not a tensor inside functorch's vmap, nor a wrapper without memory)."""
+        try:
+            self._first_batch_parts.append((rec, self.tensors.to_host(tensor)))
+        except ValueError:
+            pass
 
     def wrote(self, tensor: Any) -> None:
         """A captured call just wrote `tensor` in place (before its outputs are captured): any

@@ -8,9 +8,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["PLAIN_TYPES", "HostCopy", "has_memory", "to_host", "hand_over"]
-
-PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+__all__ = ["HostCopy", "has_memory", "to_host", "hand_over"]
 
 # numpy cannot hold these; their bytes go out as unsigned integers of the same width
 _RAW_VIEW = {torch.bfloat16: torch.uint16}
@@ -38,10 +36,13 @@ class HostCopy:
 
 def to_host(t: torch.Tensor) -> HostCopy:
     """Start copying a tensor to host memory (asynchronous on accelerators)."""
-    if type(t) not in PLAIN_TYPES and not has_memory(t):
-        raise ValueError(f"a {type(t).__name__} has no memory of its own to store (a tensor "
-                         f"subclass wrapping others); its statistics are not recorded either")
     x = t.detach()
+    if x.layout is not torch.strided:      # sparse: stored as the dense tensor it stands for
+        x = x.to_dense()
+    if x.numel() and not has_memory(x):
+        raise ValueError(f"a {type(t).__name__} without memory of its own has nothing to store "
+                         f"(a tensor subclass wrapping others, or a tensor inside functorch's "
+                         f"vmap/grad); its statistics are not recorded either")
     raw = _RAW_VIEW.get(x.dtype)
     with torch.no_grad():
         if x.device.type == "cpu":

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import device_stats, stats_kernel
-from .host_copies import PLAIN_TYPES as _PLAIN_TYPES, HostCopy as _HostCopy  # noqa: F401
+from .host_copies import HostCopy as _HostCopy
 from .host_copies import hand_over, has_memory as _has_memory, to_host  # tensor task copies
 from .device_stats import DeviceHandle
 
@@ -118,6 +118,9 @@ def holds(t: torch.Tensor, key: Tuple[Any, ...]) -> bool:
     resized to nothing and back (FSDP2 frees and re-gathers unsharded parameters so) moves,
     and its old address may go to another tensor whose key would then match."""
     return t.data_ptr() == key[0][0]
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -278,15 +281,19 @@ def summarize(t: torch.Tensor) -> Handle:
     """Queue min, max, sum, sum of squares, NaN and Inf counts of a tensor; nothing leaves the
     device. Called with gradients disabled (the adapter's guard)."""
     numel = t.numel()
-    if numel == 0 or (type(t) not in _PLAIN_TYPES and not _has_memory(t)):
-        return _Pending(None, numel, None)   # no values, or none in memory precdbg may read
+    if numel == 0:
+        return _Pending(None, numel, None)   # no values
+    if t.layout is not torch.strided:
+        return _sparse(t, numel)
+    if not _has_memory(t):   # no memory of its own to read (a wrapper subclass, a tensor of
+        return _Pending(None, numel, None)   # functorch's vmap/grad, a fake tensor)
     if not t.is_cpu:                    # a flag read; t.device.type builds a device object
         if t.is_meta:
             return _Pending(None, numel, None)
         return device_stats.summarize(t)
-    if _FORCED_BACKEND is not None and t.layout is torch.strided:
+    if _FORCED_BACKEND is not None:
         return _forced(t)
-    if _fastats is not None and t.layout is torch.strided:
+    if _fastats is not None:
         code = _FAST_CODES.get(t.dtype)
         if code is not None:
             return _host_stats(t, code)
@@ -302,6 +309,44 @@ def summarize(t: torch.Tensor) -> Handle:
     lo, hi = torch.aminmax(w)
     flat = w.reshape(-1)
     return _Pending(t, numel, (lo, hi, w.sum(), _sum_of_squares(flat)))
+
+
+# the values a sparse layout stores (duplicates of an uncoalesced COO tensor summed first)
+_STORED_VALUES: Dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
+    torch.sparse_coo: lambda t: t.coalesce().values()}
+for _layout_name in ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc"):
+    if hasattr(torch, _layout_name):
+        _STORED_VALUES[getattr(torch, _layout_name)] = lambda t: t.values()
+
+
+def _sparse(t: torch.Tensor, numel: int) -> Handle:
+    """Statistics of a sparse tensor (the gradient of an `nn.Embedding(sparse=True)`): of its
+    stored values and the zeros it does not store, as of the same tensor made dense. On the
+    host from the stored values alone; on a device from the dense tensor (one temporary)."""
+    stored = _STORED_VALUES.get(t.layout)
+    if stored is None:                   # another layout (mkldnn, ...): values not read
+        return _Pending(None, numel, None)
+    t = t.detach()
+    values = stored(t)
+    if values.is_cpu:
+        row = summarize(values)
+        if type(row) is tuple:
+            return _with_zeros(row, values.numel(), numel)   # type: ignore[arg-type]
+    return summarize(t.to_dense())
+
+
+def _with_zeros(row: HostRow, stored: int, numel: int) -> HostRow:
+    """The row of `stored` values extended by the `numel - stored` zeros a sparse tensor holds
+    without storing them (min, max and mean change; the norm and the counts do not)."""
+    zeros = numel - stored
+    if zeros <= 0:
+        return row
+    lo, hi, mean, norm, nan, inf = row
+    finite = stored - nan - inf
+    total = mean * finite if finite > 0 else 0.0
+    lo = min(lo, 0.0) if lo == lo else 0.0       # NaN: no stored value is a number
+    hi = max(hi, 0.0) if hi == hi else 0.0
+    return lo, hi, total / (finite + zeros), norm, nan, inf
 
 
 def _nonfinite_rows(pending: Sequence[_Pending]) -> List[Optional[List[float]]]:
