@@ -36,13 +36,14 @@ class HostCopy:
 
 def to_host(t: torch.Tensor) -> HostCopy:
     """Start copying a tensor to host memory (asynchronous on accelerators)."""
-    x = t.detach()
-    if x.layout is not torch.strided:      # sparse: stored as the dense tensor it stands for
-        x = x.to_dense()
-    if x.numel() and not has_memory(x):
+    if t.layout is not torch.strided:      # sparse: stored as the dense tensor it stands for
+        x = t.detach().to_dense()
+    elif t.numel() and not has_memory(t):
         raise ValueError(f"a {type(t).__name__} without memory of its own has nothing to store "
                          f"(a tensor subclass wrapping others, or a tensor inside functorch's "
                          f"vmap/grad); its statistics are not recorded either")
+    else:
+        x = t.detach()
     raw = _RAW_VIEW.get(x.dtype)
     with torch.no_grad():
         if x.device.type == "cpu":
