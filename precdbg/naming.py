@@ -38,9 +38,14 @@ def is_collective(op: str) -> bool:
 
 def in_place(api: str) -> bool:
     """An API that writes its first tensor argument in place: `add_`, `__iadd__`,
-    `__setitem__`, MindSpore's `assign` family."""
+    `__setitem__`, MindSpore's `assign` family and `Tensor.assign_value` (what
+    `Parameter.set_data` calls)."""
     return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or \
-        api in ("__setitem__", "assign", "assign_add", "assign_sub", "scatter_update")
+        api in _IN_PLACE
+
+
+_IN_PLACE = frozenset({"__setitem__", "assign", "assign_add", "assign_sub", "scatter_update",
+                       "assign_value", "assign_value_cpp"})
 
 
 # APIs whose outputs (all, or those at the listed output indices) are memory nobody has written

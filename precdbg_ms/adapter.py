@@ -4,8 +4,8 @@ to the core session. Naming, filtering and layout are the core's.
 
 Backward: a captured API call hands each floating-point input to the op through a fresh view
 (`x.view(x.shape)`), whose gradient hook receives exactly the gradient this call sends to that
-input (dx); a hook on each output receives the gradient arriving at it (dy). Cells use MindSpore's
-own cell backward hooks (grad_input, grad_output). dw comes from `Parameter.register_hook`: the
+input (dx); a hook on each output receives the gradient arriving at it (dy). A cell's inputs and
+outputs pass through HookBackward (precdbg_ms.cells). dw comes from `Parameter.register_hook`: the
 gradient of this backward pass, before the optimizer.
 
 Nothing here reads a tensor's memory while capturing (PyNative would wait for the op, see
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 import mindspore as ms
 from mindspore import nn
@@ -31,7 +31,9 @@ from precdbg.naming import framework_table, in_place, inventory_role
 from precdbg.protocols import Recorder
 
 from . import tensors, wrappers
-from .aliasing import CopyOrigins, wrap_cell_backward_hook
+from .aliasing import CopyOrigins
+from .backward import replace_arguments, top_level
+from .cells import CellHooks
 from .calls import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
                     tensor_outputs)
 from .optimizer import patch_optimizer
@@ -46,27 +48,7 @@ _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (ms, precdb
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 
 
-_NONE: FrozenSet[int] = frozenset()
-
-
-class _CellCall:
-    """One call of a hooked cell, from its forward pre-hook to its backward hook."""
-    __slots__ = ("call", "api_call", "input_ids", "inputs", "entered", "backward",
-                 "replay_inputs", "constant_inputs", "constant_outputs")
-
-    def __init__(self) -> None:
-        self.call = self.api_call = None          # the cell's Call, its functional API's
-        self.input_ids: set = set()               # its inputs' memory (identity cells)
-        self.inputs: list = []     # what input_ids name, held until the forward hook
-        self.entered = False                      # the module was entered
-        self.backward = False                     # its backward hook will run
-        # a recompute's replay: what the cell computes from (inputs and parameters), and the
-        # positions of its inputs and outputs the forward did not differentiate
-        self.replay_inputs: Optional[list] = None
-        self.constant_inputs = self.constant_outputs = _NONE
-
-
-class MindSporeAdapter(BaseInstrumentor):
+class MindSporeAdapter(CellHooks, BaseInstrumentor):
     """Owner of every patch and hook precdbg puts into MindSpore."""
     framework = "mindspore"
     module_type = nn.Cell
@@ -83,12 +65,14 @@ class MindSporeAdapter(BaseInstrumentor):
         self._cell_calls: Dict[int, List[Any]] = {}
         self._param_users: Dict[int, Tuple[Any, int, str]] = {}
         self._leaf_cells: Dict[str, str] = {}
-        self._view = ms.Tensor.view       # the original, unpatched
         self._copies = CopyOrigins()     # a cell's hook copies and what they copy
         self._origin = self._copies.origin
         self._grad_links = GradientLinks()
         self._replay = Replay(self._origin)   # inside a recompute's replay of a forward
         self._enable_grad = _pynative_executor.enable_grad
+        # inside a gradient computation (value_and_grad): a flag, no wait for the pipeline
+        self._requires_grad = _pynative_executor.requires_grad
+        self._view = ms.Tensor.view       # the original, unpatched
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -197,7 +181,7 @@ class MindSporeAdapter(BaseInstrumentor):
         if call is not None:
             result = self.run_guarded(self._api_inputs,
                                       f"capturing inputs of {call.forward_entry}",
-                                      call, api, args, kwargs, replay)
+                                      call, api, args, kwargs, replay, grad_on and not inner)
             if result is not None and not inner:
                 args, kwargs, watched = result
         writes = writes or in_place(api)
@@ -254,7 +238,8 @@ class MindSporeAdapter(BaseInstrumentor):
         with the values they had when captured (one wait for the pipeline)."""
         self.run_guarded(tensors.settle, "reading deferred statistics before an in-place write")
 
-    def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict, replay: bool):
+    def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict, replay: bool,
+                    grad_on: bool):
         session = self.session
         inputs = tensor_inputs(args, kwargs)
         if not replay:                  # a replay's forward is recorded already
@@ -262,13 +247,15 @@ class MindSporeAdapter(BaseInstrumentor):
                 session.capture(call, "forward", "input", index, key, t)
             for index, (key, value) in enumerate(scalar_inputs(args, kwargs), len(inputs)):
                 session.capture_value(call, index, key, value)
-        if not session.filter.keeps_backward or in_place(api):
+        if not grad_on or in_place(api):
             return args, kwargs, []
-        # give each floating input to the op through its own view: its hook sees this call's dx
-        watched, args, kwargs = [], list(args), dict(kwargs)
+        # each floating input reaches the op through a view of its own, whose hook sees this
+        # call's dx (a view, not HookBackward: an API that writes its argument without saying
+        # so, as `assign_value` does, must still write the caller's tensor)
+        watched: List[Tuple[int, str, Any]] = []
+        replaced: Dict[str, Any] = {}
         for index, key, t in inputs:
-            top = key.split(".")[0]
-            if "." in key or not is_floating(t) or not takes_grad(t) or \
+            if not top_level(key) or not is_floating(t) or not takes_grad(t) or \
                     (replay and self._replay.is_constant(t)):
                 continue
             view = self._view(t, t.shape)
@@ -276,12 +263,10 @@ class MindSporeAdapter(BaseInstrumentor):
                 view.register_hook(self._grad_hook(call, "grad_input", index, key))
             except RuntimeError:      # not inside a gradient computation after all
                 continue
-            if top.isdigit():
-                args[int(top)] = view
-            else:
-                kwargs[top] = view
+            replaced[key] = view
             watched.append((index, key, view))
-        return tuple(args), kwargs, watched
+        args, kwargs = replace_arguments(args, kwargs, replaced)
+        return args, kwargs, watched
 
     def _api_outputs(self, call: Any, watched: list, out: Any, replay: bool) -> None:
         session = self.session
@@ -289,7 +274,7 @@ class MindSporeAdapter(BaseInstrumentor):
         if not replay:
             for index, key, t in outputs:
                 session.capture(call, "forward", "output", index, key, t)
-        if session.filter.keeps_backward and watched:
+        if watched:               # the gradient arriving at each output (dy)
             for index, key, t in outputs:
                 if is_floating(t) and takes_grad(t):
                     try:
@@ -308,147 +293,6 @@ class MindSporeAdapter(BaseInstrumentor):
                 self.run_guarded(record, f"backward hook of {call.backward_entry}", grad)
             return None
         return hook
-
-    # ------------------------------------------------------------------ cells
-    def hook_module(self, path: str, cell: nn.Cell) -> None:
-        cls = type(cell).__name__
-        leaf_api = self._leaf_cells.get(cls) if type(cell).__module__.startswith("mindspore.") \
-            else None
-        key = id(cell)
-
-        def pre(c: Any, args: tuple, kwargs: dict) -> None:
-            if not self.installed or self.paused:
-                return None
-            self.run_guarded(self._cell_pre, f"forward pre-hook of {path or cls}", cell, path,
-                             cls, leaf_api, args, kwargs)
-            if leaf_api:
-                self.busy += 1          # the primitives inside a leaf cell are that one API
-            return None
-
-        def post(c: Any, args: tuple, kwargs: dict, output: Any) -> None:
-            if not self.installed or self.paused:
-                return None
-            if leaf_api:
-                self.busy = max(0, self.busy - 1)
-            self.run_guarded(self._cell_post, f"forward hook of {path or cls}", key, output)
-            return None
-
-        def backward(c: Any, grad_input: Any, grad_output: Any) -> None:
-            if self.installed:
-                self.run_guarded(self._cell_backward, f"backward hook of {path or cls}", key,
-                                 grad_input, grad_output)
-            return None
-
-        self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
-        self.hold(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
-        if self.session.filter.keeps_backward:
-            self.hold(cell.register_backward_hook(backward))
-            aliased = wrap_cell_backward_hook(cell, self._alias)
-            if aliased is not None:
-                self.hold(aliased)
-
-    def _alias(self, original: Any, copy: Any) -> None:
-        if self.installed:
-            self.run_guarded(self._link_copy, "linking a cell's copy of a tensor", original, copy)
-
-    def _link_copy(self, original: Any, copy: Any) -> None:
-        self._copies.link(original, copy)
-        self.session.alias_of(original, copy)
-
-    def link_returned_grads(self, returned: Any) -> None:
-        """A grad function returned: its gradients are the parameter hooks' ones, in new objects."""
-        for grad, copy in self._grad_links.pairs(returned):
-            self.session.alias_of(grad, copy)
-
-    def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
-                  args: tuple, kwargs: dict) -> None:
-        session = self.session
-        # the module is entered and its slot pushed first, so the forward hook always finds
-        # both (and leaves the module) even when capturing below fails
-        slot = _CellCall()
-        self._cell_calls.setdefault(id(cell), []).append(slot)
-        grad_on, replay = self._grad_state()
-        call, subtree = session.begin_module("Cell", path, cls, grad_on, replay)
-        session.enter_module(path, subtree)
-        slot.call, slot.entered = call, True
-        api_call = (session.begin_api("Functional", leaf_api, grad_on, replay) if leaf_api
-                    else None)
-        slot.api_call = api_call
-        # a replay that stands for no call (non-reentrant recompute) has no backward of its
-        # own: the original call's hooks get the gradients
-        slot.backward = grad_on and (not replay or call is not None or api_call is not None)
-        inputs = tensor_inputs(args, kwargs)
-        slot.input_ids = {self._origin(t) for _, _, t in inputs}
-        slot.inputs = [self._copies.root(t) for _, _, t in inputs]
-        if replay:        # its forward is recorded already; what it computes may be constant
-            slot.replay_inputs = inputs + [(0, "", p) for p in cell.get_parameters()]
-            slot.constant_inputs = self._replay.constant_positions(inputs)
-            return
-        if call is not None:
-            for index, k, t in inputs:
-                session.capture(call, "forward", "input", index, k, t)
-        if api_call is not None:
-            # the functional form takes the cell's parameters as arguments after its inputs
-            # (F.linear(x, weight, bias)); their dw is this call's grad_input too
-            for index, k, t in inputs:
-                session.capture(api_call, "forward", "input", index, k, t)
-            for index, (name, param) in enumerate(cell.parameters_and_names(expand=False),
-                                                  len(inputs)):
-                key = name.rpartition(".")[2]
-                session.capture(api_call, "forward", "input", index, key, param)
-                self._param_users[id(param)] = (api_call, index, key)
-
-    def _cell_post(self, key: int, output: Any) -> None:
-        session = self.session
-        stack = self._cell_calls.get(key)
-        if not stack:
-            return
-        slot = stack[-1]
-        identity = False
-        try:
-            outputs = tensor_outputs(output)
-            # a cell returning its input (Dropout in eval or p=0) has no backward of its own
-            identity = any(self._origin(t) in slot.input_ids for _, _, t in outputs)
-            slot.inputs = []
-            if slot.replay_inputs is not None:    # a replay's forward is recorded already
-                self._replay.computed(slot.replay_inputs, outputs)
-                slot.constant_outputs = self._replay.constant_positions(outputs)
-                return
-            for target in (slot.api_call, slot.call):
-                if target is not None:
-                    for index, k, t in outputs:
-                        session.capture(target, "forward", "output", index, k, t)
-            session.end_call()
-        finally:
-            if slot.entered:
-                session.exit_module()
-            stack.pop()
-            # the backward hook runs in reverse order of the forward calls
-            if slot.backward:
-                self._pending_backward(key).append(None if identity else slot)
-
-    def _pending_backward(self, key: int) -> List[Optional["_CellCall"]]:
-        return self._cell_calls.setdefault(-key - 1, [])
-
-    def _cell_backward(self, key: int, grad_input: Any, grad_output: Any) -> None:
-        pending = self._pending_backward(key)
-        if not pending:
-            return
-        slot = pending.pop()
-        if slot is None:
-            return
-        session = self.session
-        for target in (slot.call, slot.api_call):
-            if target is None:
-                continue
-            # a recompute's constants: tensors the forward did not differentiate
-            for index, k, g in tensor_outputs(grad_output):
-                if index not in slot.constant_outputs:
-                    session.capture(target, "backward", "grad_output", index, k, g)
-            for index, k, g in tensor_outputs(grad_input):
-                if index not in slot.constant_inputs:
-                    session.capture(target, "backward", "grad_input", index, k, g)
-        session.end_call()
 
     # ------------------------------------------------------------------ parameters
     def _param_grad_hook(self, path: str, param: Any) -> Callable:

@@ -64,8 +64,6 @@ class Replay:
         self._origin = origin            # the id a tensor and MindSpore's copies of it share
 
     def begin(self) -> None:
-        if self.depth == 0:
-            self._inputs.clear()
         self.depth += 1
 
     def end(self) -> None:
@@ -77,14 +75,14 @@ class Replay:
 
     def detached(self, pairs: Sequence[Tuple[Any, Any]]) -> None:
         """MindSpore detached the recomputed cell's inputs for the replay: (original, copy)
-        pairs. The cell's own hook copy passes its inputs on together, so they are constants
-        only when none of them is differentiated (see `graph_input`)."""
+        pairs. Each input reaches the cell through a HookBackward of its own, so each is a
+        constant when it is not differentiated (see `graph_input`; a backward hook of the
+        user's on the cell passes its inputs on together, which `graph_input` follows)."""
         if not self.depth:
             return
         self._inputs.extend(pairs)
-        constant = all(graph_input(original) for original, _ in self._inputs)
-        for _, copy in self._inputs:
-            if constant:
+        for original, copy in pairs:
+            if graph_input(original):
                 self._constants[self._origin(copy)] = copy
             else:
                 self._constants.pop(self._origin(copy), None)
@@ -104,8 +102,9 @@ class Replay:
         return frozenset(index for index, _, t in inputs if self.is_constant(t))
 
 
-# gradient nodes that only pass a tensor on: a cell hook's copy, and the copy made contiguous
-_PASS_THROUGH = frozenset({"CellBackwardHook", "Contiguous"})
+# gradient nodes that only pass a tensor on: a cell hook's copy, precdbg's HookBackward, and
+# the copy made contiguous
+_PASS_THROUGH = frozenset({"CellBackwardHook", "HookBackward", "Contiguous"})
 
 
 def graph_input(t: Any) -> bool:

@@ -1,0 +1,229 @@
+"""The hooks of the model's cells: a cell call's forward pre-hook and hook record its inputs and
+outputs, and hand its floating inputs and outputs on through HookBackward (precdbg_ms.backward),
+whose hooks record the gradient the call sends to each input (dx) and the one arriving at each
+output (dy), per call. MindSpore's own cell backward hook is not used: it copies what crosses the
+cell, waits for the copies, and couples the cell's inputs into one gradient node (a constant
+passed with an activation gets a gradient there).
+
+A mixin of `precdbg_ms.adapter.MindSporeAdapter`, which owns the state used here.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+
+from mindspore import nn
+
+from .aliasing import CopyOrigins, wrap_cell_backward_hook
+from .backward import replace_arguments, replace_result, through_hook, top_level
+from .calls import is_floating, tensor_inputs, tensor_outputs
+from .recompute import Replay
+
+__all__ = ["CellHooks"]
+
+_NONE: FrozenSet[int] = frozenset()
+
+
+class _CellCall:
+    """One call of a hooked cell, from its forward pre-hook to its backward hooks."""
+    __slots__ = ("call", "api_call", "input_ids", "inputs", "entered", "backward",
+                 "identity", "replay_inputs", "constant_inputs", "constant_outputs")
+
+    def __init__(self) -> None:
+        self.call = self.api_call = None          # the cell's Call, its functional API's
+        self.input_ids: set = set()               # its inputs' memory (identity cells)
+        self.inputs: list = []     # what input_ids name, held until the forward hook
+        self.entered = False                      # the module was entered
+        self.backward = False                     # its backward is watched
+        self.identity = False      # it returned an input: no backward of its own
+        # a recompute's replay: what the cell computes from (inputs and parameters), and the
+        # positions of its inputs and outputs the forward did not differentiate
+        self.replay_inputs: Optional[list] = None
+        self.constant_inputs = self.constant_outputs = _NONE
+
+
+class _CellGrad:
+    """The hook of one HookBackward of a cell call: records the gradient it receives."""
+    __slots__ = ("adapter", "slot", "role", "index", "key")
+
+    def __init__(self, adapter: "CellHooks", slot: _CellCall, role: str, index: int,
+                 key: str) -> None:
+        self.adapter, self.slot, self.role, self.index, self.key = adapter, slot, role, index, key
+
+    def __call__(self, grad: Any) -> None:
+        adapter = self.adapter
+        if adapter.installed and grad is not None:
+            adapter.run_guarded(adapter._cell_grad, "backward hook of "
+                                + (self.slot.call or self.slot.api_call).backward_entry,
+                                self.slot, self.role, self.index, self.key, grad)
+
+
+class CellHooks:
+    """Forward and backward hooks of the model's cells (mixed into the MindSpore adapter)."""
+    # the adapter's (BaseInstrumentor's and its own) state and methods used here
+    session: Any
+    installed: bool
+    paused: bool
+    busy: int
+    _leaf_cells: Dict[str, str]
+    _cell_calls: Dict[int, List[Any]]
+    _param_users: Dict[int, Tuple[Any, int, str]]
+    _copies: CopyOrigins
+    _origin: Callable[[Any], Any]
+    _replay: Replay
+    _requires_grad: Callable[[], bool]
+    run_guarded: Callable[..., Any]
+    hold: Callable[[Any], Any]
+    _grad_state: Callable[[], Tuple[bool, bool]]
+
+    def hook_module(self, path: str, cell: nn.Cell) -> None:
+        cls = type(cell).__name__
+        leaf_api = self._leaf_cells.get(cls) if type(cell).__module__.startswith("mindspore.") \
+            else None
+        key = id(cell)
+
+        def pre(c: Any, args: tuple, kwargs: dict) -> Any:
+            if not self.installed or self.paused:
+                return None
+            hooked = self.run_guarded(self._cell_pre, f"forward pre-hook of {path or cls}",
+                                      cell, path, cls, leaf_api, args, kwargs)
+            if leaf_api:
+                self.busy += 1          # the primitives inside a leaf cell are that one API
+            return hooked               # (args, kwargs) through HookBackward, or None
+
+        def post(c: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+            if not self.installed or self.paused:
+                return None
+            if leaf_api:
+                self.busy = max(0, self.busy - 1)
+            return self.run_guarded(self._cell_post, f"forward hook of {path or cls}", key,
+                                    output)
+
+        self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
+        self.hold(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
+        if self.session.filter.keeps_backward:
+            # a backward hook of the user's copies what crosses the cell: linked to originals
+            aliased = wrap_cell_backward_hook(cell, self._alias)
+            if aliased is not None:
+                self.hold(aliased)
+
+    def _alias(self, original: Any, copy: Any) -> None:
+        if self.installed:
+            self.run_guarded(self._link_copy, "linking a cell's copy of a tensor", original, copy)
+
+    def _link_copy(self, original: Any, copy: Any) -> None:
+        self._copies.link(original, copy)
+        self.session.alias_of(original, copy)
+
+    def link_returned_grads(self, returned: Any) -> None:
+        """A grad function returned: its gradients are the parameter hooks' ones, in new objects."""
+        for grad, copy in self._grad_links.pairs(returned):
+            self.session.alias_of(grad, copy)
+
+    def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
+                  args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
+        session = self.session
+        # the module is entered and its slot pushed first, so the forward hook always finds
+        # both (and leaves the module) even when capturing below fails
+        slot = _CellCall()
+        self._cell_calls.setdefault(id(cell), []).append(slot)
+        grad_on, replay = self._grad_state()
+        call, subtree = session.begin_module("Cell", path, cls, grad_on, replay)
+        session.enter_module(path, subtree)
+        slot.call, slot.entered = call, True
+        api_call = (session.begin_api("Functional", leaf_api, grad_on, replay) if leaf_api
+                    else None)
+        slot.api_call = api_call
+        # a call not captured, or a replay that stands for none (non-reentrant recompute: the
+        # original call's hooks get the gradients), has no backward watched
+        slot.backward = grad_on and (call is not None or api_call is not None)
+        inputs = tensor_inputs(args, kwargs)
+        slot.input_ids = {self._origin(t) for _, _, t in inputs}
+        slot.inputs = [self._copies.root(t) for _, _, t in inputs]
+        if replay:        # its forward is recorded already; what it computes may be constant
+            slot.replay_inputs = inputs + [(0, "", p) for p in cell.get_parameters()]
+            slot.constant_inputs = self._replay.constant_positions(inputs)
+            return self._hook_cell_inputs(slot, inputs, args, kwargs)
+        if call is not None:
+            for index, k, t in inputs:
+                session.capture(call, "forward", "input", index, k, t)
+        if api_call is not None:
+            # the functional form takes the cell's parameters as arguments after its inputs
+            # (F.linear(x, weight, bias)); their dw is this call's grad_input too
+            for index, k, t in inputs:
+                session.capture(api_call, "forward", "input", index, k, t)
+            for index, (name, param) in enumerate(cell.parameters_and_names(expand=False),
+                                                  len(inputs)):
+                key = name.rpartition(".")[2]
+                session.capture(api_call, "forward", "input", index, key, param)
+                self._param_users[id(param)] = (api_call, index, key)
+        return self._hook_cell_inputs(slot, inputs, args, kwargs)
+
+    def _hook_cell_inputs(self, slot: _CellCall, inputs: list, args: tuple, kwargs: dict
+                          ) -> Optional[Tuple[tuple, dict]]:
+        """The cell's floating inputs through HookBackward (its dx), each linked to the tensor
+        it passes on; None when the cell's backward is not watched."""
+        if not slot.backward or not self._requires_grad():
+            return None
+        replaced: Dict[str, Any] = {}
+        for index, key, t in inputs:
+            # a recompute's constants: tensors the forward did not differentiate
+            if top_level(key) and index not in slot.constant_inputs and is_floating(t):
+                hooked = through_hook(t, _CellGrad(self, slot, "grad_input", index, key))
+                self._link_copy(t, hooked)
+                replaced[key] = hooked
+        return replace_arguments(args, kwargs, replaced) if replaced else None
+
+    def _cell_post(self, key: int, output: Any) -> Any:
+        """Capture the cell's outputs; with its backward watched, they leave through
+        HookBackward (its dy) and the cell returns those (the output returned, or None)."""
+        session = self.session
+        stack = self._cell_calls.get(key)
+        if not stack:
+            return None
+        slot = stack[-1]
+        try:
+            outputs = tensor_outputs(output)
+            # a cell returning its input (Dropout in eval or p=0) has no backward of its own
+            slot.identity = any(self._origin(t) in slot.input_ids for _, _, t in outputs)
+            slot.inputs = []
+            if slot.replay_inputs is not None:    # a replay's forward is recorded already
+                self._replay.computed(slot.replay_inputs, outputs)
+                slot.constant_outputs = self._replay.constant_positions(outputs)
+                return self._hook_cell_outputs(slot, output, outputs)
+            hooked = self._hook_cell_outputs(slot, output, outputs)
+            if hooked is not None:
+                outputs = tensor_outputs(hooked)
+            for target in (slot.api_call, slot.call):
+                if target is not None:
+                    for index, k, t in outputs:
+                        session.capture(target, "forward", "output", index, k, t)
+            session.end_call()
+            return hooked
+        finally:
+            if slot.entered:
+                session.exit_module()
+            stack.pop()
+
+    def _hook_cell_outputs(self, slot: _CellCall, output: Any, outputs: list) -> Any:
+        """The cell's floating outputs through HookBackward (its dy): the new output, or None
+        when nothing is hooked."""
+        if not slot.backward or slot.identity or not self._requires_grad():
+            return None
+        replaced: Dict[str, Any] = {}
+        for index, key, t in outputs:
+            if top_level(key) and index not in slot.constant_outputs and is_floating(t):
+                hooked = through_hook(t, _CellGrad(self, slot, "grad_output", index, key))
+                self._link_copy(t, hooked)
+                replaced[key] = hooked
+        return replace_result(output, replaced) if replaced else None
+
+    def _cell_grad(self, slot: _CellCall, role: str, index: int, key: str, grad: Any) -> None:
+        """A gradient of one of a cell call's inputs (dx) or outputs (dy), for the cell and
+        its functional API."""
+        if slot.identity:
+            return
+        session = self.session
+        for target in (slot.call, slot.api_call):
+            if target is not None:
+                session.capture(target, "backward", role, index, key, grad)
+        session.end_call()
