@@ -75,10 +75,15 @@ def _primitive_classes(ignore: set) -> List[type]:
 
 
 class PatchRegistry:
-    """Builds the list of entries once; `apply(make_wrapper)` wraps them all."""
+    """Builds the list of entries once; `apply(make_wrapper)` wraps them all. The wrappers are
+    made once too and reused by every later `apply` whose original and `make_wrapper` are the
+    same (the guides' pattern starts and stops every dumped step: making ~2,500 wrappers each
+    time cost ~0.1 of a step of the bundled GPT)."""
 
     def __init__(self) -> None:
         self._entries: Optional[List[Tuple[Any, str, str, str]]] = None
+        # (id(owner), attribute) -> (original, make_wrapper, its wrapper)
+        self._wrappers: Dict[Tuple[int, str], Tuple[Any, Callable, Callable]] = {}
 
     def entries(self) -> List[Tuple[Any, str, str, str]]:
         """(owner, attribute, prefix, API name) of everything wrapped."""
@@ -109,10 +114,20 @@ class PatchRegistry:
         for owner, attr, prefix, api in self.entries():
             try:
                 patches.append(ClassPatch(owner, attr, functools.partial(
-                    _wrapped, make_wrapper, prefix=prefix, api=api)))
+                    self._wrapper, make_wrapper, (id(owner), attr), prefix, api)))
             except (AttributeError, TypeError):
                 continue
         return patches
+
+    def _wrapper(self, make_wrapper: Callable[[Any, str, str], Callable], key: Tuple[int, str],
+                 prefix: str, api: str, original: Any) -> Callable:
+        """The wrapper of `original` made before for this entry, or a new one."""
+        known = self._wrappers.get(key)
+        if known is not None and known[0] is original and known[1] == make_wrapper:
+            return known[2]
+        wrapper = _wrapped(make_wrapper, original, prefix, api)
+        self._wrappers[key] = (original, make_wrapper, wrapper)
+        return wrapper
 
 
 def _wrapped(make_wrapper: Callable[[Any, str, str], Callable], original: Any, prefix: str,

@@ -70,6 +70,42 @@ def test_stop_restores_every_patched_attribute(tmp_path, settings):
     assert dbg.failures == 0
 
 
+def test_a_later_start_reuses_the_wrappers_and_follows_a_replaced_original(tmp_path,
+                                                                          monkeypatch):
+    """The API wrappers are made once per debugger (start() runs every dumped step): a later
+    start() puts back the very same wrapper; when something else replaced the API between the
+    windows, the new start() wraps what is there now, not the original it wrapped before."""
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="api", step=[])
+    original = ops.matmul
+    dbg.start()
+    first = ops.matmul
+    assert first is not original and first.__precdbg_original__ is original
+    dbg.stop()
+    dbg.step()
+    assert ops.matmul is original
+    dbg.start()
+    assert ops.matmul is first
+    dbg.stop()
+    dbg.step()
+
+    calls = []
+
+    def users_matmul(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(ops, "matmul", users_matmul)
+    dbg.start()
+    assert ops.matmul is not first and ops.matmul.__precdbg_original__ is users_matmul
+    a = ms.Tensor(np.ones((2, 2), np.float32))
+    ops.matmul(a, a)
+    dbg.stop()
+    dbg.step()
+    assert ops.matmul is users_matmul and calls == [1]
+    assert dbg.close() and dbg.failures == 0
+    table = precdbg.open_dump(str(tmp_path / "dump")).records(step=2)
+    assert one_row(table, entry="Functional.matmul.0.forward", role="output")["max"] == 2.0
+
+
 def test_no_cell_or_parameter_hook_left(tmp_path):
     model = make_model()
     assert hooks_left(model) == []
