@@ -164,13 +164,7 @@ class CellHooks:
         it passes on; None when the cell's backward is not watched."""
         if not slot.backward or not self._requires_grad():
             return None
-        replaced: Dict[str, Any] = {}
-        for index, key, t in inputs:
-            # a recompute's constants: tensors the forward did not differentiate
-            if top_level(key) and index not in slot.constant_inputs and is_floating(t):
-                hooked = through_hook(t, _CellGrad(self, slot, "grad_input", index, key))
-                self._link_copy(t, hooked)
-                replaced[key] = hooked
+        replaced = self._through_hooks(slot, "grad_input", inputs, slot.constant_inputs)
         return replace_arguments(args, kwargs, replaced) if replaced else None
 
     def _cell_post(self, key: int, output: Any) -> Any:
@@ -209,13 +203,21 @@ class CellHooks:
         when nothing is hooked."""
         if not slot.backward or slot.identity or not self._requires_grad():
             return None
+        replaced = self._through_hooks(slot, "grad_output", outputs, slot.constant_outputs)
+        return replace_result(output, replaced) if replaced else None
+
+    def _through_hooks(self, slot: _CellCall, role: str, found: list,
+                       constants: FrozenSet[int]) -> Dict[str, Any]:
+        """{key: the tensor through HookBackward} of the top-level floating tensors among
+        `found` (a call's inputs or outputs), each linked to the tensor it passes on; not a
+        recompute's constants (tensors the forward did not differentiate)."""
         replaced: Dict[str, Any] = {}
-        for index, key, t in outputs:
-            if top_level(key) and index not in slot.constant_outputs and is_floating(t):
-                hooked = through_hook(t, _CellGrad(self, slot, "grad_output", index, key))
+        for index, key, t in found:
+            if top_level(key) and index not in constants and is_floating(t):
+                hooked = through_hook(t, _CellGrad(self, slot, role, index, key))
                 self._link_copy(t, hooked)
                 replaced[key] = hooked
-        return replace_result(output, replaced) if replaced else None
+        return replaced
 
     def _cell_grad(self, slot: _CellCall, role: str, index: int, key: str, grad: Any) -> None:
         """A gradient of one of a cell call's inputs (dx) or outputs (dy), for the cell and
