@@ -294,6 +294,11 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
             return None
         return hook
 
+    def link_returned_grads(self, returned: Any) -> None:
+        """A grad function returned: its gradients are the parameter hooks' ones, in new objects."""
+        for grad, copy in self._grad_links.pairs(returned):
+            self.session.alias_of(grad, copy)
+
     # ------------------------------------------------------------------ parameters
     def _param_grad_hook(self, path: str, param: Any) -> Callable:
         def record(grad: Any) -> None:

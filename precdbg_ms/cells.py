@@ -114,11 +114,6 @@ class CellHooks:
         self._copies.link(original, copy)
         self.session.alias_of(original, copy)
 
-    def link_returned_grads(self, returned: Any) -> None:
-        """A grad function returned: its gradients are the parameter hooks' ones, in new objects."""
-        for grad, copy in self._grad_links.pairs(returned):
-            self.session.alias_of(grad, copy)
-
     def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
                   args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
         session = self.session
