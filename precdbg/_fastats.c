@@ -501,6 +501,108 @@ static PyObject *fastats_row(PyObject *self, PyObject *args) {
     return Py_BuildValue("(ddddLL)", acc.mn, acc.mx, mean, sqrt(acc.sq), nan, inf);
 }
 
+/* A strided view's statistics without a contiguous copy: `layout` is its canonical (size, step)
+ * pairs in elements, innermost first (precdbg_pt.tensors._layout): rows of the innermost size
+ * that are contiguous (step 1), up to MAX_OUTER further dimensions walked as an odometer, and
+ * broadcast dimensions (step 0) counted, not read (their copies repeat the same values). Each
+ * row is one pass of `run`; a view holding NaN or Inf is summarised again row by row by the
+ * exact pass. -1 when the layout is not of that kind (the caller copies instead). */
+#define MAX_OUTER 8
+
+static void fold_exact(acc_t *acc, const acc_t *row, int *any) {
+    /* a row of NaN only has NaN min and max: it adds nothing to them (told through the bits:
+     * the file is compiled with -ffinite-math-only) */
+    uint64_t u; memcpy(&u, &row->mn, sizeof u);
+    if ((u & F64_EXP) == F64_EXP && (u & 0x000fffffffffffffull)) return;
+    if (!*any) { acc->mn = row->mn; acc->mx = row->mx; *any = 1; return; }
+    if (row->mn < acc->mn) acc->mn = row->mn;
+    if (row->mx > acc->mx) acc->mx = row->mx;
+}
+
+static void strided(const char *base, int dtype, size_t inner, int outer, const size_t *sizes,
+                   const size_t *steps, acc_t *acc, long long *nan_out, long long *inf_out) {
+    size_t item = dtype == DT_F64 ? 8 : dtype == DT_F32 ? 4 : 2;
+    size_t index[MAX_OUTER] = {0};
+    acc_init(acc);
+    *nan_out = 0; *inf_out = 0;
+    for (int pass = 0; pass < 2; pass++) {         /* pass 1 only when pass 0 met NaN/Inf */
+        int any = 0;
+        if (pass) { acc->sum = 0.0; acc->sq = 0.0; acc->mn = NAN; acc->mx = NAN; }
+        memset(index, 0, sizeof index);
+        for (;;) {
+            size_t offset = 0;
+            for (int d = 0; d < outer; d++) offset += index[d] * steps[d];
+            const char *row = base + offset * item;
+            acc_t r;
+            if (!pass) {
+                run(row, inner, dtype, &r);
+                acc->sum += r.sum; acc->sq += r.sq; acc->nonfinite += r.nonfinite;
+                if (r.mn < acc->mn) acc->mn = r.mn;
+                if (r.mx > acc->mx) acc->mx = r.mx;
+            } else {
+                long long nan = 0, inf = 0;
+                careful(row, inner, dtype, &r, &nan, &inf);
+                acc->sum += r.sum; acc->sq += r.sq;
+                *nan_out += nan; *inf_out += inf;
+                fold_exact(acc, &r, &any);
+            }
+            int d = 0;
+            while (d < outer && ++index[d] == sizes[d]) { index[d] = 0; d++; }
+            if (d == outer) break;
+        }
+        if (!pass && !acc->nonfinite) return;
+    }
+}
+
+static PyObject *fastats_row_layout(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    int dtype;
+    PyObject *layout;
+    if (!PyArg_ParseTuple(args, "KiO!", &address, &dtype, &PyTuple_Type, &layout)) return NULL;
+    if (dtype < DT_F32 || dtype > DT_BF16) {
+        PyErr_SetString(PyExc_ValueError, "unsupported dtype code");
+        return NULL;
+    }
+    Py_ssize_t dims = PyTuple_GET_SIZE(layout);
+    size_t inner = 0, sizes[MAX_OUTER], steps[MAX_OUTER];
+    double copies = 1.0;                          /* elements per value read (broadcast) */
+    int outer = 0, have_inner = 0;
+    for (Py_ssize_t i = 0; i < dims; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(layout, i);
+        long long size, step;
+        if (!PyTuple_Check(pair) || !PyArg_ParseTuple(pair, "LL", &size, &step)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "layout: a tuple of (size, step) pairs");
+            return NULL;
+        }
+        if (size < 0 || step < 0) Py_RETURN_NONE;
+        if (size == 0) Py_RETURN_NONE;
+        if (step == 0) { copies *= (double)size; continue; }
+        if (!have_inner) {
+            if (step != 1) Py_RETURN_NONE;        /* no contiguous rows: the caller copies */
+            inner = (size_t)size; have_inner = 1;
+            continue;
+        }
+        if (outer == MAX_OUTER) Py_RETURN_NONE;
+        sizes[outer] = (size_t)size; steps[outer] = (size_t)step; outer++;
+    }
+    if (!have_inner) { inner = 1; }               /* every dimension broadcast: one value */
+    acc_t acc;
+    long long nan = 0, inf = 0;
+    Py_BEGIN_ALLOW_THREADS
+    strided((const char *)(uintptr_t)address, dtype, inner, outer, sizes, steps, &acc, &nan, &inf);
+    Py_END_ALLOW_THREADS
+    double n = copies;
+    for (int d = 0; d < outer; d++) n *= (double)sizes[d];
+    n *= (double)inner;                           /* elements of the view */
+    double reads = n / copies;                    /* values read */
+    double nan_all = (double)nan * copies, inf_all = (double)inf * copies;
+    double finite = reads - (double)nan - (double)inf;
+    double mean = finite > 0 ? acc.sum / finite : Py_NAN;
+    return Py_BuildValue("(ddddLL)", acc.mn, acc.mx, mean, sqrt(acc.sq * copies),
+                         (long long)nan_all, (long long)inf_all);
+}
+
 static PyMethodDef methods[] = {
     {"stats", fastats_stats, METH_VARARGS,
      "stats(address, count, dtype_code) -> (min, max, sum_finite, sumsq_finite, "
@@ -508,6 +610,9 @@ static PyMethodDef methods[] = {
     {"row", fastats_row, METH_VARARGS,
      "row(address, count, dtype_code) -> (min, max, mean_finite, norm_finite, nan_count, "
      "inf_count): the statistics a record stores; dtype codes as for stats()"},
+    {"row_layout", fastats_row_layout, METH_VARARGS,
+     "row_layout(address, dtype_code, layout) -> row() of a strided view, or None when its "
+     "layout ((size, step) pairs in elements, innermost first) has no contiguous rows"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastats",

@@ -35,11 +35,12 @@ _FINISHED = -2        # ... the row came back finished from `summarize` (host st
 
 class _Stats:
     """Statistics of a set of elements (shared by every view that holds exactly those)."""
-    __slots__ = ("ref", "slot", "values")
+    __slots__ = ("ref", "slot", "values", "first")
 
     def __init__(self, ref: Any, slot: int) -> None:
         self.ref, self.slot = ref, slot     # slot: its handle's index in the batch, or above
         self.values: Optional[Sequence[float]] = None   # min, max, mean, norm, nan, inf
+        self.first: Optional["Seen"] = None     # the distinct tensor they were taken for
 
 
 class Seen:
@@ -56,6 +57,14 @@ class Seen:
     def has_values(self) -> bool:
         """False for memory nobody had written (see TensorBatch.seen_tensor's `values`)."""
         return self.stats.slot != _NO_VALUES
+
+    def storage_holds(self, store: Hashable) -> bool:
+        """Whether `store` is the storage these bytes were first seen in and it is still alive
+        (`storage` is precdbg.provenance's (storage, view, state, (number, alive))): then its
+        memory cannot have been freed and handed out again, whatever became of the object that
+        was seen first."""
+        where = self.storage
+        return where is not None and where[0] == store and where[3][1]()
 
 
 def _dead_ref() -> None:
@@ -78,29 +87,28 @@ class TensorBatch:
         self._copies: List[Tuple[Seen, Any, bool]] = []
 
     def seen_tensor(self, tensor: Any, written: bool = False, keys: Any = False,
-                    values: bool = True) -> Seen:
+                    values: bool = True, store: Optional[Hashable] = None) -> Seen:
         """The distinct tensor this one is (same storage bytes, order and version), reusing the
         statistics of any live view of exactly the same elements (not when `written`). `keys`:
         the tensor's identity when the caller has it already (None: it has none). `values`:
-        False for memory nobody has written yet (`torch.empty`): no statistics are taken."""
+        False for memory nobody has written yet (`torch.empty`): no statistics are taken.
+        `store`: the tensor's storage key, when the caller has it: bytes first seen through an
+        object that is gone since (the gradient a backward hook saw, read again as `.grad`)
+        are still these bytes while their storage lives."""
         if keys is False:
             keys = self.tensors.identity(tensor)
         stats_key, data_key = keys if keys is not None else (None, None)
-        if data_key is not None and not written:
-            seen = self._seen.get(data_key)
-            if seen is not None:
-                held = seen.ref()
-                if held is not None and self.tensors.holds(held, data_key):
-                    return seen
         try:
             ref: Any = weakref.ref(tensor)
         except TypeError:
             ref = _dead_ref
+        if data_key is not None and not written:
+            seen = self._seen.get(data_key)
+            if seen is not None and self._holds(seen, seen, data_key, store, ref):
+                return seen
         stats = self._stats_seen.get(stats_key) if stats_key is not None else None
-        if stats is not None:
-            held = stats.ref()
-            if held is None or not self.tensors.holds(held, stats_key):
-                stats = None             # gone, or its memory was freed and handed out again
+        if stats is not None and not self._holds(stats, stats.first, stats_key, store, ref):
+            stats = None                 # gone, or its memory was freed and handed out again
         if not values and stats is None:
             stats = _Stats(ref, _NO_VALUES)  # values stay unknown (NaN) in every record
             if stats_key is not None:
@@ -122,9 +130,25 @@ class TensorBatch:
                 self._stats_seen[stats_key] = stats
         seen = Seen(ref, self._next_tensor_id, stats)
         self._next_tensor_id += 1
+        if stats.first is None:
+            stats.first = seen
         if data_key is not None:
             self._seen[data_key] = seen
         return seen
+
+    def _holds(self, entry: Any, first: Optional[Seen], key: Hashable,
+               store: Optional[Hashable], ref: Any) -> bool:
+        """Whether an entry of this window (a `Seen` or its `_Stats`) still describes the
+        memory `key` names: the object it holds is alive and still holds that memory, or it is
+        gone and the storage `first` was seen in is alive (the entry then holds `ref`, the
+        object seen now)."""
+        held = entry.ref()
+        if held is not None:
+            return self.tensors.holds(held, key)
+        if store is None or first is None or not first.storage_holds(store):
+            return False
+        entry.ref = ref
+        return True
 
     def add(self, rec: Record, seen: Optional[Seen]) -> None:
         self._pending.append((rec, seen))

@@ -404,7 +404,8 @@ class Session:
         batch = self._batch
         values = not (role == _OUTPUT and call.kind == _API
                       and uninitialized_output(call.api, arg_index))
-        seen = batch.seen_tensor(tensor, written, keys, values)
+        seen = batch.seen_tensor(tensor, written, keys, values,
+                                 where[0] if where is not None else None)
         precision = self._precisions.of(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry

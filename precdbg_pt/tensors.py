@@ -106,7 +106,7 @@ def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
         if not ptr and t.numel():
             return None                   # no memory of its own (a wrapper subclass)
         base = (ptr, t.dtype, t._version, t.get_device())
-        layout = (t.numel(),) if contiguous else _layout(t)
+        layout = ((t.numel(), 1),) if contiguous else _layout(t)
         shape = tuple(t.shape)
         return (base, layout), (base, shape, None if contiguous else t.stride())
     except (RuntimeError, NotImplementedError):   # tensors without storage (sparse, fake, ...)
@@ -156,7 +156,7 @@ def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
         # accelerator runs in a process)
         base = (ptr, dtype, version, t.get_device())
         if t.is_contiguous():
-            keys = ((base, (numel,)), (base, shape, None))
+            keys = ((base, ((numel, 1),)), (base, shape, None))
         else:
             stride = t.stride()
             keys = ((base, _layout(t, stride)), (base, shape, stride))
@@ -252,6 +252,10 @@ def _host_stats(t: torch.Tensor, code: int) -> HostRow:
     if not t.is_contiguous():
         layout = _layout(t)
         if len(layout) != 1 or layout[0][1] != 1:   # not a permutation of a dense block
+            # contiguous rows (a split, a slice; a broadcast counted, not read): no copy
+            row = _fastats.row_layout(t.data_ptr(), code, layout)
+            if row is not None:
+                return row
             t = t.contiguous()
     return _fastats.row(t.data_ptr(), t.numel(), code)
 

@@ -1180,3 +1180,57 @@ def test_memory_a_live_tensor_gave_up_is_not_taken_for_it(tmp_path):
     assert table["max"][rows["Save.x.0"]] == 1.0
     assert table["max"][rows["Save.y.0"]] == 2.0
     assert table["tensor_id"][rows["Save.y.0"]] != table["tensor_id"][rows["Save.x.0"]]
+
+
+def test_bytes_seen_through_a_gone_object_keep_their_tensor(tmp_path):
+    """A gradient is seen first through the object a backward hook receives, which is gone by
+    the time `clip_grad_norm_` reads it again as `.grad`: the same bytes in the same live
+    storage, so the clip's records carry the dw record's tensor (one statistics pass, one
+    tensor id), and their statistics are those of the gradient."""
+    model = make_model()
+    x, y = make_batch_list(1)[0]
+    dbg = PrecisionDebugger(task="statistics", level="mix", dump_path=str(tmp_path))
+    dbg.start(model)
+    loss_of(model, x, y).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)     # reads every .grad, no write
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    weight = "blocks.0.attn.qkv.weight"
+    dw = one_row(t, kind="param_grad", api=weight)
+    grad = dict(model.named_parameters())[weight].grad
+    assert_rel(dw["norm"], norm64(grad), 1e-6, "dw")
+    norm_inputs = [r for r in rows_where(t, kind="api", op="foreach_norm", role="input")
+                   if r["tensor_id"] == dw["tensor_id"]]
+    assert len(norm_inputs) == 1, "the clip's read of .grad is the dw record's tensor"
+    assert norm_inputs[0]["norm"] == dw["norm"]
+
+
+def test_a_transposed_view_of_a_dense_tensor_shares_its_statistics(tmp_path, monkeypatch):
+    """The elements of a dense tensor and of any permutation of it are one set: their
+    statistics are taken once (a matmul's output and its transpose)."""
+    from precdbg_pt import tensors as pt_tensors
+    passes = []
+    summarize = pt_tensors.summarize
+
+    def counted(t):
+        passes.append(tuple(t.shape))
+        return summarize(t)
+
+    monkeypatch.setattr(pt_tensors, "summarize", counted)
+    a, b = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 5, 4)
+    dbg = PrecisionDebugger(task="statistics", level="api", dump_path=str(tmp_path))
+    dbg.start()
+    out = torch.matmul(a, b)
+    out.transpose(1, 2)
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    product = one_row(t, op="matmul", role="output")
+    moved = one_row(t, op="transpose", role="output")
+    assert moved["tensor_id"] != product["tensor_id"]          # another order of the bytes
+    assert (moved["min"], moved["max"], moved["mean"], moved["norm"]) == \
+        (product["min"], product["max"], product["mean"], product["norm"])
+    assert passes.count((2, 3, 4, 4)) == 1 and passes.count((2, 4, 3, 4)) == 0

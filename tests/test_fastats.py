@@ -183,3 +183,69 @@ def test_exact_pass_of_non_finite_buffers(n, pattern, dtype):
                                                                     neginf=0)).sum() + 1e-300
     else:
         check(a, 0)
+
+
+def _view_layout(v: np.ndarray):
+    """A numpy view's canonical (size, step) pairs in elements, innermost first, as
+    precdbg_pt.tensors._layout makes them (sorted by step, dimensions that continue each other
+    merged, size-1 dimensions left out)."""
+    item = v.itemsize
+    dims = sorted((st // item, sz) for sz, st in zip(v.shape, v.strides) if sz != 1)
+    merged = []
+    for step, size in dims:
+        if merged and merged[-1][1] != 0 and step == merged[-1][1] * merged[-1][0]:
+            merged[-1][0] *= size
+        else:
+            merged.append([size, step])
+    return tuple((size, step) for size, step in merged)
+
+
+def _strided_views(dtype):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((8, 64, 768)) * 3 + 1).astype(dtype)
+    y = (rng.standard_normal((6, 10)) * 2).astype(dtype)
+    y[2, 3], y[4, 1], y[0, 0] = np.nan, np.inf, -np.inf
+    z = np.full((4, 8), np.nan, dtype=dtype)
+    z[1, 3] = 2.0
+    col = rng.standard_normal((5, 1)).astype(dtype)
+    return {
+        "split": x[:, :, 256:512],                                   # q, k, v of a qkv split
+        "split-transposed": x[:, :, :256].reshape(8, 64, 4, 64).transpose(0, 2, 1, 3),
+        "strided-slice": x[:, ::2, 5:300],
+        "sliding-windows": np.lib.stride_tricks.sliding_window_view(x[0, 0], 4)[::2],
+        "broadcast": np.broadcast_to(col, (5, 7)),
+        "broadcast-middle": np.broadcast_to(y[:, None, 1:4], (6, 3, 3)),
+        "nan-inf-slice": y[:, 1:5],
+        "broadcast-inf": np.broadcast_to(y[4], (3, 10)),
+        "nan-rows-and-one-value": z[:, 2:5],
+        "only-nan": z[:, 4:6],
+    }
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("name", list(_strided_views(np.float32)))
+def test_strided_view_without_a_copy(dtype, name):
+    """row_layout(): a strided view summarised in place (contiguous rows, broadcast dimensions
+    counted, not read) gives the statistics of the same elements copied out, as numpy float64
+    computes them, NaN and Inf included."""
+    v = _strided_views(dtype)[name]
+    assert not v.flags["C_CONTIGUOUS"]
+    got = fastats.row_layout(v.__array_interface__["data"][0], CODES[dtype], _view_layout(v))
+    w = np.ascontiguousarray(v).astype(np.float64)
+    nan, inf = np.isnan(w), np.isinf(w)
+    finite = w[~nan & ~inf]
+    ordered = w[~nan]
+    want = (ordered.min() if ordered.size else np.nan, ordered.max() if ordered.size else np.nan,
+            finite.mean() if finite.size else np.nan, np.sqrt((finite * finite).sum()),
+            int(nan.sum()), int(inf.sum()))
+    assert got[4:] == want[4:]
+    for a, b in zip(got[:4], want[:4]):
+        assert (np.isnan(a) and np.isnan(b)) or a == b or abs(a - b) <= 1e-12 * max(1.0, abs(b)), \
+            (got, want)
+
+
+def test_a_layout_without_contiguous_rows_is_left_to_the_caller():
+    a = np.zeros(12, dtype=np.float32)
+    assert fastats.row_layout(a.ctypes.data, 0, ((3, 4), (2, 2))) is None
+    with pytest.raises(TypeError):
+        fastats.row_layout(a.ctypes.data, 0, ((3,),))
