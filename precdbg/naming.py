@@ -96,6 +96,7 @@ def save_entry(name: str, call_index: int) -> str:
     return _join("Save", name, call_index)
 
 
+@functools.lru_cache(maxsize=1 << 16)      # asked per parameter per step: the same names again
 def param_entry(path: str, role: str, call_index: int = 0) -> str:
     """`Param.blocks.0.attn.qkv.weight.grad`; inventory `Param.<path>` / `Buffer.<path>`."""
     if role == "param_grad":
@@ -141,6 +142,7 @@ def normalize_api_name(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=1 << 14)      # asked per captured call, of few distinct names
 def canonical_op(name: str) -> str:
     """The canonical op of an API, method or module/cell class name."""
     base = normalize_api_name(name)
@@ -173,6 +175,7 @@ def torch_param_leaf(framework: str, leaf: str) -> str:
     return leaf
 
 
+@functools.lru_cache(maxsize=1 << 16)      # asked per parameter per step
 def param_alias(framework: str, path: str, owner_cls: str) -> str:
     """The parameter's full name in the other framework's convention: MindSpore
     `ln_1.gamma` <-> PyTorch `ln_1.weight` (PyTorch names need the owning module's class)."""
