@@ -73,7 +73,15 @@ def identify(func: Any) -> _Ident:
         return None if hit is _IGNORED else hit
     name = getattr(func, "__name__", "")
     if name in ("__get__", "__set__", "__delete__") or not name:
-        return None          # attribute access (x.shape, x.grad, ...): metadata, not math
+        # attribute access (x.shape, x.grad, ...): metadata, not math. Each access brings a
+        # new method-wrapper of the same descriptor (equal to the last): answered from the
+        # table from then on (not when it is bound to a tensor: that one would be kept alive)
+        if name and not isinstance(getattr(func, "__self__", None), torch.Tensor):
+            try:
+                table[func] = _IGNORED
+            except TypeError:
+                pass
+        return None
     owner = getattr(func, "__qualname__", name).split(".")[0]
     prefix = "Tensor" if owner in ("Tensor", "TensorBase", "_TensorBase") else "Torch"
     ident = None if name in set(framework_table("torch").get("ignore", ())) else (prefix, name)
