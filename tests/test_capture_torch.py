@@ -1234,3 +1234,36 @@ def test_a_transposed_view_of_a_dense_tensor_shares_its_statistics(tmp_path, mon
     assert (moved["min"], moved["max"], moved["mean"], moved["norm"]) == \
         (product["min"], product["max"], product["mean"], product["norm"])
     assert passes.count((2, 3, 4, 4)) == 1 and passes.count((2, 4, 3, 4)) == 0
+
+
+def test_statistics_of_strided_views_are_those_of_their_elements(tmp_path):
+    """A split's pieces, a strided slice and a broadcast are summarised in place (rows read
+    where they lie, broadcast copies counted): the same statistics as their elements copied
+    out, in float64, NaN and Inf included."""
+    torch.manual_seed(0)
+    qkv = torch.randn(4, 8, 96)
+    qkv[1, 2, 40] = float("nan")
+    qkv[3, 5, 70] = float("-inf")
+    column = torch.randn(6, 1)
+    dbg = PrecisionDebugger(task="statistics", level="api", dump_path=str(tmp_path))
+    dbg.start()
+    q, k, v = qkv.split(32, dim=2)
+    sliced = qkv[:, ::2, 5:50].relu()               # relu: a strided input of its own
+    spread = column.expand(6, 5).exp()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    pieces = sorted(rows_where(t, op="split", role="output"), key=lambda r: r["arg_index"])
+    strided = one_row(t, op="relu", role="input")
+    broadcast = one_row(t, op="exp", role="input")
+    for row, view in [(pieces[0], q), (pieces[1], k), (pieces[2], v),
+                      (strided, qkv[:, ::2, 5:50]), (broadcast, column.expand(6, 5))]:
+        a = view.double().numpy().ravel()
+        finite = a[np.isfinite(a)]
+        ordered = a[~np.isnan(a)]
+        assert row["nan_count"] == int(np.isnan(a).sum())
+        assert row["inf_count"] == int(np.isinf(a).sum())
+        assert row["min"] == ordered.min() and row["max"] == ordered.max()
+        assert_rel(row["mean"], finite.mean(), 1e-12, "mean")
+        assert_rel(row["norm"], float(np.sqrt((finite * finite).sum())), 1e-12, "norm")
