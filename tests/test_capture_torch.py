@@ -720,7 +720,7 @@ def test_two_capture_windows_in_one_step(tmp_path):
     for k in range(2 * n_linear):
         assert len(rows_where(t, entry=f"Functional.linear.{k}.forward", role="output")) == 1
     assert len(rows_where(t, entry="Module.GPT.forward.1", role="output")) == 1
-    a = dump.tensor(f"Functional.linear.0.forward.output.0", step=0)
+    a = dump.tensor("Functional.linear.0.forward.output.0", step=0)
     b = dump.tensor(f"Functional.linear.{n_linear}.forward.output.0", step=0)
     np.testing.assert_array_equal(a, b)            # same model, same batch, no update between
     i = int(np.nonzero(t["entry"] == f"Functional.linear.{n_linear}.forward")[0][-1])

@@ -13,7 +13,7 @@ from torch import nn
 import precdbg
 from precdbg_pt import PrecisionDebugger
 
-from conftest import (dump_once, loss_of, make_batch_list, make_model, make_optimizer, one_row,
+from conftest import (dump_once, loss_of, make_model, make_optimizer, one_row,
                       rows_where, run_python, run_steps, torch_hooks_left)
 
 
