@@ -44,6 +44,8 @@ def to_host(t: torch.Tensor) -> HostCopy:
                          f"vmap/grad); its statistics are not recorded either")
     else:
         x = t.detach()
+    if x.is_neg() or x.is_conj():      # lazy negation or conjugation: store the values it holds
+        x = x.resolve_neg().resolve_conj()
     raw = _RAW_VIEW.get(x.dtype)
     with torch.no_grad():
         if x.device.type == "cpu":

@@ -106,6 +106,8 @@ def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
         if not ptr and t.numel():
             return None                   # no memory of its own (a wrapper subclass)
         base = (ptr, t.dtype, t._version, t.get_device())
+        if t.is_neg() or t.is_conj():     # the same bytes read negated or conjugated
+            base += (t.is_neg(), t.is_conj())
         layout = ((t.numel(), 1),) if contiguous else _layout(t)
         shape = tuple(t.shape)
         return (base, layout), (base, shape, None if contiguous else t.stride())
@@ -155,6 +157,8 @@ def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
         # the device's index, not a device object per record (-1: host memory; one kind of
         # accelerator runs in a process)
         base = (ptr, dtype, version, t.get_device())
+        if t.is_neg() or t.is_conj():    # the same bytes read negated or conjugated (lazy views)
+            base += (t.is_neg(), t.is_conj())
         if t.is_contiguous():
             keys = ((base, ((numel, 1),)), (base, shape, None))
         else:
@@ -291,6 +295,8 @@ def summarize(t: torch.Tensor) -> Handle:
         return _sparse(t, numel)
     if not _has_memory(t):   # no memory of its own to read (a wrapper subclass, a tensor of
         return _Pending(None, numel, None)   # functorch's vmap/grad, a fake tensor)
+    if t.is_neg():           # a lazy negation (the imaginary part of a conjugate view): its
+        t = t.detach().resolve_neg()     # memory holds the values negated
     if not t.is_cpu:                    # a flag read; t.device.type builds a device object
         if t.is_meta:
             return _Pending(None, numel, None)

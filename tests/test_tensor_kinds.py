@@ -10,6 +10,11 @@ functorch: per-sample gradients (`vmap(grad(...))` over `functional_call`, as di
 privacy trains) run the model on tensors without memory of their own. Before, every call inside
 counted a failure; now they are recorded with their shapes and unknown values, and the step's
 ordinary records are whole.
+
+Lazy views: `z.conj()` of a complex tensor and the imaginary part of such a view (negated) hold
+the bytes of `z` with a bit that says how to read them. Before, their statistics and stored bytes
+were those of the raw memory (the negated view's min was its true max negated), and they shared
+the statistics of the tensor they view.
 """
 from __future__ import annotations
 
@@ -140,3 +145,33 @@ def test_calls_inside_functorch_transforms_are_recorded_without_values(tmp_path:
         ((1, 8), True), ((1, 1), True), ((5, 8), False), ((5, 1), False)]
     dw = table.select(table["kind"] == "param_grad")
     assert sorted(set(dw["api"])) == sorted(params)
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_lazy_negated_and_conjugated_views_are_recorded_as_read(tmp_path: Any, task: str) -> None:
+    torch.manual_seed(0)
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    dbg = PrecisionDebugger(task=task, level="api", dump_path=str(tmp_path))
+    dbg.start()
+    z.imag.exp()
+    negated = z.conj().imag                  # a view with the negative bit: -z.imag
+    assert negated.is_neg()
+    negated.exp()
+    conjugated = z.conj()
+    conjugated.mul(2)
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path))
+    t = dump.records(step=0)
+    plain = one_row(t, entry="Tensor.exp.0.forward", role="input")
+    flipped = one_row(t, entry="Tensor.exp.1.forward", role="input")
+    expected = -z.imag.double().numpy()
+    assert (flipped["min"], flipped["max"]) == (expected.min(), expected.max())
+    assert flipped["mean"] == pytest.approx(expected.mean(), rel=1e-12)
+    assert flipped["tensor_id"] != plain["tensor_id"]
+    if task == "tensor":
+        np.testing.assert_array_equal(dump.tensor("Tensor.exp.1.forward.input.0", step=0),
+                                      negated.resolve_neg().numpy())
+        np.testing.assert_array_equal(dump.tensor("Tensor.mul.0.forward.input.0", step=0),
+                                      conjugated.resolve_conj().numpy())
