@@ -506,7 +506,7 @@ static PyObject *fastats_row(PyObject *self, PyObject *args) {
  * that are contiguous (step 1), up to MAX_OUTER further dimensions walked as an odometer, and
  * broadcast dimensions (step 0) counted, not read (their copies repeat the same values). Each
  * row is one pass of `run`; a view holding NaN or Inf is summarised again row by row by the
- * exact pass. -1 when the layout is not of that kind (the caller copies instead). */
+ * exact pass. None when the layout is not of that kind (the caller copies instead). */
 #define MAX_OUTER 8
 
 static void fold_exact(acc_t *acc, const acc_t *row, int *any) {

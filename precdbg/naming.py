@@ -142,7 +142,6 @@ def normalize_api_name(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=8192)
-@functools.lru_cache(maxsize=1 << 14)      # asked per captured call, of few distinct names
 def canonical_op(name: str) -> str:
     """The canonical op of an API, method or module/cell class name."""
     base = normalize_api_name(name)
