@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
-from .schema import Direction, Role
+from .schema import NO_PRODUCER, Direction, Role
 
 __all__ = ["MANTISSA_BITS", "is_floating", "lowest", "PrecisionTracker"]
 
@@ -53,29 +53,43 @@ _FORWARD, _NONE, _INPUT = Direction.FORWARD.value, Direction.NONE.value, Role.IN
 class PrecisionTracker:
     """The precision carried by the tensors of one step, as the session captures them. Calls and
     distinct tensors (the session's `Call` and `_Seen`) hold a `precision` attribute."""
-    __slots__ = ("forward",)
+    __slots__ = ("forward", "_written")
 
     def __init__(self) -> None:
         self.forward = ""          # the lowest precision of this step's forward so far
+        self._written: Dict[int, str] = {}    # seq of a record -> the precision it carried
 
-    def of(self, call: Any, direction: str, role: str, dtype: str, seen: Any) -> str:
-        """The precision of one tensor record: a forward input carries what it was computed
-        with (its own dtype when nothing captured produced it); an output, the lowest of its
-        dtype and of its call's inputs (an autocast linear's bf16 output, a float32 LayerNorm of
-        a bf16-rounded residual); backward records and dw, also the lowest precision of the
-        step's forward (the gradients flow back through it); the inventory, its dtype."""
+    def of(self, call: Any, rec: Any, seen: Any) -> str:
+        """The precision of one tensor record (its `producer` already known): a forward input
+        carries what it was computed with (what its bytes carried when the window saw them, or
+        what the captured record that wrote them carried, such as a gradient accumulated into
+        `.grad` in place; its own dtype when nothing captured produced it); an output, the
+        lowest of its dtype and of its call's inputs (an autocast linear's bf16 output, a
+        float32 LayerNorm of a bf16-rounded residual); backward records and dw, also the lowest
+        precision of the step's forward (the gradients flow back through it), which later reads
+        of the same gradient (clipping, an all-reduce, the optimizer) carry too; the inventory,
+        its dtype."""
+        dtype = rec.dtype
         if dtype not in MANTISSA_BITS:
             return ""
+        direction = rec.direction
         if direction == _FORWARD:
-            if role == _INPUT:
-                carried = lowest(seen.precision, dtype)
+            if rec.role == _INPUT:
+                held = seen.precision
+                if not held and rec.producer != NO_PRODUCER:
+                    held = self._written.get(rec.producer, "")
+                carried = lowest(held, dtype)
                 call.precision = lowest(call.precision, carried)
             else:
                 carried = lowest(lowest(seen.precision, call.precision), dtype)
+                self._written[rec.seq] = carried
             seen.precision = carried
             self.forward = lowest(self.forward, carried)
             return carried
         if direction == _NONE:
             seen.precision = lowest(seen.precision, dtype)
             return dtype
-        return lowest(lowest(self.forward, call.precision), dtype)
+        carried = lowest(lowest(self.forward, call.precision), dtype)
+        seen.precision = lowest(seen.precision, carried)
+        self._written[rec.seq] = carried
+        return carried

@@ -406,7 +406,6 @@ class Session:
                       and uninitialized_output(call.api, arg_index))
         seen = batch.seen_tensor(tensor, written, keys, values,
                                  where[0] if where is not None else None)
-        precision = self._precisions.of(call, direction, role, dtype, seen)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
         self._seq += 1
@@ -415,10 +414,11 @@ class Session:
                      call.phase if direction != _BACKWARD else _BACKWARD, arg_index,
                      arg_key, call.call_index, call.order, self._seq, dtype, shape, numel,
                      _NAN, _NAN, _NAN, _NAN, 0, 0, "", "", call.alias, trainable, call.stack_id,
-                     -1, 0, seen.tensor_id, NO_PRODUCER, -1, precision)
+                     -1, 0, seen.tensor_id, NO_PRODUCER, -1, "")
         if direction == _NONE:
             rec.phase = _SETUP
         self.provenance.note(rec, tensor, written, seen, where)
+        rec.precision = self._precisions.of(call, rec, seen)      # knows its producer now
         batch.add(rec, seen)
         if not self.run.first_batch_done and call.kind == _MODULE and call.module == "" \
                 and role == _INPUT and direction == _FORWARD:

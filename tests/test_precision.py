@@ -126,3 +126,43 @@ def test_old_files_without_the_column_use_the_dtype(bf16, tmp_path):
     rows = [r for r in result["rows"] if r["module"] == "blocks.1.ln_1" and r["kind"] == "api"
             and r["role"] == "output" and r["direction"] == "forward"]
     assert rows and all(r["tol"] == BF16_TOL for r in rows)   # the coarser side decides
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("autocast", [True, False])
+def test_gradients_read_after_backward_carry_the_backward_precision(tmp_path, micro_batches,
+                                                                    autocast):
+    """clip_grad_norm_ reads every `.grad` after backward: with the forward under bf16 autocast,
+    those reads (and what they compute) carry bf16 like the dw records, so a float32-vs-bf16
+    comparison judges them at the bf16 tolerance, not at float32's 2e-5. With two micro-batches
+    `.grad` is accumulated in place (a new version nothing captured read before): the read
+    carries what the record that wrote it carried. Without autocast everything stays float32."""
+    import torch
+    from precdbg_pt import PrecisionDebugger
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    debugger = PrecisionDebugger(task="statistics", level="mix", dump_path=str(tmp_path),
+                                 step=[0])
+    debugger.start(model)
+    for _ in range(micro_batches):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(torch.randn(8, 16)).float().pow(2).mean()
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and debugger.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    want = {"bfloat16"} if autocast else {"float32"}
+    dw = t["kind"] == "param_grad"
+    assert dw.sum() == 4 * micro_batches and set(t["precision"][dw].tolist()) == want
+    norms = (t["api"] == "_foreach_norm") & (t["dtype"] == "float32")
+    assert norms.sum() == 8          # the four gradients read, their four norms
+    assert set(t["precision"][norms].tolist()) == want
+    scaled = (t["api"] == "_foreach_mul_") & (t["dtype"] == "float32")
+    assert scaled.any() and set(t["precision"][scaled].tolist()) == want
