@@ -102,3 +102,50 @@ def test_a_shared_layer_is_named_at_the_call_that_differs(tmp_path):
     first = assert_first(result, step=0, direction="forward", kind="module", module=SHARED,
                          reason=["calls differ", "Tensor.mul", "inputs agree"])
     assert first["name_a"] == f"Module.{SHARED}.AlbertLayer.forward.3", first["name_a"]
+
+
+class _Rotary(torch.nn.Module):
+    """Rotary embedding's `cat` (rotate_half), and in the candidate a KV cache's `cat` made
+    after it (an empty past: the same numbers), whose backward runs before the rotary `cat`'s:
+    what HF's Llama does without gradient checkpointing and not with it."""
+
+    def __init__(self, cache: bool) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(8, 8)
+        self.v = torch.nn.Linear(8, 8)
+        self.cache = cache
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q(x)
+        rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+        v = self.v(x)
+        if self.cache:
+            v = torch.cat((v.new_zeros(0, 8), v), dim=0)
+        return rotated * v
+
+
+def test_backward_of_a_call_pairs_with_the_backward_of_its_forward_counterpart(tmp_path):
+    """The dy and dx of an API call pair with those of the call its forward paired with, not
+    with the k-th backward record of the same op in the module: the cache's extra `cat` runs
+    first in backward, and pairing by occurrence set the rotary `cat`'s gradients against the
+    cache's (relative error ~1 on identical runs)."""
+    for name, cache in (("a", False), ("b", True)):
+        torch.manual_seed(0)
+        net = _Rotary(cache)
+        debugger = PrecisionDebugger(dump_path=str(tmp_path / name), level="mix")
+        debugger.start(net)
+        net(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).square().sum() \
+            .backward()
+        debugger.stop()
+        debugger.step()
+        assert debugger.close() and not debugger.failures
+    result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    cats = [r for r in result["rows"] if r["op"] == "cat"]
+    assert {r["role"] for r in cats} >= {"input", "output", "grad_output", "grad_input"}
+    assert all(r["name_a"].startswith("Torch.cat.0.") and r["name_b"].startswith("Torch.cat.0.")
+               for r in cats), [(r["name_a"], r["name_b"], r["role"]) for r in cats]
+    beyond = [(r["name_a"], r["name_b"], r["role"]) for r in result["rows"]
+              if r["status"] != "match"]
+    assert not beyond, beyond
+    assert {u["name"] for u in result["unmatched"]} >= {"Torch.cat.1.forward",
+                                                         "Torch.cat.1.backward"}

@@ -6,8 +6,11 @@ order, where API is the framework API (`Tensor.add`) within one framework and th
 (`add`) across frameworks. Counting occurrences per module call and API, not per run, means an
 extra cast, copy or view on one side shifts nothing but its own key within one call of its
 module (entry names, whose call index counts the whole run, would shift every later pair; with
-gradient accumulation, per-module counts would pair one micro-batch with the next). A user
-mapping renames module paths or ops of the candidate before pairing.
+gradient accumulation, per-module counts would pair one micro-batch with the next). The dy
+and dx of an API or module call then pair with those of the call its forward records paired
+with (a backward pass has no module call to count within: an extra call on one side would
+shift every later backward pair of its op in the module). A user mapping renames module paths
+or ops of the candidate before pairing.
 """
 from __future__ import annotations
 
@@ -120,21 +123,35 @@ def rename_module(path: str, modules: Mapping[str, str]) -> str:
     return target + rest if rest else target
 
 
-def _occurrences(keys: List[Tuple], order: np.ndarray) -> Dict[Tuple, List[int]]:
+def _occurrences(keys: List[Tuple], order: np.ndarray, rows: Optional[List[int]] = None
+                 ) -> Dict[Tuple, List[int]]:
     groups: Dict[Tuple, List[int]] = {}
-    for i in np.argsort(order, kind="stable").tolist():
+    ordered = np.argsort(order, kind="stable").tolist()
+    if rows is not None:
+        wanted = set(rows)
+        ordered = [i for i in ordered if i in wanted]
+    for i in ordered:
         groups.setdefault(keys[i], []).append(i)
     return groups
 
 
-def align(a: RecordTable, b: RecordTable, same_framework: bool,
-          mapping: Optional[Mapping[str, Mapping[str, str]]] = None) -> Alignment:
-    """Pair records of a and b; scalar (non-tensor) records are paired only by name."""
-    by_name = same_framework and not mapping
-    tensor_a = ~scalar_mask(a["dtype"])
-    tensor_b = ~scalar_mask(b["dtype"])
-    ga = _occurrences(_keys(a, by_name, None), a["seq"])
-    gb = _occurrences(_keys(b, by_name, mapping), b["seq"])
+def _calls(table: RecordTable) -> Tuple[List[Tuple], List[bool]]:
+    """Per record, the call it belongs to (kind, prefix, API or class, module, call index: what
+    every record of one captured call shares), and whether it is the backward of an API or
+    module call (its dy and dx)."""
+    kind, prefix, api = table["kind"].tolist(), table["prefix"].tolist(), table["api"].tolist()
+    module, index = table["module"].tolist(), table["call_index"].tolist()
+    direction = table["direction"].tolist()
+    calls = list(zip(kind, prefix, api, module, index))
+    backward = [d == "backward" and k in ("api", "module") for k, d in zip(kind, direction)]
+    return calls, backward
+
+
+def _pair_groups(ga: Dict[Tuple, List[int]], gb: Dict[Tuple, List[int]],
+                 tensor_a: np.ndarray, tensor_b: np.ndarray, by_name: bool
+                 ) -> Tuple[List[int], List[int], List[int], List[int]]:
+    """The k-th row of a key in a with the k-th of the same key in b: (pairs a, pairs b,
+    only a, only b); across frameworks only tensor records pair."""
     pa, pb, oa, ob = [], [], [], []
     for key, rows_a in ga.items():
         rows_b = gb.get(key, [])
@@ -149,6 +166,57 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
     for key, rows_b in gb.items():
         if key not in ga:
             ob.extend(r for r in rows_b if by_name or tensor_b[r])
+    return pa, pb, oa, ob
+
+
+def align(a: RecordTable, b: RecordTable, same_framework: bool,
+          mapping: Optional[Mapping[str, Mapping[str, str]]] = None) -> Alignment:
+    """Pair records of a and b; scalar (non-tensor) records are paired only by name. The
+    backward records (dy, dx) of an API or module call pair with those of the call its forward
+    paired with: an extra call on one side (a KV cache's `cat` next to rotary embedding's) then
+    shifts nothing in backward either, where the backward pass has no module call to count
+    occurrences within. Backward records of calls whose forward did not pair fall back to the
+    keys."""
+    by_name = same_framework and not mapping
+    tensor_a = ~scalar_mask(a["dtype"])
+    tensor_b = ~scalar_mask(b["dtype"])
+    keys_a, keys_b = _keys(a, by_name, None), _keys(b, by_name, mapping)
+    calls_a, backward_a = _calls(a)
+    calls_b, backward_b = _calls(b)
+    rest_a = [i for i, bw in enumerate(backward_a) if not bw]
+    rest_b = [i for i, bw in enumerate(backward_b) if not bw]
+    pa, pb, oa, ob = _pair_groups(_occurrences(keys_a, a["seq"], rest_a),
+                                  _occurrences(keys_b, b["seq"], rest_b),
+                                  tensor_a, tensor_b, by_name)
+    # the calls whose forward records paired (the first pair of a call, in a's order, decides)
+    seq_a = a["seq"]
+    call_of: Dict[Tuple, Tuple] = {}
+    for i, j in sorted(zip(pa, pb), key=lambda pair: seq_a[pair[0]]):
+        call_of.setdefault(calls_a[i], calls_b[j])
+    role_a, arg_a = a["role"].tolist(), a["arg_index"].tolist()
+    role_b, arg_b = b["role"].tolist(), b["arg_index"].tolist()
+    backward_rows_b = [i for i, bw in enumerate(backward_b) if bw]
+    within_b = _occurrences([(calls_b[i], role_b[i], arg_b[i]) if backward_b[i] else ()
+                             for i in range(len(b))], b["seq"], backward_rows_b)
+    left_a: List[int] = []
+    for i in np.argsort(seq_a, kind="stable").tolist():
+        if not backward_a[i]:
+            continue
+        target = call_of.get(calls_a[i])
+        rows = within_b.get((target, role_a[i], arg_a[i])) if target is not None else None
+        if rows and (by_name or (tensor_a[i] and tensor_b[rows[0]])):
+            pa.append(i)
+            pb.append(rows.pop(0))
+        else:
+            left_a.append(i)
+    left_b = [i for rows in within_b.values() for i in rows]
+    fa, fb, foa, fob = _pair_groups(_occurrences(keys_a, a["seq"], left_a),
+                                    _occurrences(keys_b, b["seq"], left_b),
+                                    tensor_a, tensor_b, by_name)
+    pa += fa
+    pb += fb
+    oa += foa
+    ob += fob
     as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
     sa: List[int] = []
     sb: List[int] = []
