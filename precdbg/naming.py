@@ -141,6 +141,14 @@ def normalize_api_name(name: str) -> str:
     return base
 
 
+# A model's own class for a standard layer: its name prefixed with the model's (Qwen2RMSNorm,
+# MistralRMSNorm, MixedFusedRMSNorm), or an activation class (SiLUActivation). Only these ops are
+# read through such names: a suffix alone says nothing of other layers (LlamaRotaryEmbedding is
+# no embedding lookup, LinearActivation no linear layer).
+_PREFIXED_NORMS = frozenset({"rms_norm", "layer_norm", "group_norm", "batch_norm"})
+_ACTIVATIONS = frozenset({"gelu", "silu", "relu", "sigmoid", "tanh"})
+
+
 @functools.lru_cache(maxsize=8192)
 def canonical_op(name: str) -> str:
     """The canonical op of an API, method or module/cell class name."""
@@ -152,6 +160,16 @@ def canonical_op(name: str) -> str:
     for candidate in (compact, re.sub(r"\d+d$", "", base)):
         if candidate in index:
             return index[candidate]
+    parts = base.split("_")
+    for start in range(1, len(parts) - 1):        # a model's prefix before a norm's name
+        found = index.get("_".join(parts[start:]))
+        if found in _PREFIXED_NORMS:
+            return found
+    if len(parts) > 1 and parts[-1] == "activation":
+        rest = parts[:-1]
+        found = index.get("_".join(rest)) or index.get("".join(rest))
+        if found in _ACTIVATIONS:
+            return found
     return base
 
 

@@ -141,3 +141,38 @@ def test_numerics_unchanged(hf_run):
     for (name, a), (_, b) in zip(hf_run["model"].named_parameters(),
                                  hf_run["reference"].named_parameters()):
         assert torch.equal(a, b), name
+
+
+def test_model_prefixed_layer_classes_read_as_their_layer(tmp_path):
+    """A model's own class for a standard layer (Qwen2RMSNorm, MistralRMSNorm, SiLUActivation)
+    is that layer: its op is `rms_norm` / `silu`, and its settings are read, so `check` names
+    an RMSNorm epsilon changed in one layer of a Qwen2 (nothing was read of it before). A
+    suffix alone names nothing else (LlamaRotaryEmbedding is no embedding lookup)."""
+    from precdbg.check import check_dumps
+    from precdbg.naming import canonical_op
+
+    assert {canonical_op(c) for c in ("Qwen2RMSNorm", "MistralRMSNorm", "MixedFusedRMSNorm",
+                                      "LlamaRMSNorm", "MT5LayerNorm")} == {"rms_norm"}
+    assert canonical_op("SiLUActivation") == "silu"
+    assert canonical_op("LlamaRotaryEmbedding") == "llama_rotary_embedding"
+    assert canonical_op("LinearActivation") == "linear_activation"
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128,
+                                      max_position_embeddings=64)
+    for name, eps in (("a", None), ("b", 1e-2)):
+        torch.manual_seed(0)
+        model = transformers.Qwen2ForCausalLM(config)
+        if eps is not None:
+            model.model.layers[1].input_layernorm.variance_epsilon = eps
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / name), level="mix", step=[0])
+        _train(model, dbg, steps=1)
+        assert dbg.close() and not dbg.failures
+    dump = precdbg.open_dump(str(tmp_path / "a"))
+    settings = dump.module_settings(0)
+    cls, norm = settings["model.layers.1.input_layernorm"]
+    assert cls == "Qwen2RMSNorm" and norm == {"eps": pytest.approx(1e-6)}, (cls, norm)
+    findings = [f for f in check_dumps(str(tmp_path / "a"), str(tmp_path / "b"))["findings"]
+                if f["kind"] == "layer_settings"]
+    assert len(findings) == 1, findings
+    assert "model.layers.1.input_layernorm: eps 1e-06 vs 0.01" in findings[0]["message"]
