@@ -9,7 +9,7 @@ import pytest
 
 import precdbg
 
-from conftest import PYTHON, dump_once, run_python
+from conftest import dump_once, run_python
 
 
 @pytest.fixture(scope="module")

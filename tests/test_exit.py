@@ -11,9 +11,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 

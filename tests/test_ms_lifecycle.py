@@ -196,7 +196,7 @@ def test_exception_in_the_captured_step(tmp_path):
             self.inner = nn.Dense(4, 4)
 
         def construct(self, x):
-            y = self.inner(x)
+            self.inner(x)
             raise ZeroDivisionError("training code failed")
 
     model = Exploding()

@@ -9,14 +9,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import precdbg
 from precdbg_pt import PrecisionDebugger
 
-from conftest import (LINEAR_PATHS, dump_once, loss_of, make_batch_list, make_model, one_row,
-                      rows_where)
+from conftest import dump_once, loss_of, make_batch_list, make_model, one_row
 
 
 def _capture_gpt(path, dtype=torch.float32, **settings):
