@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ..reader import RecordTable
-from ..schema import scalar_mask
+from ..schema import Direction, RecordKind, scalar_mask
 
 __all__ = ["Alignment", "align", "load_mapping", "rename_module"]
 
@@ -135,6 +135,10 @@ def _occurrences(keys: List[Tuple], order: np.ndarray, rows: Optional[List[int]]
     return groups
 
 
+_BACKWARD = Direction.BACKWARD.value
+_CALL_KINDS = frozenset({RecordKind.API.value, RecordKind.MODULE.value})
+
+
 def _calls(table: RecordTable) -> Tuple[List[Tuple], List[bool]]:
     """Per record, the call it belongs to (kind, prefix, API or class, module, call index: what
     every record of one captured call shares), and whether it is the backward of an API or
@@ -143,7 +147,7 @@ def _calls(table: RecordTable) -> Tuple[List[Tuple], List[bool]]:
     module, index = table["module"].tolist(), table["call_index"].tolist()
     direction = table["direction"].tolist()
     calls = list(zip(kind, prefix, api, module, index))
-    backward = [d == "backward" and k in ("api", "module") for k, d in zip(kind, direction)]
+    backward = [d == _BACKWARD and k in _CALL_KINDS for k, d in zip(kind, direction)]
     return calls, backward
 
 
