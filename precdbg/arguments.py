@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .schema import DtypeName
+
 __all__ = ["call_arguments", "tensor_arguments", "tensor_results", "value_arguments"]
 
 _MAX_DEPTH = 2
@@ -58,7 +60,7 @@ def _value_of(value: Any, dtype_name: Callable[[Any], Optional[str]]) -> Any:
             return tuple(value)
         return _SKIP
     name = dtype_name(value)
-    return _SKIP if name is None else name
+    return _SKIP if name is None else DtypeName(name)
 
 
 def value_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any],

@@ -16,7 +16,7 @@ __all__ = [
     "SCHEMA_VERSION", "Task", "Level", "RecordKind", "Direction", "Role", "Phase", "DataMode",
     "SummaryMode", "Record", "RECORD_COLUMNS", "MAX_NDIM", "READ_SCHEMA_VERSIONS", "READ_ROLES",
     "COMPUTED_ROLES", "WRITE_ROLES", "INVENTORY_ROLES", "NO_PRODUCER", "ADDED_COLUMNS",
-    "is_scalar_dtype", "scalar_mask", "scalar_dtype",
+    "is_scalar_dtype", "scalar_mask", "scalar_dtype", "DtypeName", "DTYPE_VALUE",
 ]
 
 SCHEMA_VERSION = 3          # 2: `producer`, `storage` (dataflow provenance); 3: `precision`
@@ -80,9 +80,19 @@ def scalar_mask(dtypes: np.ndarray) -> np.ndarray:
     return np.char.startswith(dtypes, _SCALAR_PREFIX)
 
 
+DTYPE_VALUE = _SCALAR_PREFIX + "dtype"     # dtype of an argument that is itself a dtype
+
+
+class DtypeName(str):
+    """A framework dtype passed as an argument (`torch.tensor(x, dtype=torch.bfloat16)`), by its
+    neutral name ('bfloat16'): recorded as a value of dtype `DTYPE_VALUE`, so the read side
+    knows the text names a dtype."""
+    __slots__ = ()
+
+
 def scalar_dtype(value: object) -> str:
     """The dtype recorded for a non-tensor argument."""
-    return _SCALAR_PREFIX + type(value).__name__
+    return DTYPE_VALUE if isinstance(value, DtypeName) else _SCALAR_PREFIX + type(value).__name__
 
 
 class Phase(str, Enum):

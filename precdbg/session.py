@@ -32,7 +32,8 @@ from .batch import TensorBatch
 from .call import Call
 from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
                      save_entry, torch_param_leaf, uninitialized_output)
-from .schema import NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task
+from .schema import (NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task,
+                     scalar_dtype)
 from .writer import DumpWriter
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
@@ -457,7 +458,7 @@ class Session:
         self._seq += 1
         rec = Record(call.forward_entry, call.kind, call.prefix, call.api, call.op, call.module,
                      "forward", role, call.phase, arg_index, arg_key, call.call_index,
-                     call.order, self._seq, "py." + type(value).__name__, (), 1,
+                     call.order, self._seq, scalar_dtype(value), (), 1,
                      stack_id=call.stack_id)
         if isinstance(value, (bool, int, float)):
             number = float(value)
@@ -465,7 +466,7 @@ class Session:
             rec.norm = abs(number)
             rec.nan_count = int(number != number)
             rec.inf_count = int(number in (float("inf"), float("-inf")))
-        rec.text = repr(value) if not isinstance(value, str) else value
+        rec.text = repr(value) if not isinstance(value, str) else str(value)
         self._batch.add(rec, None)
 
     def flush_batch(self) -> None:

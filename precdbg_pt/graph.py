@@ -42,18 +42,7 @@ class _DxState:
         self.partial: List[Optional[torch.Tensor]] = [None] * n
 
 
-_ACCUMULATE_GRAD: List[Optional[type]] = [None]    # AccumulateGrad's class, once one is met
-
-
-def _leaf_of(node: Any) -> Optional[torch.Tensor]:
-    """The leaf tensor an AccumulateGrad node accumulates into (None for other nodes)."""
-    cls = type(node)
-    known = _ACCUMULATE_GRAD[0]
-    if known is None:
-        if cls.__name__ != "AccumulateGrad":
-            return None
-        known = _ACCUMULATE_GRAD[0] = cls
-    return node.variable if cls is known else None
+_ACCUMULATE_GRAD: type = torch._C._functions.AccumulateGrad   # a leaf's node: .variable
 
 
 def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
@@ -106,6 +95,7 @@ def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
     edges_found: Dict[int, int] = {}          # per target list (its first index): edges met
     stack = list(by_node)
     visited = set()
+    accumulate = _ACCUMULATE_GRAD if leaf_targets else None
     while stack and len(visited) < node_limit:
         node = stack.pop()
         if node in visited:
@@ -114,23 +104,27 @@ def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
         for position, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
-            hits = node_targets.get((nxt, nr)) if node_targets else None
-            if hits is None and leaf_targets:
-                leaf = _leaf_of(nxt)
-                if leaf is not None:
-                    hits = leaf_targets.get(id(leaf))
-            if hits is not None:
-                k = edges_found.get(hits[0], 0)
-                edges_found[hits[0]] = k + 1
-                ti = hits[k] if k < len(hits) else hits[-1]
-                node_edges = edges.get(node)
-                if node_edges is None:
-                    edges[node] = [(position, ti)]
-                else:
-                    node_edges.append((position, ti))
-                expected[ti] += 1
-            elif nxt not in target_nodes and nxt not in visited:
-                stack.append(nxt)
+            if nxt in target_nodes:           # an input's node: an edge into it, or a stop
+                hits = node_targets.get((nxt, nr))
+                if hits is None:
+                    continue
+            elif type(nxt) is accumulate:     # a leaf: an input itself, or a parameter
+                hits = leaf_targets.get(id(nxt.variable))
+                if hits is None:
+                    continue
+            else:
+                if nxt not in visited:
+                    stack.append(nxt)
+                continue
+            k = edges_found.get(hits[0], 0)
+            edges_found[hits[0]] = k + 1
+            ti = hits[k] if k < len(hits) else hits[-1]
+            node_edges = edges.get(node)
+            if node_edges is None:
+                edges[node] = [(position, ti)]
+            else:
+                node_edges.append((position, ti))
+            expected[ti] += 1
     # a node that received an output's dy and sends dx to an input (most API calls are one
     # node) gets one hook for both: its post-hook sees the gradients it consumed and produced
     for node, outs in by_node.items():

@@ -166,3 +166,67 @@ def test_gradients_read_after_backward_carry_the_backward_precision(tmp_path, mi
     assert set(t["precision"][norms].tolist()) == want
     scaled = (t["api"] == "_foreach_mul_") & (t["dtype"] == "float32")
     assert scaled.any() and set(t["precision"][scaled].tolist()) == want
+
+
+class _MaskedNet:
+    """A linear, then a constant made in the dtype of its output (`torch.tensor(v,
+    dtype=h.dtype)`, as transformers' attention masks are made), then a cast of the result to
+    `cast_to`."""
+
+    def __init__(self, cast_to: "object") -> None:
+        import torch
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+        self.cast_to = cast_to
+
+    def loss(self, x):
+        import torch
+        h = self.model[0](x)
+        floor = torch.tensor(-1e4, dtype=h.dtype)
+        h = torch.maximum(h, floor).to(self.cast_to)
+        return self.model[1](h.float()).float().pow(2).mean()
+
+
+def _dump_masked(path: str, autocast: bool, cast_to: "object") -> str:
+    import torch
+    from precdbg_pt import PrecisionDebugger
+
+    net = _MaskedNet(cast_to)
+    debugger = PrecisionDebugger(task="statistics", level="mix", dump_path=path, step=[0])
+    debugger.start(net.model)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = net.loss(torch.randn(8, 16, generator=torch.Generator().manual_seed(1)))
+    loss.backward()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and debugger.failures == 0
+    return path
+
+
+def test_dtype_arguments_that_follow_a_precision_difference_are_not_its_culprit(tmp_path):
+    """float32 vs bf16 autocast: `torch.tensor(v, dtype=h.dtype)` passes float32 in one run and
+    bfloat16 in the other because the linear before it ran under autocast; the argument is
+    recorded as a dtype (py.dtype), its pair counts as that precision difference (status
+    'precision', a note says so) and is not named as the first divergence. A cast whose dtype
+    argument is where the precisions first part (`.to(float16)` in one run only) stays the
+    culprit."""
+    import torch
+    fp32 = _dump_masked(str(tmp_path / "fp32"), False, torch.float32)
+    bf16 = _dump_masked(str(tmp_path / "bf16"), True, torch.float32)
+    t = precdbg.open_dump(bf16).records(step=0)
+    made = np.nonzero((t["api"] == "tensor") & (t["dtype"] == "py.dtype"))[0]
+    assert len(made) == 1 and t["text"][made[0]] == "bfloat16"
+    result = compare_dumps(fp32, bf16)
+    rows = [r for r in result["rows"] if r["name_a"].startswith("Torch.tensor.")
+            and r["dtype_a"] == "py.dtype"]
+    assert len(rows) == 1 and rows[0]["status"] == "precision"
+    assert any("dtype argument(s)" in note for note in result["notes"])
+    first = result["first_divergence"]
+    assert first is None or not first["name_a"].startswith("Torch.tensor."), first
+
+    half = _dump_masked(str(tmp_path / "half"), False, torch.float16)
+    result = compare_dumps(fp32, half)
+    first = result["first_divergence"]
+    assert first is not None and first["name_a"].startswith("Tensor.to."), first
+    assert "'float32' vs 'float16'" in first["reason"], first["reason"]
+    assert not [r for r in result["rows"] if r["status"] == "precision"]

@@ -48,7 +48,8 @@ def _row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndar
     row = Row(ra["step"], ra["rank"], ra["entry"], rb["entry"], ra["kind"], ra["direction"],
               ra["module"], ra["op"], ra["role"], ra["arg_index"], ra["dtype"], rb["dtype"],
               list(ra["shape"]), list(rb["shape"]), ra["order"], ra["seq"],
-              "diverged" if st["diverged"][p] else "match")
+              "diverged" if st["diverged"][p] else
+              "precision" if st["precision_explained"][p] else "match")
     row.module_b = rb["module"]
     for stat in ("min", "max", "mean", "norm"):
         setattr(row, f"{stat}_a", finite_or_none(ra[stat]))
@@ -304,6 +305,12 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
                          "module path, canonical op and order")
         notes.extend(noise.notes())
+        explained = [row for row in rows if row.status == "precision"]
+        if explained:
+            notes.append(f"{len(explained)} dtype argument(s) name another float dtype where "
+                         f"the runs' values already carry other precisions (first: "
+                         f"{explained[0].name_a}): counted as that "
+                         "precision difference (status 'precision'), not as divergences")
         if stats_only:
             notes.append("statistics only: a permutation or a compensating change keeps min, "
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "

@@ -27,9 +27,9 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ..precision import MANTISSA_BITS
+from ..precision import MANTISSA_BITS, is_floating
 from ..reader import RecordTable
-from ..schema import scalar_mask
+from ..schema import DTYPE_VALUE, scalar_mask
 
 __all__ = ["TOLERANCE", "stat_errors", "tensor_metrics", "tolerance_of"]
 
@@ -50,19 +50,44 @@ def tolerance_of(dtype: str) -> float:
     return TOLERANCE.get(dtype, 2e-5 if dtype.startswith("complex") else _DEFAULT_TOL)
 
 
-def _precision(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray) -> np.ndarray:
-    """Per pair, the coarser of the two records' carried precisions (their dtype where the
-    file has no precision column or the record none)."""
-    def side(t: RecordTable, idx: np.ndarray) -> np.ndarray:
-        dtype = t["dtype"][idx]
-        if "precision" not in t:
-            return dtype
-        prec = t["precision"][idx]
-        return np.where(prec == "", dtype, prec)
-    pa, pb = side(a, ia), side(b, ib)
+def _carried(t: RecordTable, idx: np.ndarray) -> np.ndarray:
+    """Per record, the precision its values carry (its dtype where the file has no precision
+    column or the record none)."""
+    dtype = t["dtype"][idx]
+    if "precision" not in t:
+        return dtype
+    prec = t["precision"][idx]
+    return np.where(prec == "", dtype, prec)
+
+
+def _coarser(pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+    """Per pair, the coarser of the two records' carried precisions."""
     bits_a = np.array([MANTISSA_BITS.get(p, 99) for p in pa.tolist()], dtype=np.int64)
     bits_b = np.array([MANTISSA_BITS.get(p, 99) for p in pb.tolist()], dtype=np.int64)
     return np.where(bits_a < bits_b, pa, pb)
+
+
+def _dtype_arguments_explained(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
+                               pa: np.ndarray, pb: np.ndarray, text_ok: np.ndarray
+                               ) -> np.ndarray:
+    """Pairs of a dtype argument naming two float dtypes (`torch.tensor(x, dtype=q.dtype)`
+    under autocast in one run only) after the point where the runs' values already carry other
+    precisions: a consequence of that precision difference (which `check` names), not a
+    divergence of its own. The first such argument, before any value carries another
+    precision, stays a divergence: it is where the precisions part (a cast to float16 in one
+    run only)."""
+    dtype_b = b["dtype"][ib]
+    dtype_arg = (a["dtype"][ia] == DTYPE_VALUE) & (dtype_b == DTYPE_VALUE) & ~text_ok
+    if not dtype_arg.any():
+        return dtype_arg
+    texts_a, texts_b = a["text"][ia], b["text"][ib]
+    floats = np.array([is_floating(x) and is_floating(y)
+                       for x, y in zip(texts_a.tolist(), texts_b.tolist())], dtype=bool)
+    apart = (pa != pb) & ~scalar_mask(dtype_b)
+    if not apart.any():
+        return np.zeros_like(dtype_arg)
+    seq = b["seq"][ib]
+    return dtype_arg & floats & (seq > seq[apart].min())
 
 
 def _rel(a: np.ndarray, b: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -91,7 +116,8 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
     out["d_norm"] = _rel(col(a, "norm", ia), col(b, "norm", ib),
                          np.abs(np.nan_to_num(col(b, "norm", ib))))
     dtype_b = col(b, "dtype", ib)
-    precision = _precision(a, b, ia, ib)
+    pa, pb = _carried(a, ia), _carried(b, ib)
+    precision = _coarser(pa, pb)
     coarse = np.array([MANTISSA_BITS.get(p, 99) < MANTISSA_BITS["float32"]
                        for p in precision.tolist()], dtype=bool)
     extremes = np.where(coarse, _EXTREMES_FACTOR, 1.0)
@@ -108,9 +134,12 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
     text_ok = col(a, "text", ia) == col(b, "text", ib)
     ck_a, ck_b = col(a, "checksum", ia), col(b, "checksum", ib)
     checksum_equal = (ck_a != "") & (ck_a == ck_b)
+    explained = _dtype_arguments_explained(a, b, ia, ib, pa, pb, text_ok)
+    text_ok = text_ok | explained
     diverged = np.where(scalar, ~text_ok, (err > tol) | ~shape_ok | ~counts_ok)
     diverged &= ~checksum_equal
     out.update(err=np.where(scalar, np.where(text_ok, 0.0, np.inf), err), tol=tol,
+               precision_explained=explained,
                shape_ok=shape_ok, counts_ok=counts_ok, checksum_equal=checksum_equal,
                diverged=diverged)
     return out
