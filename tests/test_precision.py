@@ -230,3 +230,68 @@ def test_dtype_arguments_that_follow_a_precision_difference_are_not_its_culprit(
     assert first is not None and first["name_a"].startswith("Tensor.to."), first
     assert "'float32' vs 'float16'" in first["reason"], first["reason"]
     assert not [r for r in result["rows"] if r["status"] == "precision"]
+
+
+class _KeyBiasAttention:
+    """One softmax attention head whose key projection has a bias (as BERT's): softmax ignores
+    a shift shared by a query's scores, so the key bias's gradient is exactly zero in exact
+    arithmetic and each run holds only its rounding."""
+
+    def __init__(self) -> None:
+        import torch
+        torch.manual_seed(0)
+        self.model = torch.nn.ModuleDict({
+            "q": torch.nn.Linear(32, 32), "k": torch.nn.Linear(32, 32),
+            "v": torch.nn.Linear(32, 32), "out": torch.nn.Linear(32, 8)})
+
+    def loss(self, x):
+        import torch
+        m = self.model
+        scores = m["q"](x) @ m["k"](x).transpose(-1, -2) / 32 ** 0.5
+        h = torch.softmax(scores.float(), dim=-1) @ m["v"](x).float()
+        return m["out"](h).float().pow(2).mean()
+
+
+def _dump_attention(path: str, autocast: bool) -> str:
+    import torch
+    from precdbg_pt import PrecisionDebugger
+
+    net = _KeyBiasAttention()
+    opt = torch.optim.SGD(net.model.parameters(), lr=0.1)
+    debugger = PrecisionDebugger(task="statistics", level="mix", dump_path=path, step=[0])
+    debugger.start(net.model)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = net.loss(torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(1)))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and debugger.failures == 0
+    return path
+
+
+def test_a_gradient_that_cancels_to_rounding_is_judged_against_what_it_was_reduced_from(
+        tmp_path):
+    """fp32 vs bf16 autocast: the key bias's gradient is rounding in both runs (norms orders of
+    magnitude apart, relative error ~1 against its own scale). It is judged against the
+    rounding of the dy it was summed from, and so are the records of the same values after it
+    (its dw, clip_grad_norm_'s reads and results): the pair matches; the floor is on the rows
+    and in a note. A 1e-2 change of the same dy would still be found (the floor is the
+    tolerance times dy's norm)."""
+    fp32 = _dump_attention(str(tmp_path / "fp32"), False)
+    bf16 = _dump_attention(str(tmp_path / "bf16"), True)
+    result = compare_dumps(fp32, bf16)
+    dw = [r for r in result["rows"] if r["name_a"] == "Param.k.bias.grad"]
+    assert len(dw) == 1 and dw[0]["floor"] is not None, dw
+    assert dw[0]["norm_a"] < 1e-3 * dw[0]["floor"] and dw[0]["status"] == "match", dw[0]
+    dx = [r for r in result["rows"] if r["module"] == "k" and r["role"] == "grad_input"
+          and r["kind"] == "api" and r["floor"] is not None]
+    assert dx and all(r["status"] == "match" for r in dx), dx
+    assert not [r for r in result["rows"] if r["status"] == "diverged"]
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert any("far smaller than the gradient" in note for note in result["notes"])
+    # without the floor the same pair is ~1 relative apart, far beyond the bf16 tolerance
+    assert abs(dw[0]["norm_a"] - dw[0]["norm_b"]) > BF16_TOL * max(dw[0]["norm_a"],
+                                                                   dw[0]["norm_b"])

@@ -23,6 +23,7 @@ from ..schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, RecordKind, is_scalar
 from .align import Alignment, align, load_mapping, rename_module
 from .localize import Entry, StepEntries, contains, locate
 from .structure import StructuralDiff, structural_differences
+from .floors import apply_floors
 from .metrics import stat_errors, tensor_metrics
 from .multistep import NoisePolicy, optimizer_setup
 from .progress import CompareProgress
@@ -59,6 +60,8 @@ def _row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndar
     row.nan_a, row.nan_b = ra["nan_count"], rb["nan_count"]
     row.inf_a, row.inf_b = ra["inf_count"], rb["inf_count"]
     row.checksum_equal = bool(st["checksum_equal"][p])
+    if st["floor_decided"][p]:
+        row.floor = float(st["floor"][p])
     if tm is not None:
         row.tensor = {k: finite_or_none(v) for k, v in tm.items()}
     if np.isfinite(st["update_share"][p]):
@@ -197,6 +200,15 @@ class _StepCompare:
         return Producer(Source.ONE_RUN, None, names[0], names[1], module, kind, op)
 
 
+def _rel_rmse(tm: Dict[str, Any], floor: float, numel: int) -> float:
+    """The RMSE relative to the baseline's RMS, or to the pair's rounding floor where it has
+    one above that (floors.py)."""
+    if floor <= 0.0:
+        return float(tm["rel_rmse"])
+    rms_b = tm["rmse"] / tm["rel_rmse"] if tm["rel_rmse"] > 0 else 0.0
+    return float(tm["rmse"] / max(rms_b, floor / max(numel, 1) ** 0.5, 1e-300))
+
+
 def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                   rows: List[Row], unmatched: List[Dict[str, Any]],
                   progress: Progress, files: Tuple[int, int], noise: NoisePolicy,
@@ -210,6 +222,7 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     structural.extend(structural_differences(ta, tb, step, rank, same, mapping,
                                              _setting_differences(a, b, step, rank, mapping)))
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
+    apply_floors(ta, tb, al.pairs_a, al.pairs_b, st)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
     sc = _StepCompare(ta, tb, al)
     step_rows: List[Row] = []
@@ -225,8 +238,8 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     for p, (i, j) in enumerate(pairs):
         tm = tms[p]
         if tm is not None and not st["checksum_equal"][p] and not st["by_update"][p]:
-            st["diverged"][p] = (tm["rel_rmse"] > max(st["tol"][p], 1e-12)) or \
-                not st["counts_ok"][p]
+            st["diverged"][p] = (_rel_rmse(tm, st["floor"][p], int(tb["numel"][j]))
+                                 > max(st["tol"][p], 1e-12)) or not st["counts_ok"][p]
         row = _row(ta, tb, i, j, st, p, tm)
         step_rows.append(row)
         sc.add(row, i, j)
@@ -311,6 +324,12 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          f"the runs' values already carry other precisions (first: "
                          f"{explained[0].name_a}): counted as that "
                          "precision difference (status 'precision'), not as divergences")
+        floored = [row for row in rows if row.floor is not None]
+        if floored:
+            notes.append(f"{len(floored)} record(s) far smaller than the gradient they were "
+                         f"reduced from (first: {floored[0].name_a}: a sum whose terms cancel, "
+                         "like an attention key bias's gradient) judged against that "
+                         "gradient's rounding, not their own scale (column 'floor')")
         if stats_only:
             notes.append("statistics only: a permutation or a compensating change keeps min, "
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "

@@ -139,7 +139,7 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
     diverged = np.where(scalar, ~text_ok, (err > tol) | ~shape_ok | ~counts_ok)
     diverged &= ~checksum_equal
     out.update(err=np.where(scalar, np.where(text_ok, 0.0, np.inf), err), tol=tol,
-               precision_explained=explained,
+               precision_explained=explained, extremes=extremes,
                shape_ok=shape_ok, counts_ok=counts_ok, checksum_equal=checksum_equal,
                diverged=diverged)
     return out

@@ -71,6 +71,9 @@ class Row:
     module_b: str = ""             # the candidate's module path (the HTML tree shows it)
     # a parameter at step k >= 1 (see multistep.py): the share of its last update the runs
     # disagree on, and whether step k-1's weight gradient agreed (None: not judged that way)
+    # a value far smaller than what it was reduced from (see floors.py): the norm its
+    # differences were judged against instead of its own, where that turned its verdict
+    floor: Optional[float] = None
     update_share: Optional[float] = None
     dw_agreed: Optional[bool] = None
     tensor: Optional[Dict[str, Optional[float]]] = None   # element-wise metrics (tensor task)
