@@ -8,12 +8,17 @@ per-input dx, not the grad_input of the call's last autograd node.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from precdbg.instrumentor import GuardedHook
 from precdbg.schema import Direction, Role
+
+try:                     # the walk in C (optional: without a C compiler, the same walk in Python)
+    from . import _graphwalk
+except ImportError:      # pragma: no cover - depends on the build
+    _graphwalk = None
 
 __all__ = ["input_targets", "watch_backward", "Target"]
 
@@ -91,11 +96,35 @@ def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
         return True
     state = _DxState(len(targets))
     expected = state.expected
+    accumulate = _ACCUMULATE_GRAD if leaf_targets else None
+    edges = _walk(list(by_node), node_targets, target_nodes, leaf_targets, accumulate,
+                  node_limit, expected)
+    # a node that received an output's dy and sends dx to an input (most API calls are one
+    # node) gets one hook for both: its post-hook sees the gradients it consumed and produced
+    for node, outs in by_node.items():
+        node_edges = edges.pop(node, None)
+        if node_edges is None:
+            hold(node.register_prehook(DyHook(adapter, call, outs)))
+        else:
+            hold(node.register_hook(DxHook(adapter, call, outs, node_edges, state, targets)))
+    for node, node_edges in edges.items():
+        hold(node.register_hook(DxHook(adapter, call, None, node_edges, state, targets)))
+    return True
+
+
+def _walk_python(start: List[Any], node_targets: Dict[Tuple[Any, int], List[int]],
+                 target_nodes: Set[Any], leaf_targets: Dict[int, List[int]],
+                 accumulate: Optional[type], node_limit: int,
+                 expected: List[int]) -> Dict[Any, List[Tuple[int, int]]]:
+    """The edges {node: [(position in its next_functions, target index)]} into the targets
+    met walking back from the `start` nodes, each counted in `expected`; the walk stops at the
+    targets' nodes and after `node_limit` nodes. `accumulate`: the class of a leaf's node, or
+    None when no target is a leaf. Depth first, the last next function first. What
+    `_graphwalk.walk` does in C, kept for builds without a C compiler and as its reference."""
     edges: Dict[Any, List[Tuple[int, int]]] = {}
     edges_found: Dict[int, int] = {}          # per target list (its first index): edges met
-    stack = list(by_node)
+    stack = list(start)
     visited = set()
-    accumulate = _ACCUMULATE_GRAD if leaf_targets else None
     while stack and len(visited) < node_limit:
         node = stack.pop()
         if node in visited:
@@ -125,17 +154,10 @@ def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
             else:
                 node_edges.append((position, ti))
             expected[ti] += 1
-    # a node that received an output's dy and sends dx to an input (most API calls are one
-    # node) gets one hook for both: its post-hook sees the gradients it consumed and produced
-    for node, outs in by_node.items():
-        node_edges = edges.pop(node, None)
-        if node_edges is None:
-            hold(node.register_prehook(DyHook(adapter, call, outs)))
-        else:
-            hold(node.register_hook(DxHook(adapter, call, outs, node_edges, state, targets)))
-    for node, node_edges in edges.items():
-        hold(node.register_hook(DxHook(adapter, call, None, node_edges, state, targets)))
-    return True
+    return edges
+
+
+_walk = _graphwalk.walk if _graphwalk is not None else _walk_python
 
 
 _GRAD_OUTPUT, _GRAD_INPUT = Role.GRAD_OUTPUT.value, Role.GRAD_INPUT.value
