@@ -221,7 +221,7 @@ def test_cli_exit_1_and_reports(dumps, tmp_path):
     assert len(lines) == 1 + len(result["rows"]), (len(lines), len(result["rows"]))
     header = next(csv.reader(io.StringIO(lines[0])))
     assert {"step", "direction", "kind", "name_a", "name_b", "module", "op", "role",
-            "status"} <= set(header), header
+            "status", "floor"} <= set(header), header
     parsed = list(csv.DictReader(io.StringIO(text)))
     assert len(parsed) == len(result["rows"])
     assert sum(r["status"] == "diverged" for r in parsed) == \

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import DumpError
 from ..reader import Dump, RecordTable, open_dump
-from ..schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, RecordKind, is_scalar_dtype
+from ..schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, RecordKind, Role, is_scalar_dtype
 from .align import Alignment, align, load_mapping, rename_module
 from .localize import Entry, StepEntries, contains, locate
 from .structure import StructuralDiff, structural_differences
@@ -326,9 +326,13 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          "precision difference (status 'precision'), not as divergences")
         floored = [row for row in rows if row.floor is not None]
         if floored:
+            # name where a floor starts (a gradient reduced from dy), not a value it reached
+            origin = next((row for row in floored if row.role == Role.GRAD_INPUT.value),
+                          floored[0])
             notes.append(f"{len(floored)} record(s) far smaller than the gradient they were "
-                         f"reduced from (first: {floored[0].name_a}: a sum whose terms cancel, "
-                         "like an attention key bias's gradient) judged against that "
+                         f"reduced from (first: {origin.name_a} {origin.role} "
+                         f"{origin.arg_index}: a sum whose terms cancel, like an attention key "
+                         "bias's gradient, and what is computed from it) judged against that "
                          "gradient's rounding, not their own scale (column 'floor')")
         if stats_only:
             notes.append("statistics only: a permutation or a compensating change keeps min, "

@@ -12,7 +12,8 @@ _CSV_FIELDS = ["step", "rank", "direction", "kind", "name_a", "name_b", "module"
                "d_min", "d_max", "d_mean", "d_norm", "min_a", "min_b", "max_a", "max_b",
                "mean_a", "mean_b", "norm_a", "norm_b", "nan_a", "nan_b", "inf_a", "inf_b",
                "checksum_equal", "cosine", "max_abs", "max_rel", "rmse", "rel_rmse",
-               "beyond_0.1%", "beyond_0.5%", "update_share", "dw_agreed", "order", "seq"]
+               "beyond_0.1%", "beyond_0.5%", "floor", "update_share", "dw_agreed", "order",
+               "seq"]
 
 
 def _fmt(value: Any) -> str:
