@@ -20,6 +20,7 @@ import pytest
 import precdbg
 from compare_support import (PYTHON, REPO, THIS, assert_first, assert_match)
 from precdbg.compare import compare_dumps
+from precdbg.compare.report import summary_text
 from precdbg.compare.metrics import TOLERANCE
 
 BF16_TOL = 2.0 ** -8
@@ -223,6 +224,12 @@ def test_dtype_arguments_that_follow_a_precision_difference_are_not_its_culprit(
     assert any("dtype argument(s)" in note for note in result["notes"])
     first = result["first_divergence"]
     assert first is None or not first["name_a"].startswith("Torch.tensor."), first
+    # a cast that is an identity in float32 has a backward under autocast only: the summary
+    # shows such records as examples when no forward record lacks a counterpart
+    only_b = [u for u in result["unmatched"] if u["side"] == "b"]
+    assert only_b and all(u["role"] in ("grad_output", "grad_input") for u in only_b), only_b
+    assert f"only in the candidate: {only_b[0]['name']} ({only_b[0]['role']}" in \
+        summary_text(result)
 
     half = _dump_masked(str(tmp_path / "half"), False, torch.float16)
     result = compare_dumps(fp32, half)

@@ -69,8 +69,11 @@ def summary_text(result: Dict[str, Any]) -> str:
     if result["unmatched_count"]:
         sides = {"a": "baseline", "b": "candidate"}
         shown = {}
-        for u in result["unmatched"]:
-            if u["role"] in ("input", "output", "param") and len(shown) < 6:
+        # forward records first (where one run calls something the other does not); the
+        # backward ones when there are no others (a cast that has a backward in one run only)
+        forward = [u for u in result["unmatched"] if u["role"] in ("input", "output", "param")]
+        for u in forward or result["unmatched"]:
+            if len(shown) < 6:
                 shown.setdefault((u["side"], u["name"]), u)
         lines.append(f"without counterpart: {result['unmatched_count']} records"
                      + (", e.g." if shown else ""))
