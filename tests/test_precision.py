@@ -303,3 +303,46 @@ def test_a_gradient_that_cancels_to_rounding_is_judged_against_what_it_was_reduc
     # without the floor the same pair is ~1 relative apart, far beyond the bf16 tolerance
     assert abs(dw[0]["norm_a"] - dw[0]["norm_b"]) > BF16_TOL * max(dw[0]["norm_a"],
                                                                    dw[0]["norm_b"])
+
+
+def _dump_router(path: str, autocast: bool) -> str:
+    """A mixture-of-experts router: two experts' scores differ by 1e-4 relative, which bf16
+    cannot tell apart, so top-1 picks another expert under bf16 autocast."""
+    import torch
+    from precdbg_pt import PrecisionDebugger
+
+    torch.manual_seed(0)
+    gate = torch.nn.Linear(16, 4, bias=False)
+    with torch.no_grad():
+        gate.weight[1] = gate.weight[0] * (1 + 1e-4)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).abs()
+    x[:, 0] += 4.0                       # every token prefers expert 0 or 1
+    with torch.no_grad():
+        gate.weight[:, 0] = 1.0
+    debugger = PrecisionDebugger(task="statistics", level="mix", dump_path=path, step=[0])
+    debugger.start(gate)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        scores = gate(x).float()      # a cast with a backward under autocast only
+    torch.topk(scores, 1, dim=-1).values.sum().backward()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and debugger.failures == 0
+    return path
+
+
+def test_a_selection_flipped_by_rounding_is_named_as_a_near_tie(tmp_path):
+    """fp32 vs bf16 autocast: the router's scores agree within the bf16 tolerance, but top-1
+    picks another expert for tokens whose two best scores bf16 rounds to one value. The top-k
+    is the first divergence (the runs route differently from there), and the reason says its
+    indices differ on inputs that are close, not equal: a near tie, not a wrong top-k."""
+    fp32 = _dump_router(str(tmp_path / "fp32"), False)
+    bf16 = _dump_router(str(tmp_path / "bf16"), True)
+    t32 = precdbg.open_dump(fp32).records(step=0)
+    assert "topk" in t32["api"].tolist()
+    result = compare_dumps(fp32, bf16)
+    first = result["first_divergence"]
+    assert first is not None and first["op"] == "topk", first
+    assert first["reason"].startswith("its inputs agree within tolerance (largest relative "
+                                      "error "), first["reason"]
+    assert "near tie decided by rounding" in first["reason"], first["reason"]
+    assert "only the candidate calls" not in first["reason"], first["reason"]

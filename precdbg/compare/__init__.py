@@ -37,6 +37,7 @@ _MAX_CONSEQUENCES = 20
 _PARAM = RecordKind.PARAM.value
 _MODULE = RecordKind.MODULE.value
 _PARAM_GRAD = RecordKind.PARAM_GRAD.value
+_FORWARD_ROLES = frozenset({Role.INPUT.value, Role.OUTPUT.value})
 
 
 def _framework(dump: Dump) -> str:
@@ -111,6 +112,8 @@ class _StepCompare:
                 self.reads.append((ev, i, j))
         elif is_read:
             e.inputs_ok += 1
+            if row.err is not None and row.err > e.inputs_ok_err:
+                e.inputs_ok_err = row.err
         else:
             e.outputs_ok += 1
 
@@ -367,9 +370,13 @@ def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]]) ->
         return
     inside = lambda m: first["module"] == "" or m == first["module"] or \
         m.startswith(first["module"] + ".")  # noqa: E731
+    # a forward verdict: the calls made in one run only (their forward records); a backward
+    # only in one run (a cast that is an identity in the other) is no other call
+    roles = READ_ROLES | WRITE_ROLES if first["direction"] == "backward" else _FORWARD_ROLES
     extra = {}
     for u in unmatched:
-        if u["step"] == first["step"] and u["kind"] == "api" and inside(u["module"]):
+        if u["step"] == first["step"] and u["kind"] == "api" and inside(u["module"]) \
+                and u["role"] in roles:
             extra.setdefault(u["side"], []).append(u["name"])
     if extra:
         first["evidence"]["calls_in_one_run_only"] = {

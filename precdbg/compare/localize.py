@@ -63,6 +63,7 @@ class Entry:
     args_bad: List[ArgDiff] = dataclasses.field(default_factory=list)
     inputs_ok: int = 0
     outputs_ok: int = 0
+    inputs_ok_err: float = 0.0     # the largest relative error among the agreeing inputs
     trainable_differs: bool = False
 
     @property
@@ -247,6 +248,13 @@ def _output_reason(entry: Entry) -> str:
                 f"{ev.role} {ev.arg_index} differs{ev.why}")
     ev = entry.outputs_bad[0]
     what = _OUTPUT_WORDS.get(ev.role, ev.role)
+    if entry.inputs_ok and ev.metrics.get("tol") == 0.0 and entry.inputs_ok_err > 0.0:
+        # exact values (indices, counts, a mask) from inputs that are close but not equal
+        return (f"its inputs agree within tolerance (largest relative error "
+                f"{entry.inputs_ok_err:.3g}) but its {what} {ev.arg_index}, exact values "
+                f"(indices, counts, a mask), differs{ev.why}: a near tie decided by rounding "
+                "(a top-k or argmax choosing between almost equal values), expected where the "
+                "runs' precisions or kernels differ; the runs take different paths from here")
     if entry.inputs_ok:
         return f"its inputs agree but its {what} {ev.arg_index} differs{ev.why}"
     return f"its {what} {ev.arg_index} differs{ev.why} (it has no compared inputs)"
