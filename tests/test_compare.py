@@ -38,6 +38,8 @@ SPECS: Dict[str, Dict[str, Any]] = {
     "data": dict(defect="data"),
     "dx_only": dict(defect="dx_only"),
     "dw_only": dict(defect="dw_only"),
+    "fused_proj": dict(defect="fused_proj"),
+    "fused_proj_dx": dict(defect="fused_proj_dx"),
     "optimizer": dict(defect="optimizer", steps=2),
     "nan": dict(defect="nan"),
     "stats_permuted": dict(defect="proj_permuted"),
@@ -112,6 +114,19 @@ def test_backward_only_defect_in_dx(dumps):
     result = compare(dumps, "base", "dx_only")
     first = cs.assert_first(result, step=0, direction="backward", kind="module",
                             module="blocks.1.mlp.act", op="gelu", reason=["backward-only"])
+    assert first["role"] == "grad_input", cs.describe(result)
+
+
+def test_backward_defect_in_a_call_nothing_captures(dumps):
+    """`blocks.1.mlp` computes its output projection through a custom autograd Function in both
+    runs (as Megatron's linears and fused kernels do); the candidate's backward scales dx by
+    1.001. No hook sees that backward, so the gradient arriving at the GELU before it differs
+    with no captured producer; the MLP's own dy agrees, so the MLP is named, not "the loss or
+    an uncaptured op"."""
+    result = compare(dumps, "fused_proj", "fused_proj_dx")
+    first = cs.assert_first(result, step=0, direction="backward", kind="module",
+                            module="blocks.1.mlp", reason=["backward-only", "does not capture",
+                                                           "Functional.gelu"])
     assert first["role"] == "grad_input", cs.describe(result)
 
 

@@ -286,6 +286,28 @@ def _candidate_reason(culprit: Entry, step: StepEntries) -> str:
     return _output_reason(culprit)
 
 
+def _enclosing_agreeing_module(e: Entry, step: StepEntries) -> Optional[Entry]:
+    """The innermost module call holding `e`, in the same direction, whose own inputs (dy in
+    backward) were compared and agree while its outputs (dx) differ: what `e` reads, which
+    nothing captured produced, was then computed inside that module."""
+    holders = [m for m in step.entries if m.kind == _MODULE and m.rank == e.rank
+               and m.direction == e.direction and m is not e and m.inputs_ok
+               and not m.inputs_bad and m.outputs_bad and _descends(e, m)]
+    return max(holders, key=lambda m: (m.module.count(".") if m.module else -1, m.order),
+               default=None)
+
+
+def _uncaptured_inside_reason(holder: Entry, e: Entry, ev: Evidence) -> str:
+    where = f"module '{holder.module}'" if holder.module else "the root module"
+    read = "the gradient arriving at" if e.direction == _BACKWARD else "a value read by"
+    side = "its dy agrees but its dx does not" if e.direction == _BACKWARD else \
+        "its inputs agree but its outputs do not"
+    return (f"{'backward-only difference: ' if e.direction == _BACKWARD else ''}{side}; "
+            f"inside it, {read} {e.name} already differs and no captured call produced it: a "
+            f"call inside {where} that precdbg does not capture computes it (a custom autograd "
+            f"Function, a C++/CUDA extension op, compiled code){ev.why}")
+
+
 def _root_verdict(link: _Step, step: StepEntries) -> Tuple[Dict[str, Any], Optional[Entry]]:
     """The verdict at the end of the walk, and the culprit entry when it is not the last link's
     (a module's innermost call)."""
@@ -294,6 +316,10 @@ def _root_verdict(link: _Step, step: StepEntries) -> Tuple[Dict[str, Any], Optio
         culprit = _innermost(e, step.timeline(e.rank))
         return _verdict(culprit, _candidate_reason(culprit, step)), \
             (culprit if culprit is not e else None)
+    if link.cause in (Cause.INPUT_DATA, Cause.ARRIVING_GRAD):
+        holder = _enclosing_agreeing_module(e, step)
+        if holder is not None:
+            return _verdict(holder, _uncaptured_inside_reason(holder, e, ev)), None
     if link.cause is Cause.INPUT_DATA:
         return _verdict(e, f"input data differs: its {ev.role} {ev.arg_index} was produced by "
                         f"nothing captured in the step (the batch, RNG, the data loader) and "
