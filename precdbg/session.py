@@ -59,6 +59,7 @@ class Session:
         self.current_step = 0
         # steps start() ran on that config step left out: (how many, first, last)
         self.skipped_steps: Optional[Tuple[int, int, int]] = None
+        self._told_no_model = False
         self.active = False
         self.phase = Phase.FORWARD.value
         self._failures = FailureLog()
@@ -120,6 +121,8 @@ class Session:
         """Begin capturing if this step and rank are selected; repeat calls are no-ops."""
         if self.active:
             return True
+        if model is None and self.config.keeps_modules:
+            self._without_model()
         self.rank, self.world_size = self.adapter.rank_and_world()
         if not self.selected():
             if self.config.step and self.current_step not in self.config.step:
@@ -153,6 +156,18 @@ class Session:
             self._reset_window()
             raise
         return True
+
+    def _without_model(self) -> None:
+        """Module calls are those of the model given to start(model): level module records
+        nothing without one (an error), level mix only API calls (said once)."""
+        if not self.config.keeps_apis:
+            raise ConfigError("level: 'module' records the calls of a model's modules, and "
+                              "start() was given no model: call debugger.start(model)")
+        if not self._told_no_model:
+            self._told_no_model = True
+            log.warning("precdbg: level 'mix' and start() without a model: API calls are "
+                        "recorded; module calls, parameter gradients and parameters are not "
+                        "(call debugger.start(model) for them)")
 
     def _check_dump_path(self) -> None:
         """One clear error at the first start() when the dump folder cannot be written."""

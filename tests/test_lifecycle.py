@@ -341,6 +341,38 @@ def test_start_rejects_what_is_not_a_model(tmp_path):
     assert one_row(dump.records(step=0), entry="Functional.linear.0.forward", role="output")
 
 
+def test_start_without_a_model_at_level_module_is_refused_and_at_mix_said_once(tmp_path,
+                                                                              caplog):
+    """Level module records the calls of the model given to start(model): without one it
+    would record nothing, so start() refuses with the config key and the fix (msprobe's L0
+    needs the model too), leaving nothing behind. Level mix without one records API calls only,
+    and says so once."""
+    model = nn.Linear(2, 2)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "module"), level="module")
+    with pytest.raises(precdbg.ConfigError, match=r"level: 'module'.*start\(model\)"):
+        dbg.start()
+    assert not dbg.capturing and torch._C._len_torch_function_stack() == 0
+    dbg.start(model)                        # the corrected call, same debugger and folder
+    model(torch.ones(1, 2))
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    assert precdbg.open_dump(str(tmp_path / "module")).steps == [0]
+
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "mix"), level="mix")
+    with caplog.at_level(logging.WARNING, logger="precdbg"):
+        for _ in range(2):
+            dbg.start()
+            model(torch.ones(1, 2))
+            dbg.stop()
+            dbg.step()
+    said = [r.getMessage() for r in caplog.records if "without a model" in r.getMessage()]
+    assert len(said) == 1 and "start(model)" in said[0], said
+    assert dbg.close() and dbg.failures == 0
+    records = precdbg.open_dump(str(tmp_path / "mix")).records(step=1)
+    assert set(records["kind"].tolist()) == {"api"}
+
+
 def test_reusing_a_dump_folder_is_refused_with_the_key(tmp_path, gpt, optimizer, batches):
     dump_once(tmp_path)
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"))
