@@ -10,7 +10,7 @@ import glob
 import json
 import os
 import re
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -199,11 +199,14 @@ class Dump:
     def steps(self) -> List[int]:
         return sorted({s for s, _ in self._files})
 
-    def warnings(self) -> List[str]:
+    def warnings(self, only: Optional[Collection[Tuple[int, int]]] = None) -> List[str]:
         """Step files that are complete on disk but not a whole step: captured while the
-        process ended (no stop() ran), or with failures inside precdbg while capturing."""
+        process ended (no stop() ran), or with failures inside precdbg while capturing.
+        `only`: the (step, rank) pairs to look at (default: all)."""
         out: List[str] = []
         for (step, rank), parts in sorted(self._files.items()):
+            if only is not None and (step, rank) not in only:
+                continue
             for sf in parts:
                 where = f"step {step} rank {rank}" + (f" part {sf.part}" if sf.part else "")
                 if sf.attrs.get("interrupted"):

@@ -339,3 +339,23 @@ def test_guide_pattern_that_dumps_nothing_says_why(tmp_path, dump_step, config_s
     else:
         assert said == [], proc.stderr[-3000:]
         assert os.path.exists(tmp_path / "dump" / "step0")
+
+
+def test_compare_names_the_compared_steps_that_are_incomplete(tmp_path):
+    """A step the process ended in (an exception between start() and stop()) is written,
+    marked interrupted: compare says so first, for each side, of the steps it compares (a
+    verdict speaks only for what they hold), and says nothing of whole steps."""
+    from precdbg.compare import compare_dumps
+    from precdbg.compare.report import summary_text
+
+    run = run_guide(str(tmp_path / "run"), "torch", "exception")
+    assert run.rc == 1, run
+    result = compare_dumps(run.dump, run.dump)
+    incomplete = [f for f in result["setup"] if f["kind"] == "incomplete"]
+    assert [f["message"] for f in incomplete] == [
+        f"{side}: step 2 rank 0: interrupted (the process ended before stop()); the step is "
+        "incomplete; only what it holds is compared" for side in ("baseline", "candidate")]
+    assert result["setup"][:2] == incomplete and f"setup: [high] {incomplete[0]['message']}" \
+        in summary_text(result)
+    whole = compare_dumps(run.dump, run.dump, step=1)
+    assert not [f for f in whole["setup"] if f["kind"] == "incomplete"], whole["setup"]

@@ -16,7 +16,7 @@ from ..schema import is_scalar_dtype, scalar_mask
 
 SEVERITIES = ("high", "medium", "low")
 # within a severity: data first, then weights, the optimizer, known semantics, the rest
-_KIND_ORDER = ("batch", "saved", "initial_values", "inventory", "trainable", "compute_dtype",
+_KIND_ORDER = ("incomplete", "batch", "saved", "initial_values", "inventory", "trainable", "compute_dtype",
                "optimizer", "optimizer_groups", "layer_settings", "semantics", "loss_scale",
                "seed", "determinism", "world_size", "device", "execution_mode", "environment",
                "version")

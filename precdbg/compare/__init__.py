@@ -284,6 +284,17 @@ def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]
     return common
 
 
+def _incomplete(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Dict[str, Any]]:
+    """Compared steps that are not whole (the process ended before stop(), or precdbg failed
+    while capturing), every pair (`check` looks at one): a verdict speaks only for what they
+    hold, so this leads the set-up."""
+    from ..check import incomplete_message
+    return [{"severity": "high", "kind": "incomplete", "message": incomplete_message(label, w),
+             "a": None, "b": None}
+            for label, dump in (("baseline", a), ("candidate", b))
+            for w in dump.warnings(set(pairs))]
+
+
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
                   progress: Progress = None) -> Dict[str, Any]:
@@ -347,7 +358,9 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched), "notes": notes,
-                "setup": setup["findings"], "setup_notes": setup["notes"],
+                "setup": _incomplete(a, b, pairs) + [f for f in setup["findings"]
+                                                     if f["kind"] != "incomplete"],
+                "setup_notes": setup["notes"],
                 "baseline": {"path": baseline, "framework": fa},
                 "candidate": {"path": candidate, "framework": fb},
                 "rows": [row.as_json() for row in rows]}
