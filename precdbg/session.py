@@ -158,8 +158,7 @@ class Session:
         return True
 
     def _without_model(self) -> None:
-        """Module calls are those of the model given to start(model): level module records
-        nothing without one (an error), level mix only API calls (said once)."""
+        """No model: level module would record nothing (an error), mix API calls only."""
         if not self.config.keeps_apis:
             raise ConfigError("level: 'module' records the calls of a model's modules, and "
                               "start() was given no model: call debugger.start(model)")

@@ -61,9 +61,12 @@ def _open(path_or_dump: Any) -> Tuple[Dump, bool]:
     return open_dump(path_or_dump), True
 
 
-def incomplete_message(label: str, warning: str) -> str:
-    """A checked or compared step that is not whole (`Dump.warnings`)."""
-    return f"{label}: {warning}; only what it holds is compared"
+def incomplete_findings(sides: Any) -> List[Dict[str, Any]]:
+    """High findings for checked or compared steps that are not whole (`Dump.warnings`):
+    `sides` is (label, dump, {(step, rank), ...}) per side."""
+    return [{"severity": "high", "kind": "incomplete", "a": None, "b": None,
+             "message": f"{label}: {warning}; only what it holds is compared"}
+            for label, dump, pairs in sides for warning in dump.warnings(pairs)]
 
 
 def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] = None,
@@ -83,9 +86,8 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
         run_a, run_b = _Run(da, labels[0], sa, ra), _Run(db, labels[1], sb, rb)
         checker = _Checker(run_a, run_b)
         checker.run()
-        for label, dump, pair in ((labels[0], da, (sa, ra)), (labels[1], db, (sb, rb))):
-            for warning in dump.warnings({pair}):
-                checker.add("high", "incomplete", incomplete_message(label, warning))
+        checker.findings.extend(incomplete_findings(((labels[0], da, {(sa, ra)}),
+                                                     (labels[1], db, {(sb, rb)}))))
         order = {kind: i for i, kind in enumerate(_KIND_ORDER)}
         findings = sorted(checker.findings, key=lambda f: (SEVERITIES.index(f["severity"])
                                                            if f["severity"] in SEVERITIES else 1,

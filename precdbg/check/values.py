@@ -16,10 +16,10 @@ from ..schema import is_scalar_dtype, scalar_mask
 
 SEVERITIES = ("high", "medium", "low")
 # within a severity: data first, then weights, the optimizer, known semantics, the rest
-_KIND_ORDER = ("incomplete", "batch", "saved", "initial_values", "inventory", "trainable", "compute_dtype",
-               "optimizer", "optimizer_groups", "layer_settings", "semantics", "loss_scale",
-               "seed", "determinism", "world_size", "device", "execution_mode", "environment",
-               "version")
+_KIND_ORDER = ("incomplete", "batch", "saved", "initial_values", "inventory", "trainable",
+               "compute_dtype", "optimizer", "optimizer_groups", "layer_settings", "semantics",
+               "loss_scale", "seed", "determinism", "world_size", "device", "execution_mode",
+               "environment", "version")
 _RTOL = 1e-6                     # statistics of equal tensors agree far better than this
 _SHOWN = 5                       # names listed in one finding line
 _HIGH_HYPER = {"lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening",

@@ -284,17 +284,6 @@ def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]
     return common
 
 
-def _incomplete(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Dict[str, Any]]:
-    """Compared steps that are not whole (the process ended before stop(), or precdbg failed
-    while capturing), every pair (`check` looks at one): a verdict speaks only for what they
-    hold, so this leads the set-up."""
-    from ..check import incomplete_message
-    return [{"severity": "high", "kind": "incomplete", "message": incomplete_message(label, w),
-             "a": None, "b": None}
-            for label, dump in (("baseline", a), ("candidate", b))
-            for w in dump.warnings(set(pairs))]
-
-
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
                   progress: Progress = None) -> Dict[str, Any]:
@@ -303,7 +292,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     mapping = load_mapping(mapping_file) if mapping_file else None
     a, b = open_dump(baseline), open_dump(candidate)
     try:
-        from ..check import check_dumps
+        from ..check import check_dumps, incomplete_findings
         pairs = _pairs_of(a, b, step, rank)
         setup = check_dumps(a, b, step=step, rank=rank, labels=("baseline", "candidate"))
         fa, fb = _framework(a), _framework(b)
@@ -358,8 +347,10 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched), "notes": notes,
-                "setup": _incomplete(a, b, pairs) + [f for f in setup["findings"]
-                                                     if f["kind"] != "incomplete"],
+                # every compared step that is not whole (check looks at one step)
+                "setup": incomplete_findings((("baseline", a, set(pairs)),
+                                              ("candidate", b, set(pairs))))
+                + [f for f in setup["findings"] if f["kind"] != "incomplete"],
                 "setup_notes": setup["notes"],
                 "baseline": {"path": baseline, "framework": fa},
                 "candidate": {"path": candidate, "framework": fb},
