@@ -41,6 +41,21 @@ def _timed(step: Callable[[], Any], sync: Callable[[], None]) -> tuple:
     return host, time.perf_counter() - start
 
 
+def _phases(tool: Any, step: Callable[[], Any], sync: Callable[[], None]) -> tuple:
+    """Host wall time of start(model), of the step's own code, of stop() + step(), and how
+    long the device ran on after stop() returned (one dumped step, no sync in between)."""
+    sync()
+    t0 = time.perf_counter()
+    tool.begin()
+    t1 = time.perf_counter()
+    step()
+    t2 = time.perf_counter()
+    tool.end()
+    t3 = time.perf_counter()
+    sync()
+    return t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     import bench_models
     from bench_tools import PrecdbgTool
@@ -86,6 +101,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             dumped_t.append(_timed(dumped, sync))
             tool.drain()
         med = lambda xs, k: sorted(x[k] for x in xs)[len(xs) // 2]  # noqa: E731
+        phases = []
+        for _ in range(args.repeats):
+            phases.append(_phases(tool, work.step, sync))
+            tool.drain()
         _, count = tool.files()
         lines = [f"workload: {work.describe()}",
                  f"plain step: host {med(plain_t, 0) * 1e3:.1f} ms, "
@@ -94,7 +113,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                  f"done {med(dumped_t, 1) * 1e3:.1f} ms; ratio "
                  f"{med(dumped_t, 1) / med(plain_t, 1):.2f}x; {count} records",
                  f"host cost per record: "
-                 f"{(med(dumped_t, 1) - med(plain_t, 1)) / max(count, 1) * 1e6:.1f} us"]
+                 f"{(med(dumped_t, 1) - med(plain_t, 1)) / max(count, 1) * 1e6:.1f} us",
+                 "dumped step by phase (host wall ms, medians): start(model) "
+                 f"{med(phases, 0) * 1e3:.1f}, step's own code {med(phases, 1) * 1e3:.1f}, "
+                 f"stop()+step() {med(phases, 2) * 1e3:.1f}, device still busy after "
+                 f"{med(phases, 3) * 1e3:.1f}"]
         print("\n".join(lines), flush=True)
         texts.append("\n".join(lines))
 

@@ -82,6 +82,16 @@ def identify(func: Any) -> _Ident:
             except TypeError:
                 pass
         return None
+    if isinstance(func, type):
+        # a class called through the mode (torch.device, which device contexts route through
+        # it, called by Megatron's activation checkpoint and by torch.cuda's RNG helpers):
+        # it builds a description, not numbers; a call only one run makes would read as a
+        # structural difference
+        try:
+            table[func] = _IGNORED
+        except TypeError:
+            pass
+        return None
     owner = getattr(func, "__qualname__", name).split(".")[0]
     prefix = "Tensor" if owner in ("Tensor", "TensorBase", "_TensorBase") else "Torch"
     ident = None if name in set(framework_table("torch").get("ignore", ())) else (prefix, name)

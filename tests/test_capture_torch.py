@@ -639,6 +639,21 @@ def test_non_tensor_arguments_are_recorded(tmp_path):
     assert fill["inf_count"] == 1 and fill["nan_count"] == 0
 
 
+def test_classes_called_through_the_mode_are_not_api_calls(tmp_path):
+    """torch.device(...) reaches the capture mode (device contexts route it there); Megatron's
+    activation checkpoint calls it in its forward only when it recomputes, so a record of it
+    made runs with and without recompute differ in structure (found on a GPU)."""
+    x = torch.ones(3)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api")
+    with dbg.capture():
+        device = torch.device("cpu")
+        torch.add(x, 1).to(device)
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path)).records(step=0)
+    apis = set(t["api"].astype(str))
+    assert "add" in apis and "device" not in apis, apis
+
+
 def test_in_place_op_records_values_before_and_after(tmp_path):
     x = torch.arange(5, dtype=torch.float32)
     dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api", task="tensor")
