@@ -51,7 +51,9 @@ def main(out: str, recompute: str, bf16: bool) -> None:
     model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False),
         module=model)
-    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    # named as precdbg names them: through Megatron's DDP wrapper (its `module.` prefix is the
+    # wrapper's, not the model's; runs with and without the wrapper align so)
+    params = [(name, p) for name, p in model.module.named_parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([p for _, p in params], lr=1e-3)
     generator = torch.Generator().manual_seed(0)
     config_path = os.path.join(out, f"config_{recompute}.json")
