@@ -84,9 +84,10 @@ def identify(func: Any) -> _Ident:
         return None
     if isinstance(func, type):
         # a class called through the mode (torch.device, which device contexts route through
-        # it, called by Megatron's activation checkpoint and by torch.cuda's RNG helpers):
-        # it builds a description, not numbers; a call only one run makes would read as a
-        # structural difference
+        # it, called by Megatron's activation checkpoint and by torch.cuda's RNG helpers;
+        # torch.autocast, which HF rotary embeddings enter per call): it builds a description
+        # or a context, not numbers; a call only one run makes would read as a structural
+        # difference (what autocast changes shows in the dtypes of the calls it governs)
         try:
             table[func] = _IGNORED
         except TypeError:

@@ -647,11 +647,12 @@ def test_classes_called_through_the_mode_are_not_api_calls(tmp_path):
     dbg = PrecisionDebugger(dump_path=str(tmp_path), level="api")
     with dbg.capture():
         device = torch.device("cpu")
-        torch.add(x, 1).to(device)
+        with torch.autocast("cpu", enabled=False):     # HF rotary embeddings do this per call
+            torch.add(x, 1).to(device)
     assert dbg.close() and dbg.failures == 0
     t = precdbg.open_dump(str(tmp_path)).records(step=0)
     apis = set(t["api"].astype(str))
-    assert "add" in apis and "device" not in apis, apis
+    assert "add" in apis and not {"device", "autocast"} & apis, apis
 
 
 def test_in_place_op_records_values_before_and_after(tmp_path):
