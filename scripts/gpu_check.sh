@@ -12,8 +12,8 @@
 #   bench     the overhead benchmark on GPT-2 small and the Llama-shaped 1.1B, fp32 and bf16
 #             autocast, statistics/mix and statistics/module (msprobe beside it when installed).
 #
-#   bash scripts/gpu_check.sh                      # tests, profile, bench (about 10 minutes on an H100)
-#   bash scripts/gpu_check.sh tests bench          # some parts, in this order
+#   bash scripts/gpu_check.sh                  # tests, profile, bench (about 8 minutes on an H100)
+#   bash scripts/gpu_check.sh tests bench      # some parts, in this order
 #   REPEATS=3 DEADLINE=500 bash scripts/gpu_check.sh bench
 #
 # REPEATS: timed rounds per benchmark mode (default 5). DEADLINE: seconds from now after which no
@@ -27,6 +27,14 @@ OUT="${OUT:-/tmp/precdbg-gpu}"
 mkdir -p "$OUT"
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests profile bench)
+for part in "${parts[@]}"; do      # every part named is known, before anything runs
+    case "$part" in
+    tests|profile|bench) ;;
+    *) echo "gpu_check: unknown part '$part' (tests, profile or bench; REPEATS=N sets the" \
+            "repeats)" >&2
+       exit 2 ;;
+    esac
+done
 repeats="${REPEATS:-5}"
 models="${MODELS:-gpt2-small llama-1b}"
 began=$SECONDS
@@ -88,9 +96,6 @@ for part in "${parts[@]}"; do
                     --msprobe --results "$OUT/$name" || status=1
             done
         done ;;
-    *)
-        echo "gpu_check: unknown part '$part' (tests, profile, bench)" >&2
-        exit 2 ;;
     esac
 done
 exit "$status"

@@ -56,7 +56,7 @@ def test_two_gpu_runs_match(bf16_runs):
 
 
 def test_gpu_recompute_matches_the_run_without(bf16_runs):
-    (a, plain), (b, recompute) = bf16_runs["a"], bf16_runs["recompute"]
+    (a, _), (b, _) = bf16_runs["a"], bf16_runs["recompute"]
     result = compare_dumps(str(a), str(b))
     assert result["verdict"] == "match", describe(result)
     assert any(r["direction"] == "backward" for r in result["rows"])
