@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Tuple
 
-MODELS: Tuple[str, ...] = ("gpt", "gpt2-small", "llama-1b")
+MODELS: Tuple[str, ...] = ("gpt", "gpt2-small", "gpt2-tiny", "llama-1b")
 DEVICES: Tuple[str, ...] = ("cpu", "cuda", "npu")
 
 # (batch, seq, layers) when the command line leaves them out. None = the model's own value.
@@ -21,6 +21,7 @@ DEVICES: Tuple[str, ...] = ("cpu", "cuda", "npu")
 DEFAULTS: Dict[Tuple[str, bool], Tuple[int, Optional[int], Optional[int]]] = {
     ("gpt", False): (8, None, None), ("gpt", True): (8, None, None),
     ("gpt2-small", False): (1, 128, None), ("gpt2-small", True): (8, 512, None),
+    ("gpt2-tiny", False): (2, 32, None), ("gpt2-tiny", True): (2, 32, None),
     ("llama-1b", False): (1, 64, 2), ("llama-1b", True): (4, 1024, None),
 }
 
@@ -138,11 +139,16 @@ def build(model: str, device: Any, bf16: bool, batch: Optional[int] = None,
         config = dataclasses.asdict(cfg)
     else:
         transformers = _transformers()
-        if model == "gpt2-small":
-            cfg = transformers.GPT2Config()          # 12 layers, d_model 768, 12 heads
+        if model in ("gpt2-small", "gpt2-tiny"):
+            # gpt2-tiny: GPT-2 small's 12 layers and modules at d_model 64 (4 heads, 512
+            # tokens): next to no arithmetic, so a step is host-bound, as GPT-2 small's is on
+            # a GPU, and a CPU measures the host cost of dumping that model structure
+            cfg = (transformers.GPT2Config() if model == "gpt2-small" else
+                   transformers.GPT2Config(n_embd=64, n_head=4, vocab_size=512, n_positions=64,
+                                           bos_token_id=0, eos_token_id=0))
             full = cfg.n_layer
             if seq > cfg.n_positions:
-                raise BenchError(f"--seq {seq}: gpt2-small has {cfg.n_positions} positions")
+                raise BenchError(f"--seq {seq}: {model} has {cfg.n_positions} positions")
             cfg.n_layer = layers or full
             cls = transformers.GPT2LMHeadModel
         else:

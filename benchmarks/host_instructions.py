@@ -1,6 +1,6 @@
 """Instructions per dumped step, counted by valgrind: a host-cost figure that noise cannot move.
 
-    python benchmarks/host_instructions.py [--model mlp|gpt] [--level mix|api|module] [--steps 4]
+    python benchmarks/host_instructions.py [--model mlp|gpt|gpt2-tiny] [--level mix|api|module] [--steps 4]
                                            [--blocks 20] [--against DIR] [--by-library]
 
 On a shared 2-core machine the same step's time moves by ±20 % from one minute to the next, so a
@@ -9,12 +9,14 @@ twice after the same warm-up: `--steps` dumped steps, and as many plain steps; t
 divided by the steps, is what dumping one step adds in every thread (hooks, records, statistics,
 the writer's work for that step), and divided by the step's records, per record. Models: `mlp`,
 the workload of `host_cost.py` (tiny tensors, SGD: the Python path per record); `gpt`, the
-bundled GPT of `overhead_torch.py` (AdamW, clip: what its timings measure). One torch thread
+bundled GPT of `overhead_torch.py` (AdamW, clip: what its timings measure); `gpt2-tiny`, GPT-2
+small's 12-layer structure at d_model 64 (bench_models.py: the host cost of dumping a real
+transformers model, whose step on a GPU is host-bound). One torch thread
 (idle threads' spinning would count). `--against DIR` also counts another checkout (`DIR` put
 first on PYTHONPATH, e.g. a `git worktree` of the commit before a change, its extensions built)
 and prints the change. `--by-library` also prints where this tree's extra instructions run: per
 shared library (the interpreter, numpy, HDF5, torch's bindings) and per function. Needs
-valgrind; a run takes ~2 minutes for mlp and over half an hour for gpt (torch's kernels run
+valgrind; a run takes ~2 minutes for mlp, a few for gpt2-tiny and over half an hour for gpt (torch's kernels run
 slowly under valgrind); runs go two at a time. Nothing is asserted.
 """
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _model(name: str, blocks: int) -> Tuple[Any, Callable[[], Any]]:
     import torch
     from bench_models import build              # the same model and step as overhead_torch.py
     torch.set_num_threads(1)
-    work = build("gpt", torch.device("cpu"), False)
+    work = build(name, torch.device("cpu"), False)
     return work.model, work.step
 
 
@@ -145,7 +147,7 @@ def _print_split(dumped: Dict[Tuple[str, str], int], plain: Dict[Tuple[str, str]
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mlp", choices=["mlp", "gpt"])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "gpt", "gpt2-tiny"])
     parser.add_argument("--level", default="mix", choices=["mix", "api", "module"])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--blocks", type=int, default=20)
@@ -171,7 +173,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs += [(True, args.against), (False, args.against)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = list(pool.map(lambda run: _count(args, *run), runs))
-    model = f"{args.blocks}-block mlp" if args.model == "mlp" else "gpt"
+    model = f"{args.blocks}-block mlp" if args.model == "mlp" else args.model
     this = (counts[0][0] - counts[1][0]) / args.steps
     if args.by_library:
         _print_split(counts[0][2], counts[1][2], args.steps)

@@ -1,13 +1,14 @@
 """What a precdbg dump costs a PyTorch training step, on the CPU or an accelerator.
 
-    python benchmarks/overhead_torch.py [--device cpu|cuda|npu] [--model gpt|gpt2-small|llama-1b]
+    python benchmarks/overhead_torch.py [--device cpu|cuda|npu] [--model gpt|gpt2-small|gpt2-tiny|llama-1b]
         [--bf16] [--batch B] [--seq S] [--layers N] [--modes task/level ...] [--repeats 9]
         [--warmup 2] [--msprobe] [--results FILE|-] [--json FILE]
 
 The model (benchmarks/bench_models.py): the bundled GPT (default; precdbg_examples.gpt_torch,
-GPTConfig() defaults, batch 8), GPT-2 small or a Llama-shaped 1.1B model built from configs with
-random init (nothing downloaded). One training step = forward, LM cross-entropy on random token
-ids, backward, clip_grad_norm_(1.0), AdamW step, zero_grad; under bf16 autocast with --bf16.
+GPTConfig() defaults, batch 8), GPT-2 small (or its 12-layer structure at d_model 64,
+gpt2-tiny) or a Llama-shaped 1.1B model built from configs with random init (nothing
+downloaded). One training step = forward, LM cross-entropy on random token ids, backward,
+clip_grad_norm_(1.0), AdamW step, zero_grad; under bf16 autocast with --bf16.
 In ONE process, for each mode (task/level) it alternates a plain step and a dumped step (a
 debugger with step=[] so every started step is dumped: start(model) / step / stop() / step()),
 after warm-up rounds; on an accelerator the device is synchronised before every timer read, so
@@ -398,7 +399,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                                                  "step (see benchmarks/README.md)")
     parser.add_argument("--device", default="cpu", choices=DEVICES, help="cpu (default), cuda, npu")
     parser.add_argument("--model", default="gpt", choices=MODELS,
-                        help="gpt (bundled, default), gpt2-small, llama-1b (random init)")
+                        help="gpt (bundled, default), gpt2-small, gpt2-tiny, llama-1b (random init)")
     parser.add_argument("--bf16", action="store_true", help="run the step under bf16 autocast")
     parser.add_argument("--batch", type=int, help="batch size (default depends on model/device)")
     parser.add_argument("--seq", type=int, help="sequence length (default: model/device)")

@@ -10,7 +10,10 @@
 #   profile   benchmarks/profile_step.py on GPT-2 small fp32, levels mix and module: the dumped
 #             step by phase (start, the step's own code, stop), cProfile and kernel tables;
 #   bench     the overhead benchmark on GPT-2 small and the Llama-shaped 1.1B, fp32 and bf16
-#             autocast, statistics/mix and statistics/module (msprobe beside it when installed).
+#             autocast, statistics/mix and statistics/module (msprobe beside it when installed);
+#   split     benchmarks/cost_split.py on GPT-2 small fp32 and bf16, levels mix and module: the
+#             dumped step's extra time by part (statistics, records, backward watch, API calls,
+#             module calls, the rest), into split_<precision>_<level>.txt/.json.
 #
 #   bash scripts/gpu_check.sh                  # tests, profile, bench (about 8 minutes on an H100)
 #   bash scripts/gpu_check.sh tests bench      # some parts, in this order
@@ -29,9 +32,9 @@ parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests profile bench)
 for part in "${parts[@]}"; do      # every part named is known, before anything runs
     case "$part" in
-    tests|profile|bench) ;;
-    *) echo "gpu_check: unknown part '$part' (tests, profile or bench; REPEATS=N sets the" \
-            "repeats)" >&2
+    tests|profile|bench|split) ;;
+    *) echo "gpu_check: unknown part '$part' (tests, profile, bench or split; REPEATS=N sets" \
+            "the repeats)" >&2
        exit 2 ;;
     esac
 done
@@ -94,6 +97,17 @@ for part in "${parts[@]}"; do
                 limited "$PY" benchmarks/overhead_torch.py --device cuda --model "$model" \
                     $precision --repeats "$repeats" --modes statistics/mix statistics/module \
                     --msprobe --results "$OUT/$name" || status=1
+            done
+        done ;;
+    split)
+        for precision in fp32 bf16; do
+            for level in mix module; do
+                flag=""; [ "$precision" = bf16 ] && flag="--bf16"
+                # shellcheck disable=SC2086
+                limited "$PY" benchmarks/cost_split.py --device cuda --model gpt2-small $flag \
+                    --level "$level" --repeats "$repeats" \
+                    --json "$OUT/split_${precision}_${level}.json" \
+                    > "$OUT/split_${precision}_${level}.txt" 2>>"$OUT/split.log" || status=1
             done
         done ;;
     esac
