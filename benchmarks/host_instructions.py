@@ -1,7 +1,7 @@
 """Instructions per dumped step, counted by valgrind: a host-cost figure that noise cannot move.
 
-    python benchmarks/host_instructions.py [--model mlp|gpt|gpt2-tiny] [--level mix|api|module] [--steps 4]
-                                           [--blocks 20] [--against DIR] [--by-library]
+    python benchmarks/host_instructions.py [--model mlp|gpt|gpt2-tiny] [--level mix|api|module]
+                                           [--steps 4] [--blocks 20] [--against DIR] [--by-library]
 
 On a shared 2-core machine the same step's time moves by ±20 % from one minute to the next, so a
 change worth 5 % cannot be seen in timings. Here a workload runs under `valgrind --tool=callgrind`
@@ -16,8 +16,8 @@ transformers model, whose step on a GPU is host-bound). One torch thread
 first on PYTHONPATH, e.g. a `git worktree` of the commit before a change, its extensions built)
 and prints the change. `--by-library` also prints where this tree's extra instructions run: per
 shared library (the interpreter, numpy, HDF5, torch's bindings) and per function. Needs
-valgrind; a run takes ~2 minutes for mlp, a few for gpt2-tiny and over half an hour for gpt (torch's kernels run
-slowly under valgrind); runs go two at a time. Nothing is asserted.
+valgrind; a run takes ~2 minutes for mlp, ~6 for gpt2-tiny (`--steps 2`) and over half an hour
+for gpt (torch's kernels run slowly under valgrind); runs go two at a time. Nothing is asserted.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@
 #             autocast, statistics/mix and statistics/module (msprobe beside it when installed);
 #   split     benchmarks/cost_split.py on GPT-2 small fp32 and bf16, levels mix and module: the
 #             dumped step's extra time by part (statistics, records, backward watch, API calls,
-#             module calls, the rest), into split_<precision>_<level>.txt/.json.
+#             module calls, the rest): the tables into split.txt, the figures into
+#             split_<precision>_<level>.json (few files: a lent machine returns a handful).
 #
 #   bash scripts/gpu_check.sh                  # tests, profile, bench (about 8 minutes on an H100)
 #   bash scripts/gpu_check.sh tests bench      # some parts, in this order
@@ -107,7 +108,7 @@ for part in "${parts[@]}"; do
                 limited "$PY" benchmarks/cost_split.py --device cuda --model gpt2-small $flag \
                     --level "$level" --repeats "$repeats" \
                     --json "$OUT/split_${precision}_${level}.json" \
-                    > "$OUT/split_${precision}_${level}.txt" 2>>"$OUT/split.log" || status=1
+                    >> "$OUT/split.txt" 2>&1 || status=1
             done
         done ;;
     esac
