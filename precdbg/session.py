@@ -91,6 +91,9 @@ class Session:
         self.filter.reset_step()
 
     def _reset_window(self) -> None:
+        previous = getattr(self, "_batch", None)
+        if previous is not None:
+            previous.release()
         self._batch = TensorBatch(self.tensors, self._checksum)
         self._stacks.new_window()
         self._modules: List[Tuple[str, str, str, str]] = []

@@ -77,19 +77,10 @@ class OpenStep:
     """State of the step file being written (owned by the writer thread)."""
 
     def __init__(self, final_path: str, attrs: Dict[str, Any], compression: Optional[str]) -> None:
-        import h5py
         self.final_path = final_path
         self.partial_path = final_path + ".partial"
         self.attrs = attrs
-        os.makedirs(os.path.dirname(final_path), exist_ok=True)
-        self.file = h5py.File(self.partial_path, "w", libver="latest")
-        try:
-            for key, value in attrs.items():
-                self.file.attrs[key] = value if not isinstance(value, (dict, list)) \
-                    else json.dumps(value)
-        except Exception:
-            self.abandon()
-            raise
+        self._file: Any = None
         self.compression = compression
         self.records: List[Record] = []
         self.data = None
@@ -99,6 +90,24 @@ class OpenStep:
         self.stage_start = 0
         self.offsets: Dict[int, Tuple[int, int]] = {}
         self.checksums: Dict[int, str] = {}
+
+    @property
+    def file(self) -> Any:
+        """The `.partial` HDF5 file, created when first written to (a stage of stored tensors,
+        or the step's end), not when the step opens: creating it holds the interpreter lock
+        for ~1.3 ms, which `start()` would otherwise wait for while it hooks the model."""
+        if self._file is None:
+            import h5py
+            os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
+            self._file = h5py.File(self.partial_path, "w", libver="latest")
+            try:
+                for key, value in self.attrs.items():
+                    self._file.attrs[key] = value if not isinstance(value, (dict, list)) \
+                        else json.dumps(value)
+            except Exception:
+                self.abandon()
+                raise
+        return self._file
 
     # -- tensor bytes ------------------------------------------------------------------------
     def add_bytes(self, tensor_id: int, flat: np.ndarray) -> None:
@@ -189,8 +198,11 @@ class OpenStep:
             raise OSError(errno.EFBIG, f"{os.strerror(errno.EFBIG)}: the process's file-size "
                           f"limit (RLIMIT_FSIZE) is {_size(limit)} and the file would reach "
                           f"{_size(end)}")
+        folder = os.path.dirname(self.partial_path)
+        if not os.path.isdir(folder):        # the step's folder comes with its file
+            folder = os.path.dirname(folder)
         try:
-            free = shutil.disk_usage(os.path.dirname(self.partial_path)).free
+            free = shutil.disk_usage(folder).free
         except OSError:
             return
         if nbytes + _ROOM_MARGIN > free:
@@ -199,8 +211,10 @@ class OpenStep:
 
     def abandon(self) -> None:
         """Close and delete the unfinished file: a step is either complete or absent."""
+        if self._file is None:
+            return                    # never written to: nothing on disk
         try:
-            self.file.close()
+            self._file.close()
         except Exception:  # noqa: BLE001 - already failing
             pass
         try:

@@ -41,6 +41,10 @@ _BACKWARD, _PARAM_GRAD = Direction.BACKWARD.value, Role.PARAM_GRAD.value
 _FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
 
 
+_NAMED_PARAMETERS = torch.nn.Module.named_parameters
+_NAMED_BUFFERS = torch.nn.Module.named_buffers
+
+
 class _Guard:
     """Inside our own hooks: no capture of our own torch calls, no graph, nothing raised."""
     __slots__ = ("adapter", "prev_grad", "disable")
@@ -256,9 +260,15 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         return modules
 
     def own_parameters(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
+        # the module's own dict where `named_parameters` is torch's (what it reads, without
+        # its generator layers: asked per module at every start); an override is asked
+        if type(module).named_parameters is _NAMED_PARAMETERS:
+            return module._parameters.items()
         return module.named_parameters(recurse=False)
 
     def own_buffers(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
+        if type(module).named_buffers is _NAMED_BUFFERS:
+            return module._buffers.items()
         return module.named_buffers(recurse=False)
 
     def inventory_role(self, leaf: str, value: Any, is_param: bool) -> Tuple[str, bool]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from precdbg.instrumentor import ClassPatch
 
@@ -77,11 +77,21 @@ _FSDP2_MODULE = ("torch.distributed.fsdp._fully_shard._fully_shard", "FSDPModule
 def model_class(module: Any) -> type:
     """The model's own class of a module: FSDP2's `fully_shard` turns a `GPT` into an instance
     of a new class `FSDPGPT(FSDPModule, GPT)`; its entries keep the name `GPT`, as in an
-    unsharded run."""
+    unsharded run. Answered once per class (asked several times per module at every start:
+    a class made by `fully_shard` exists only once FSDP2 is imported, so an answer never goes
+    stale)."""
     cls = type(module)
-    wrapper = getattr(sys.modules.get(_FSDP2_MODULE[0]), _FSDP2_MODULE[1], None)
-    if wrapper is not None and cls is not wrapper and issubclass(cls, wrapper):
-        for base in cls.__bases__:
-            if not issubclass(base, wrapper):
-                return base
-    return cls
+    found = _MODEL_CLASSES.get(cls)
+    if found is None:
+        found = cls
+        wrapper = getattr(sys.modules.get(_FSDP2_MODULE[0]), _FSDP2_MODULE[1], None)
+        if wrapper is not None and cls is not wrapper and issubclass(cls, wrapper):
+            found = next((base for base in cls.__bases__ if not issubclass(base, wrapper)), cls)
+        if len(_MODEL_CLASSES) >= _MODEL_CLASSES_MAX:
+            _MODEL_CLASSES.clear()
+        _MODEL_CLASSES[cls] = found
+    return found
+
+
+_MODEL_CLASSES: Dict[type, type] = {}
+_MODEL_CLASSES_MAX = 4096     # classes kept (a model has tens; a bound for classes made at runtime)

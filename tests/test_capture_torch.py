@@ -272,6 +272,29 @@ def test_inventory_lists_every_parameter_and_buffer(gpt_dump):
         assert r["dtype"] == "bool" and r["shape"] == tuple(value.shape)
 
 
+def test_inventory_follows_a_module_that_overrides_named_parameters(tmp_path):
+    """The inventory reads a module's own parameters through its `named_parameters` where
+    the class overrides it (a library hiding or renaming parameters), through torch's dict
+    only where it does not."""
+    class Hiding(torch.nn.Linear):
+        def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+            for name, value in super().named_parameters(prefix, recurse, remove_duplicate):
+                if not name.endswith("bias"):
+                    yield name, value
+
+    model = torch.nn.Sequential(Hiding(4, 4), torch.nn.Linear(4, 2))
+    dbg = PrecisionDebugger(task="statistics", level="mix", dump_path=str(tmp_path / "d"))
+    dbg.start(model)
+    model(torch.randn(3, 4)).sum().backward()
+    dbg.stop()
+    dbg.step()
+    dbg.close()
+    assert dbg.failures == 0
+    table = precdbg.open_dump(str(tmp_path / "d")).records(step=0)
+    assert {r["api"] for r in rows_where(table, kind="param", role="param")} == \
+        {"0.weight", "1.weight", "1.bias"}
+
+
 def test_frozen_parameter_is_not_trainable_and_has_no_dw(tmp_path):
     model = make_model()
     model.blocks[0].attn.qkv.weight.requires_grad_(False)

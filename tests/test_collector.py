@@ -99,3 +99,22 @@ def test_failed_start_restores_the_collector(tmp_path):
     with pytest.raises(Exception):
         debugger.start("not a model")
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
+def test_a_window_leaves_no_garbage_cycles_behind(tmp_path):
+    """Training loops that turn the collector off (Megatron's --manual-gc) collect only now
+    and then: a dumped step's bookkeeping must be freed by reference counting when its window
+    ends, not pile up until a collection."""
+    from precdbg import batch
+    model = _model()
+    debugger = PrecisionDebugger(task="statistics", level="mix", dump_path=str(tmp_path))
+    gc.collect()
+    gc.disable()
+    for _ in range(3):
+        debugger.start(model)
+        _train(model)
+        debugger.stop()
+        debugger.step()
+    debugger.flush()
+    alive = [o for o in gc.get_objects() if type(o) in (batch.Seen, batch._Stats)]
+    assert alive == []

@@ -455,3 +455,23 @@ def test_step_or_close_without_stop(tmp_path, gpt, optimizer, batches):
     dump = precdbg.open_dump(str(tmp_path))
     assert dump.steps == [0, 1]
     assert len(dump.records(step=0)) == len(dump.records(step=1)) > 0
+
+
+def test_step_file_is_created_when_written_not_at_start(tmp_path, gpt, batch):
+    """start() only queues the step's opening: the writer creates the .partial file when
+    something is written to it (stored tensors, or the records at stop()), so opening it
+    never competes with start() hooking the model. The step is complete once stopped."""
+    import os
+    dump = tmp_path / "dump"
+    dbg = PrecisionDebugger(task="statistics", level="mix", dump_path=str(dump))
+    dbg.start(gpt)
+    dbg.flush()                               # the writer has handled the opening
+    assert not (dump / "step0").exists()
+    x, y = batch
+    loss_of(gpt, x, y).backward()
+    dbg.stop()
+    dbg.step()
+    dbg.flush()
+    assert sorted(os.listdir(dump / "step0")) == ["rank0.h5"]
+    assert len(precdbg.open_dump(str(dump)).records(step=0)) > 0
+    dbg.close()
