@@ -140,9 +140,10 @@ class TensorBatch:
 
     def release(self) -> None:
         """The window is over: its distinct tensors and their statistics reference each other
-        (`_Stats.first`), a cycle only Python's cyclic collector would free, ~3-4 ms per
-        dumped step (gpt2-tiny: 1,200 pairs, with their storage references' finalizers). The
-        cycles are cut here, so they go by reference counting as the window is dropped."""
+        (`_Stats.first`), cycles only Python's cyclic collector would free (gpt2-tiny: ~1,200
+        per dumped step, with their storage references): a loop that turns the collector off
+        (Megatron's --manual-gc) would keep them all until it collects. Cut here, they go by
+        reference counting as the window is dropped."""
         for stats in self._firsts:
             stats.first = None
         self._firsts = []
