@@ -16,6 +16,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
+from .precision import UNKNOWN
 from .protocols import TensorOps
 from .schema import Record
 from .stepfile import Payload
@@ -50,7 +51,7 @@ class Seen:
     def __init__(self, ref: Any, tensor_id: int, stats: _Stats) -> None:
         self.ref, self.tensor_id, self.stats = ref, tensor_id, stats
         self.copied = False
-        self.precision = ""      # the lowest float precision its values went through
+        self.precision = UNKNOWN   # the lowest float precision its values went through (rank)
         self.storage: Any = None     # its storage key, filled in by precdbg.provenance
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .naming import api_entry, module_entry
+from .precision import UNKNOWN
 from .schema import Phase, RecordKind
 
 __all__ = ["Call"]
@@ -28,7 +29,7 @@ class Call:
         self.stack_id, self.store, self.forward_entry = stack_id, store, forward_entry
         self._backward_entry = backward_entry
         self.alias = alias
-        self.precision = ""          # the lowest precision its forward inputs carried
+        self.precision = UNKNOWN     # the lowest precision its forward inputs carried (a rank)
 
     @property
     def backward_entry(self) -> str:

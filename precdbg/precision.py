@@ -10,11 +10,11 @@ the compare's tolerance follows it (precdbg/compare/metrics.py).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict
 
 from .schema import NO_PRODUCER, Direction, Role
 
-__all__ = ["MANTISSA_BITS", "is_floating", "lowest", "PrecisionTracker"]
+__all__ = ["MANTISSA_BITS", "UNKNOWN", "is_floating", "PrecisionTracker"]
 
 # explicit mantissa bits: fewer bits, coarser rounding (unit roundoff 2^-(bits+1))
 MANTISSA_BITS: Dict[str, int] = {
@@ -27,37 +27,27 @@ def is_floating(dtype: str) -> bool:
     return dtype in MANTISSA_BITS
 
 
-def _coarser(a: str, b: str) -> str:
-    bits_a, bits_b = MANTISSA_BITS.get(a), MANTISSA_BITS.get(b)
-    if bits_a is None:
-        return b if bits_b is not None else ""
-    if bits_b is None:
-        return a
-    return a if bits_a <= bits_b else b
-
-
-_LOWEST: Dict[Tuple[str, str], str] = {}      # asked several times per record: answered once
-
-
-def lowest(a: str, b: str) -> str:
-    """The coarser of two floating dtypes ('' and non-floating dtypes count as unknown)."""
-    found = _LOWEST.get((a, b))
-    if found is None:
-        found = _LOWEST[(a, b)] = _coarser(a, b)
-    return found
-
-
 _FORWARD, _NONE, _INPUT = Direction.FORWARD.value, Direction.NONE.value, Role.INPUT.value
+
+# The tracker carries precisions as ranks (ints: coarser is smaller) so that "the lowest of" is a
+# comparison, not a call per operand (it runs several times per record). A rank orders by
+# mantissa bits first; dtypes of equal bits (float8 variants) keep distinct ranks.
+UNKNOWN = 1 << 30                   # no floating precision known: the identity of min
+_RANK: Dict[str, int] = {name: bits * 8 + i
+                         for i, (name, bits) in enumerate(MANTISSA_BITS.items())}
+_NAME: Dict[int, str] = {rank: name for name, rank in _RANK.items()}
+_NAME[UNKNOWN] = ""
 
 
 class PrecisionTracker:
     """The precision carried by the tensors of one step, as the session captures them. Calls and
-    distinct tensors (the session's `Call` and `_Seen`) hold a `precision` attribute."""
+    distinct tensors (the session's `Call` and `Seen`) hold a `precision` attribute: a rank
+    (`UNKNOWN` until something is known)."""
     __slots__ = ("forward", "_written")
 
     def __init__(self) -> None:
-        self.forward = ""          # the lowest precision of this step's forward so far
-        self._written: Dict[int, str] = {}    # seq of a record -> the precision it carried
+        self.forward = UNKNOWN     # the lowest precision of this step's forward so far
+        self._written: Dict[int, int] = {}    # seq of a record -> the precision it carried
 
     def of(self, call: Any, rec: Any, seen: Any) -> str:
         """The precision of one tensor record (its `producer` already known): a forward input
@@ -69,27 +59,37 @@ class PrecisionTracker:
         precision of the step's forward (the gradients flow back through it), which later reads
         of the same gradient (clipping, an all-reduce, the optimizer) carry too; the inventory,
         its dtype."""
-        dtype = rec.dtype
-        if dtype not in MANTISSA_BITS:
+        dtype = _RANK.get(rec.dtype)
+        if dtype is None:
             return ""
         direction = rec.direction
         if direction == _FORWARD:
             if rec.role == _INPUT:
                 held = seen.precision
-                if not held and rec.producer != NO_PRODUCER:
-                    held = self._written.get(rec.producer, "")
-                carried = lowest(held, dtype)
-                call.precision = lowest(call.precision, carried)
+                if held == UNKNOWN and rec.producer != NO_PRODUCER:
+                    held = self._written.get(rec.producer, UNKNOWN)
+                carried = held if held < dtype else dtype
+                if carried < call.precision:
+                    call.precision = carried
             else:
-                carried = lowest(lowest(seen.precision, call.precision), dtype)
+                carried = seen.precision
+                if call.precision < carried:
+                    carried = call.precision
+                if dtype < carried:
+                    carried = dtype
                 self._written[rec.seq] = carried
             seen.precision = carried
-            self.forward = lowest(self.forward, carried)
-            return carried
+            if carried < self.forward:
+                self.forward = carried
+            return _NAME[carried]
         if direction == _NONE:
-            seen.precision = lowest(seen.precision, dtype)
-            return dtype
-        carried = lowest(lowest(self.forward, call.precision), dtype)
-        seen.precision = lowest(seen.precision, carried)
+            if dtype < seen.precision:
+                seen.precision = dtype
+            return _NAME[dtype]
+        carried = self.forward if self.forward < call.precision else call.precision
+        if dtype < carried:
+            carried = dtype
+        if carried < seen.precision:
+            seen.precision = carried
         self._written[rec.seq] = carried
-        return carried
+        return _NAME[carried]

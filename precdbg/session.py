@@ -23,6 +23,7 @@ from .filters import CaptureFilter
 from .layers import settings_text
 from .precision import PrecisionTracker
 from .runinfo import RunInfo
+from .selection import StepSelection
 from .protocols import Adapter, TensorOps
 from .provenance import Provenance
 from .replay import ReplayTable
@@ -57,8 +58,7 @@ class Session:
         self._every_record = self.filter.keeps_every_record()
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = 0
-        # steps start() ran on that config step left out: (how many, first, last)
-        self.skipped_steps: Optional[Tuple[int, int, int]] = None
+        self.selection = StepSelection(config)
         self._told_no_model = False
         self.active = False
         self.phase = Phase.FORWARD.value
@@ -103,22 +103,8 @@ class Session:
         self._failures.new_window()
 
     def nothing_dumped_notice(self) -> Optional[str]:
-        """Why this run wrote nothing, when start() ran only on steps the config leaves out
-        (the guides call step() on the dumped iteration only: the step counter then counts
-        dumped iterations, not training iterations). None when something was written."""
-        if self.run.written or self.skipped_steps is None:
-            return None
-        count, first, last = self.skipped_steps
-        ran = f"step {first}" if count == 1 else f"{count} steps ({first} to {last})"
-        return (f"precdbg: nothing was dumped: start() ran on {ran} only, and config "
-                f"step is {sorted(self.config.step)}; steps are counted by debugger.step() "
-                f"calls from 0 (call step() after every training iteration, or list the steps "
-                f"start() runs on)")
-
-    def selected(self) -> bool:
-        cfg = self.config
-        return ((not cfg.step or self.current_step in cfg.step)
-                and (not cfg.rank or self.rank in cfg.rank))
+        """Why this run wrote nothing (start() ran only on steps the config leaves out)."""
+        return self.selection.nothing_dumped_notice(self.run.written)
 
     def start(self, model: Any = None) -> bool:
         """Begin capturing if this step and rank are selected; repeat calls are no-ops."""
@@ -127,12 +113,7 @@ class Session:
         if model is None and self.config.keeps_modules:
             self._without_model()
         self.rank, self.world_size = self.adapter.rank_and_world()
-        if not self.selected():
-            if self.config.step and self.current_step not in self.config.step:
-                seen = self.skipped_steps
-                step = self.current_step
-                self.skipped_steps = (1, step, step) if seen is None else \
-                    (seen[0] + (step != seen[2]), seen[1], step)
+        if not self.selection.selects(self.current_step, self.rank):
             return False
         self._reset_window()
         if not self.run.written:

@@ -84,7 +84,7 @@ class NoisePolicy:
         self._judged: Dict[int, int] = {}     # step -> parameters judged by their update
 
     def settle(self, rank: int, entries: Sequence[Any]) -> None:
-        """After a step of `rank` (its compare.localize.Entry list): a step that differs is no
+        """After a step of `rank` (its compare.entries.Entry list): a step that differs is no
         base for the next one (it is only relaxed after a step that agreed)."""
         if any(e.diverged or e.trainable_differs for e in entries):
             self._last.pop(rank, None)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .localize import Entry
+    from .entries import Entry
 
 __all__ = ["Row", "Evidence", "ArgDiff", "Producer", "Source", "finite_or_none"]
 
