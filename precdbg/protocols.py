@@ -66,7 +66,7 @@ class Recorder(Protocol):
 
     # `watched`: gradients are on, its backward is watched now; `replay`: the call re-runs an
     # earlier forward (activation recompute); `replayable`: a replay may re-run it later (see
-    # Session.begin_api)
+    # CallNaming.begin_api)
     def begin_api(self, prefix: str, api: str, watched: bool = True,
                   replay: bool = False, replayable: bool = True) -> Optional["Call"]: ...
     def begin_module(self, prefix: str, path: str, cls: str, watched: bool = True,

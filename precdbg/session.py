@@ -1,9 +1,10 @@
 """The start/stop/step lifecycle and the one place records are made.
 
 A `Session` owns the writer, the filters and every per-step counter; an `Adapter` (PyTorch,
-MindSpore) owns the framework hooks and only translates: it calls `begin_call`/`capture`/
-`end_call` with framework tensors, and answers the few tensor questions the core cannot
-(`describe`, `identity`, `summarize`/`resolve` for device statistics, `to_host`/`hand_over`).
+MindSpore) owns the framework hooks and only translates: it calls `begin_api`/`begin_module`
+(precdbg.call_naming), `capture` and `end_call` with framework tensors, and answers the few
+tensor questions the core cannot (`describe`, `identity`, `summarize`/`resolve` for device
+statistics, `to_host`/`hand_over`).
 Statistics stay on the device until `resolve` is called once per batch of records.
 """
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import __version__, lifetime
 from .collector import CollectorPause
@@ -20,7 +20,6 @@ from .config import DumpConfig
 from .errors import ConfigError
 from .failures import FailureLog, one_line
 from .filters import CaptureFilter
-from .layers import settings_text
 from .precision import PrecisionTracker
 from .runinfo import RunInfo
 from .selection import StepSelection
@@ -31,8 +30,8 @@ from .stacks import StackTable
 from .arguments import tensor_results
 from .batch import TensorBatch
 from .call import Call
-from .naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
-                     save_entry, torch_param_leaf, uninitialized_output)
+from .call_naming import CallNaming
+from .naming import save_entry, uninitialized_output
 from .schema import (NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task,
                      scalar_dtype)
 from .writer import DumpWriter
@@ -47,8 +46,9 @@ _BACKWARD, _SETUP, _NONE = Phase.BACKWARD.value, Phase.SETUP.value, Direction.NO
 _NAN = float("nan")
 
 
-class Session:
-    """Lifecycle, selection, naming and batching; framework-neutral."""
+class Session(CallNaming):
+    """Lifecycle, records and batching; framework-neutral (calls are named and selected by
+    `CallNaming`)."""
 
     def __init__(self, config: DumpConfig, adapter: Adapter) -> None:
         self.config = config
@@ -244,111 +244,6 @@ class Session:
     def failures(self) -> int:
         return self._failures.count
 
-    # ------------------------------------------------------------------ modules
-    def set_module_tree(self, modules: Sequence[Tuple[str, str, str, Dict[str, Any]]]) -> None:
-        """(path, class, parent path, raw layer settings) of every module/cell of the model; the
-        settings are stored normalised (precdbg.layers), as JSON text per module."""
-        framework = self.adapter.framework
-        self._modules = [(path, cls, parent, settings_text(framework, cls, raw) if raw else "")
-                         for path, cls, parent, raw in modules]
-        self._module_cls = {path: cls for path, cls, _, _ in self._modules}
-
-    def enter_module(self, path: str, keep_subtree: bool) -> None:
-        inside = bool(self._module_stack) and self._module_stack[-1][1]
-        self._module_stack.append((path, keep_subtree or inside))
-
-    def exit_module(self) -> None:
-        if self._module_stack:
-            self._module_stack.pop()
-
-    @property
-    def owning_module(self) -> str:
-        return self._module_stack[-1][0] if self._module_stack else ""
-
-    @property
-    def inside_kept_module(self) -> bool:
-        return bool(self._module_stack) and self._module_stack[-1][1]
-
-    # ------------------------------------------------------------------ calls
-    def _count(self, key: Tuple[str, str]) -> int:
-        self._calls_seen += 1
-        n = self._counts.get(key, 0)
-        self._counts[key] = n + 1
-        return n
-
-    def begin_api(self, prefix: str, api: str, watched: bool = True,
-                  replay: bool = False, replayable: bool = True) -> Optional[Call]:
-        """An API call starts; returns the Call to record into, or None when not captured.
-        `watched`: its backward is watched now (gradients were enabled). `replay`: the call
-        re-runs an earlier forward call (activation recompute): see `precdbg.replay`.
-        `replayable`: a call not watched may be re-run by a later replay (it runs in an
-        activation checkpoint's forward; False for other calls without gradients, such as an
-        evaluation forward, which a replay must not stand for; True where not known)."""
-        module = self.owning_module
-        if replay:       # outside every module of the replay: the module it replays
-            if not watched:      # no backward to give (a checkpoint's forward in a replay):
-                return None      # the call stays for the replay that has one
-            return self._replays.replayed(("api", module or self._replays.owner, prefix, api))
-        index = self._count((prefix, api))
-        forward = api_entry(prefix, api, index, "forward")
-        call = None
-        if self.filter.keep_entry(forward, api, module, self.phase, self.inside_kept_module,
-                                  is_module=False):
-            self._order += 1
-            call = Call(_API, prefix, api, canonical_op(api), module, index,
-                        self._order, self.phase, self._stack_id(), self._stores(forward, api),
-                        forward)
-        if not watched and replayable:
-            self._replays.not_watched(("api", module, prefix, api), call)
-        return call
-
-    def begin_module(self, prefix: str, path: str, cls: str, watched: bool = True,
-                     replay: bool = False, replayable: bool = True
-                     ) -> Tuple[Optional[Call], bool]:
-        """A module call starts: (Call or None, whether the module selects its whole subtree).
-        `watched`, `replay` and `replayable` as for `begin_api`."""
-        if replay:
-            self._replays.module_replayed(path, not self._module_stack)
-            return (self._replays.replayed(("module", prefix, path, cls)) if watched else None,
-                    self.filter.module_selects_subtree(module_entry(prefix, path, cls, "forward",
-                                                                    0), cls, path))
-        index = self._count((prefix, path))
-        forward = module_entry(prefix, path, cls, "forward", index)
-        subtree = self.filter.module_selects_subtree(forward, cls, path)
-        keep = self.filter.keep_entry(forward, cls, path, self.phase,
-                                      self.inside_kept_module or subtree, is_module=True)
-        call = None
-        if keep:
-            self._order += 1
-            call = Call(_MODULE, prefix, cls, canonical_op(cls), path, index,
-                        self._order, self.phase, self._stack_id(), self._stores(forward, cls),
-                        forward)
-        if not watched and replayable:
-            self._replays.not_watched(("module", prefix, path, cls), call)
-        return call, subtree
-
-    def replay_begins(self, owner: Optional[str] = None) -> None:
-        """A recompute starts replaying; `owner`: the module it replays (None when not known,
-        "" for the root)."""
-        self._replays.begins(owner)
-
-    def param_call(self, path: str, kind: str = RecordKind.PARAM_GRAD.value, owner_cls: str = "",
-                   role: str = Role.PARAM.value) -> Optional[Call]:
-        """A parameter's gradient (each backward pass counts) or inventory entry. Its op is the
-        parameter's PyTorch-style leaf name (`weight`, `bias`, ...) in every framework, and
-        its alias is its full name in the other framework's convention."""
-        if not self.filter.keep_param(path):
-            return None
-        grad = kind == RecordKind.PARAM_GRAD.value
-        index = self._count(("Param", path)) if grad else 0
-        owner, _, leaf = path.rpartition(".")
-        framework = self.adapter.framework
-        entry = param_entry(path, Role.PARAM_GRAD.value if grad else role, index)
-        call = Call(kind, "Param", path, torch_param_leaf(framework, leaf), owner, index, 0,
-                    self.phase, -1, self._store_all, entry, entry)
-        call.alias = param_alias(framework, path, owner_cls or self._module_cls.get(owner, ""))
-        return call
-
     def save(self, name: str, obj: Any) -> bool:
         """Store a tensor or nested list/tuple/dict of tensors (and numbers) under `name` in the
         current step; compare aligns saved items by name. Only while capturing."""
@@ -369,9 +264,6 @@ class Session:
             self.capture_value(call, 0, "0", obj, role=Role.OUTPUT.value)
         self.end_call()
         return True
-
-    def _stores(self, entry: str, api: str) -> bool:
-        return self._store_all or self.filter.stores_tensor(entry, api)
 
     def end_call(self, launch: bool = True) -> None:
         """Called after a call's records are captured: the batch crosses to the host when full
@@ -479,6 +371,3 @@ class Session:
             payloads = [p for p in payloads if p.tensor_id in ids]
         if records or payloads:
             self.writer.submit(records, payloads)
-
-    def _stack_id(self) -> int:
-        return self._stacks.current(3) if self.config.stack else -1
