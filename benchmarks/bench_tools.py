@@ -9,16 +9,49 @@ close() = shut down, files() = (size of each step's dump in bytes, records in th
 from __future__ import annotations
 
 import contextlib
+import datetime
 import glob
 import importlib.util
 import json
 import os
+import platform
 import re
 import shutil
 import threading
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+
+
+def machine_info(nproc: Optional[int] = None) -> Dict[str, Any]:
+    """What every results file says of the machine: date, CPU model, cores (`nproc`: the
+    caller's count, else the CPUs this process may run on), memory, platform, and the versions
+    of python, numpy, h5py and precdbg; each benchmark adds its framework's."""
+    import h5py
+    import numpy as np
+
+    import precdbg
+    cpu = platform.processor() or "unknown"
+    mem_gb: Optional[float] = None
+    for path, prefix in (("/proc/cpuinfo", "model name"), ("/proc/meminfo", "memtotal:")):
+        try:
+            with open(path, "r", encoding="utf-8") as handle:
+                line = next((line for line in handle if line.lower().startswith(prefix)), None)
+        except OSError:
+            continue
+        if line is not None and prefix == "model name":
+            cpu = line.split(":", 1)[1].strip()
+        elif line is not None:
+            mem_gb = round(int(line.split()[1]) / (1 << 20), 1)
+    if nproc is None:
+        nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count()
+    return {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "nproc": nproc, "cpu": cpu, "memory_gb": mem_gb, "platform": platform.platform(),
+        "python": platform.python_version(), "numpy": np.__version__,
+        "h5py": h5py.__version__, "precdbg": precdbg.__version__,
+    }
 
 def step_folders(dump_path: str) -> List[str]:
     """The step<N> folders of a dump (precdbg's and msprobe's layout), in step order."""

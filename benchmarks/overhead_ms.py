@@ -23,15 +23,14 @@ mix on CPU. Nothing here asserts on wall-clock time.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_torch import measure_mode, measure_modes, table  # noqa: E402  (shared helpers)
+from bench_tools import machine_info as shared_machine_info  # noqa: E402
+from overhead_torch import add_timing_args, measure_mode, measure_modes, table  # noqa: E402  (shared helpers)
 
 MODES: Tuple[Tuple[str, str], ...] = (("statistics", "mix"), ("statistics", "api"),
                                       ("statistics", "module"), ("tensor", "mix"))
@@ -40,37 +39,12 @@ AIM = 2.0
 
 
 def machine_info() -> Dict[str, Any]:
-    import h5py
     import mindspore as ms
-    import numpy as np
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", "r", encoding="utf-8") as handle:
-            for line in handle:
-                if line.lower().startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     # not `nproc`: it obeys OMP_NUM_THREADS, which MindSpore sets for itself on import
-    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    mem_gb: Optional[float] = None
-    try:
-        with open("/proc/meminfo", "r", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("MemTotal:"):
-                    mem_gb = round(int(line.split()[1]) / (1 << 20), 1)
-                    break
-    except OSError:
-        pass
-    import precdbg
-    return {
-        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "nproc": nproc, "cpu": cpu, "memory_gb": mem_gb, "platform": platform.platform(),
-        "python": platform.python_version(), "mindspore": ms.__version__,
-        "mindspore_threads": ms.get_context("runtime_num_threads"),
-        "numpy": np.__version__, "h5py": h5py.__version__, "precdbg": precdbg.__version__,
-    }
+    info = shared_machine_info()
+    info.update(mindspore=ms.__version__,
+                mindspore_threads=ms.get_context("runtime_num_threads"))
+    return info
 
 
 def make_sync(model: Any) -> Any:
@@ -135,16 +109,7 @@ def results_markdown(info: Dict[str, Any], rows: List[Dict[str, Any]], argv: Lis
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description="precdbg dump overhead on the MindSpore GPT")
-    parser.add_argument("--repeats", type=int, default=9, help="timed rounds per mode (9)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds per mode (2)")
-    parser.add_argument("--modes", nargs="*", default=[f"{t}/{lv}" for t, lv in MODES],
-                        help="task/level pairs (default: %(default)s)")
-    parser.add_argument("--max-other", type=float, default=0.05,
-                        help="measure a mode again when other processes used more than this "
-                             "share of the CPU meanwhile (default 0.05)")
-    parser.add_argument("--retries", type=int, default=2,
-                        help="how often to measure a mode again (default 2); the least disturbed "
-                             "measurement is kept")
+    add_timing_args(parser, MODES)
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--results", metavar="FILE",
                         default=os.path.join(os.path.dirname(os.path.abspath(__file__)),

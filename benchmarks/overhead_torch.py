@@ -44,10 +44,8 @@ machine measured; nothing here asserts on wall-clock time.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -61,6 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_models import DEVICES, MODELS, BenchError, Workload  # noqa: E402
 from bench_tools import (PrecdbgTool, count_syncs, peak_bytes, prune_older_steps,  # noqa: E402
                          reset_peak)
+from bench_tools import machine_info as shared_machine_info  # noqa: E402
 
 MODES: Tuple[Tuple[str, str], ...] = (("statistics", "mix"), ("tensor", "mix"),
                                       ("statistics", "api"), ("statistics", "module"))
@@ -68,39 +67,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def machine_info() -> Dict[str, Any]:
-    import h5py
-    import numpy as np
     import torch
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", "r", encoding="utf-8") as handle:
-            for line in handle:
-                if line.lower().startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        nproc = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
+    try:             # `nproc`, as the results name it: it obeys OMP_NUM_THREADS / affinity
+        nproc: Optional[int] = int(subprocess.run(["nproc"], capture_output=True, text=True,
+                                                  check=True).stdout)
     except (OSError, ValueError, subprocess.CalledProcessError):
-        nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    mem_gb: Optional[float] = None
-    try:
-        with open("/proc/meminfo", "r", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("MemTotal:"):
-                    mem_gb = round(int(line.split()[1]) / (1 << 20), 1)
-                    break
-    except OSError:
-        pass
-    import precdbg
-    return {
-        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "nproc": nproc, "cpu": cpu, "memory_gb": mem_gb, "platform": platform.platform(),
-        "python": platform.python_version(), "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
-        "h5py": h5py.__version__, "precdbg": precdbg.__version__,
-    }
+        nproc = None
+    info = shared_machine_info(nproc)
+    info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    return info
 
 
 class CpuMeter:
@@ -394,6 +369,21 @@ def _default_results(device: str, model: str) -> str:
     return os.path.join(HERE, f"results_{device}_{model}.md")
 
 
+def add_timing_args(parser: argparse.ArgumentParser,
+                    modes: Tuple[Tuple[str, str], ...]) -> None:
+    """The flags of how each mode is measured (shared with overhead_ms.py)."""
+    parser.add_argument("--repeats", type=int, default=9, help="timed rounds per mode (9)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds per mode (2)")
+    parser.add_argument("--modes", nargs="*", default=[f"{t}/{lv}" for t, lv in modes],
+                        help="task/level pairs (default: %(default)s)")
+    parser.add_argument("--max-other", type=float, default=0.05,
+                        help="measure a mode again when other processes used more than this "
+                             "share of the CPU meanwhile (default 0.05)")
+    parser.add_argument("--retries", type=int, default=2,
+                        help="how often to measure a mode again (default 2); the least disturbed "
+                             "measurement is kept")
+
+
 def parse_args(argv: List[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="precdbg dump overhead on a PyTorch training "
                                                  "step (see benchmarks/README.md)")
@@ -404,16 +394,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="batch size (default depends on model/device)")
     parser.add_argument("--seq", type=int, help="sequence length (default: model/device)")
     parser.add_argument("--layers", type=int, help="keep only N layers (shrinks big models)")
-    parser.add_argument("--repeats", type=int, default=9, help="timed rounds per mode (9)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds per mode (2)")
-    parser.add_argument("--modes", nargs="*", default=[f"{t}/{lv}" for t, lv in MODES],
-                        help="task/level pairs (default: %(default)s)")
-    parser.add_argument("--max-other", type=float, default=0.05,
-                        help="measure a mode again when other processes used more than this "
-                             "share of the CPU meanwhile (default 0.05)")
-    parser.add_argument("--retries", type=int, default=2,
-                        help="how often to measure a mode again (default 2); the least disturbed "
-                             "measurement is kept")
+    add_timing_args(parser, MODES)
     parser.add_argument("--msprobe", action="store_true",
                         help="also measure msprobe (mindstudio-probe) when it is installed")
     parser.add_argument("--tool", default="precdbg", choices=("precdbg", "msprobe"),
