@@ -266,12 +266,36 @@ class BaseInstrumentor:
                              describe)
         session.phase = _OPTIMIZER
         self.paused = self.paused or not session.config.include_optimizer
+        self.pause_changed()
         return token
 
     def optimizer_ends(self, token: OptimizerToken) -> None:
         """The optimizer is done: the phase (and pause) current before it are back, so an
         optimizer run inside another region leaves that region's phase as it was."""
         self.session.phase, self.paused = token
+        self.pause_changed()
+
+    def closure_in_step(self, closure: Callable[..., T], token: OptimizerToken
+                        ) -> Callable[..., T]:
+        """`closure` as the optimizer that began with `token` should call it: a closure
+        handed to an optimizer (LBFGS evaluates the loss and gradients in it, several times per
+        step) runs the model, so its calls are captured in the phase, and under the pause,
+        current before the optimizer began; the optimizer's own phase is back after each call."""
+        def closure_in_step(*args: Any, **kwargs: Any) -> T:
+            if not self.installed:
+                return closure(*args, **kwargs)
+            inside = (self.session.phase, self.paused)
+            self.optimizer_ends(token)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                if self.installed:
+                    self.optimizer_ends(inside)
+        return closure_in_step
+
+    def pause_changed(self) -> None:
+        """`paused` has just changed: a framework whose interposer must follow it (taken off
+        while paused) does so here."""
 
     def _note_optimizer(self, optimizer: Any, describe: Callable[[Any], Dict[str, Any]]) -> None:
         self.session.note_optimizer(describe(optimizer))

@@ -179,7 +179,8 @@ class Session(CallNaming):
         if not self.active:
             return
         self.active = False
-        if self._calls_seen == 0 and (self.config.keeps_apis or self.config.keeps_modules):
+        if self._calls_seen == 0 and not interrupted and (self.config.keeps_apis
+                                                          or self.config.keeps_modules):
             log.warning("precdbg: step %d: no API or module call ran between start() and stop(); "
                         "%s", self.current_step, getattr(self.adapter, "empty_capture_hint",
                                                          "nothing was captured"))

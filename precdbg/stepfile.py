@@ -29,7 +29,10 @@ __all__ = ["Payload", "OpenStep", "step_file_path", "write_json_atomic", "free_s
 
 _STAGE_BYTES = 32 << 20      # stored tensors are packed into contiguous blobs of about this size
 _CHUNK_BYTES = 1 << 20
-_ROOM_MARGIN = 1 << 20        # room kept for HDF5 metadata when checking that a write fits
+# room kept for HDF5's own metadata (object headers, chunk indexes, string heaps) when checking
+# that a write fits: a base, and a share of what is written (its chunks need index entries)
+_ROOM_BASE = 128 << 10
+_ROOM_SHARE = 16
 _RECORD_BYTES = 512           # upper estimate of one record's bytes in the record table
 
 
@@ -192,12 +195,17 @@ class OpenStep:
     def check_room(self, nbytes: int) -> None:
         """Refuse a write that cannot fit (disk full, quota, file-size limit) before HDF5 meets
         it: an HDF5 file whose write failed half-way cannot even be closed cleanly."""
-        end = self.data_size + nbytes + _ROOM_MARGIN
+        margin = _ROOM_BASE + nbytes // _ROOM_SHARE
+        try:            # what the file holds so far (staged bytes are not in it yet)
+            written = os.path.getsize(self.partial_path) if self._file is not None else 0
+        except OSError:
+            written = 0
+        end = written + nbytes + margin
         limit = _file_size_limit()
         if limit is not None and end > limit:
             raise OSError(errno.EFBIG, f"{os.strerror(errno.EFBIG)}: the process's file-size "
                           f"limit (RLIMIT_FSIZE) is {_size(limit)} and the file would reach "
-                          f"{_size(end)}")
+                          f"{_size(end)} ({_size(margin)} of it kept for HDF5's metadata)")
         folder = os.path.dirname(self.partial_path)
         if not os.path.isdir(folder):        # the step's folder comes with its file
             folder = os.path.dirname(folder)
@@ -205,9 +213,10 @@ class OpenStep:
             free = shutil.disk_usage(folder).free
         except OSError:
             return
-        if nbytes + _ROOM_MARGIN > free:
+        if nbytes + margin > free:
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {_size(nbytes)} more "
-                          f"to write")
+                          f"to write (and {_size(margin)} for HDF5's metadata), "
+                          f"{_size(free)} free")
 
     def abandon(self) -> None:
         """Close and delete the unfinished file: a step is either complete or absent."""

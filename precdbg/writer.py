@@ -219,7 +219,7 @@ class DumpWriter:
         self._dropped_open = True
         step.abandon()
         log.warning("precdbg: step %s rank %s dropped: writing %s failed (%s; %s free on its "
-                    "disk); training continues", step.attrs.get("step"), step.attrs.get("rank"),
+                    "disk once the unfinished file was removed); training continues", step.attrs.get("step"), step.attrs.get("rank"),
                     step.final_path, self.last_error, free_space(step.final_path))
 
     def _handle(self, kind: str, item: Any) -> None:

@@ -18,7 +18,7 @@ from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
 from precdbg.schema import Direction, Role
 
-from . import compiled, plumbing, tensors, wrappers
+from . import compiled, module_patches, plumbing, tensors, wrappers
 from .api import CaptureMode, ModeHandle, call_args, tensor_args, tensor_outputs
 from .graph import input_targets, watch_backward
 from .recompute import (ENGINE, REPLAY, CheckpointReplays, RecomputeDetector,
@@ -136,6 +136,11 @@ class _ModuleHooks:
         return None
 
 
+def _is_module_hook(hook: Any) -> bool:
+    """Whether a module's forward (pre-)hook is precdbg's (a bound method of `_ModuleHooks`)."""
+    return type(getattr(hook, "__self__", None)) is _ModuleHooks
+
+
 class _ParamGradHook(GuardedHook):
     """A trainable parameter's gradient hook: records its dw."""
     __slots__ = ("path",)
@@ -187,6 +192,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         self._param_names: Dict[int, str] = {}
         self._mode: Optional[ModeHandle] = None
         self._compiled: List[str] = []
+        self._scripted: List[str] = []     # TorchScript modules left unhooked (outermost)
         self._recompute = RecomputeDetector(self._replay_begins)
         self._in_checkpoint = False     # a reentrant checkpoint's forward was seen running
 
@@ -283,21 +289,26 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         # compiled code runs no hooks and cannot trace the capture mode: eager while captured
         if compiled.eager_while_captured(self):
             compiled.note_compiled(session, self._compiled)
+        compiled.note_scripted(session, self._scripted)
         from torch.optim import optimizer as opt
         self.hold(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self.hold(opt.register_optimizer_step_post_hook(self._optimizer_post))
         for patch in (watch_training_state(self) + plumbing.plumbing_patches(self)
                       + checkpoint_patches(self)):
             self.hold(patch)
+        self.hold(module_patches.hookless_copies(_is_module_hook))
         cfg = session.config
         # API calls are dumped: every torch call goes through the mode (at level module
         # nothing an API call records is kept, so the mode is not entered at all)
         if cfg.keeps_apis:
+            for patch in module_patches.fast_path_patches(self):
+                self.hold(patch)
             self._mode = ModeHandle(CaptureMode(self._on_api_call, self))
             self.hold(self._mode)
 
     def _uninstrument(self) -> None:
         self._mode = None
+        self._scripted = []
         self._in_checkpoint = False
         self._recompute.forget()
 
@@ -373,6 +384,10 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
 
     # ------------------------------------------------------------------ modules
     def hook_module(self, path: str, module: torch.nn.Module) -> None:
+        if isinstance(module, torch.jit.ScriptModule):     # refuses Python hooks (said once)
+            if not any(path.startswith(p + ".") or not p for p in self._scripted):
+                self._scripted.append(path)
+            return
         hooks = _ModuleHooks(self, path, self.class_name(module))
         self.hold(module.register_forward_pre_hook(hooks.pre, with_kwargs=True))
         self.hold(module.register_forward_hook(hooks.post, with_kwargs=True, always_call=True))
@@ -390,14 +405,14 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         """Framework plumbing runs inside (precdbg_pt.plumbing): paused, as a skipped optimizer
         is, so nothing it calls is captured or passes through the capture mode."""
         was, self.paused = self.paused, True
-        self._follow_pause()
+        self.pause_changed()
         try:
             yield
         finally:
             self.paused = was
-            self._follow_pause()
+            self.pause_changed()
 
-    def _follow_pause(self) -> None:
+    def pause_changed(self) -> None:
         """The capture mode off torch's stack while paused, back on once not."""
         if self._mode is not None:
             if self.paused:
@@ -406,16 +421,24 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
                 self._mode.resume()
 
     # ------------------------------------------------------------------ optimizer phase
-    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.installed:
-            self._optimizer_tokens.append(self.optimizer_begins(optimizer, self._describe))
-            self._follow_pause()
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        if not self.installed:
+            return None
+        token = self.optimizer_begins(optimizer, self._describe)
+        self._optimizer_tokens.append(token)
+        # step(closure): the closure runs the model (LBFGS), captured as the model is
+        # (torch hands the hook step's arguments with the optimizer itself first)
+        at = 1 if args and args[0] is optimizer else 0
+        if len(args) > at and callable(args[at]):
+            closure = self.closure_in_step(args[at], token)
+            return tuple(args[:at]) + (closure,) + tuple(args[at + 1:]), kwargs
+        if callable(kwargs.get("closure")):
+            return args, dict(kwargs, closure=self.closure_in_step(kwargs["closure"], token))
         return None
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.installed and self._optimizer_tokens:
             self.optimizer_ends(self._optimizer_tokens.pop())
-            self._follow_pause()
         return None
 
     def _describe(self, optimizer: Any) -> Dict[str, Any]:

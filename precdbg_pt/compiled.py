@@ -28,7 +28,7 @@ from precdbg.instrumentor import ClassPatch
 from . import wrappers
 
 __all__ = ["EagerStance", "eager_stance", "eager_while_captured", "compiled_paths",
-           "note_compiled"]
+           "note_compiled", "note_scripted"]
 
 log = logging.getLogger("precdbg")
 
@@ -60,12 +60,36 @@ def note_compiled(session: Any, paths: List[str]) -> None:
                                        "captured_steps_run": "eager"})
     if not _warned:
         _warned = True
-        what = ("the model is" if paths == [""] else
-                "modules " + ", ".join(repr(p or "(the model)") for p in paths[:3])
-                + (" ..." if len(paths) > 3 else "") + " are")
         log.warning("precdbg: %s compiled with torch.compile; captured steps run compiled code "
                     "eagerly (torch.compiler.set_stance('force_eager')) so that every API and "
-                    "module call is seen, the other steps run it compiled", what)
+                    "module call is seen, the other steps run it compiled", _listed(paths))
+
+
+_warned_scripted = False
+
+
+def note_scripted(session: Any, paths: List[str]) -> None:
+    """Say once per process, and in the run manifest, that TorchScript modules of the model
+    (`torch.jit.script`/`trace`) were not hooked: TorchScript runs no Python hooks and no
+    torch-function mode, so neither they nor the calls inside them are captured (what goes in
+    and comes out is, as the arguments and results of the calls around them)."""
+    global _warned_scripted
+    if not paths:
+        return
+    session.note_manifest("scripted", {"framework": "torch.jit", "modules": paths})
+    if not _warned_scripted:
+        _warned_scripted = True
+        log.warning("precdbg: %s TorchScript (torch.jit): nothing inside %s is captured, "
+                    "only the calls around %s", _listed(paths), "it" if len(paths) == 1
+                    else "them", "it" if len(paths) == 1 else "them")
+
+
+def _listed(paths: List[str]) -> str:
+    if paths == [""]:
+        return "the model is"
+    return ("module " if len(paths) == 1 else "modules ") + ", ".join(
+        repr(p) if p else "(the model)" for p in paths[:3]) + (" ..." if len(paths) > 3 else "") + \
+        (" is" if len(paths) == 1 else " are")
 
 
 class EagerStance:

@@ -54,9 +54,11 @@ def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
                    outputs: Sequence[Tuple[int, str, torch.Tensor]], node_limit: int) -> bool:
     """Hook dy of every output and dx of every target of `call`; the hooks record through
     `adapter.session.capture`, guarded by `adapter.Guard`, and are held by `adapter.hold`.
-    Returns False when the call is an identity on its input (its output *is* an input), which
-    has no backward of its own. Nodes are keys themselves (a node's Python object stays the
-    same while it is held): asked for every captured call whose backward is watched."""
+    An output that *is* one of the inputs (handed through unchanged: T5's position bias, a
+    tuple of hidden states that includes the input) has no backward in this call and is left
+    out; returns False when every output is so (the call is an identity on its input). Nodes
+    are keys themselves (a node's Python object stays the same while it is held): asked for
+    every captured call whose backward is watched."""
     # a tensor passed as several arguments (torch.mul(x, x)) is several targets: its k-th edge
     # found in the graph goes to its k-th argument (extra edges sum into the last one)
     node_targets: Dict[Tuple[Any, int], List[int]] = {}
@@ -76,19 +78,21 @@ def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
                 hits.append(i)
     target_nodes = {key[0] for key in node_targets}
     by_node: Dict[Any, List[Tuple[int, int, str]]] = {}
+    handed_through = False
     for index, key, t in outputs:
         node = t.grad_fn
         if node is None:
             continue
         if node in target_nodes:
-            return False
+            handed_through = True
+            continue
         outs = by_node.get(node)
         if outs is None:
             by_node[node] = [(t.output_nr, index, key)]
         else:
             outs.append((t.output_nr, index, key))
     if not by_node:
-        return True
+        return not handed_through
     hold = adapter.hold
     if not targets:
         for node, outs in by_node.items():

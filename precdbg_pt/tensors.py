@@ -129,14 +129,26 @@ def local(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding `t`'s elements in this process's memory: `t` itself, or a DTensor's
     local shard (FSDP2, tensor parallelism). Statistics of a whole DTensor would take a
     collective inside a hook (a hang unless every rank reaches the same record), so each rank
-    records the shard it holds: its shape, its statistics, its bytes."""
+    records the shard it holds: its shape, its statistics, its bytes. A nested tensor (the
+    eval fast path of nn.TransformerEncoder makes one of a padded batch) has no single shape:
+    it is recorded as its values, every component's elements in one flat tensor. A quantized
+    tensor is recorded as the values it stands for (`dequantize()`, float32)."""
+    if t.is_nested:
+        return _nested_values(t)
     if type(t) in _PLAIN_TYPES:
-        return t
+        return t.dequantize() if t.is_quantized else t
     dtensor_module = sys.modules.get("torch.distributed.tensor")   # none made if not imported
     dtensor = getattr(dtensor_module, "DTensor", None)
     if dtensor is not None and isinstance(t, dtensor):
         return t.to_local()
     return t
+
+
+def _nested_values(t: torch.Tensor) -> torch.Tensor:
+    try:
+        return t.values()                # the components' elements, as stored (no copy)
+    except (RuntimeError, NotImplementedError):    # not contiguous: its components, copied
+        return torch.cat([part.reshape(-1) for part in t.unbind()])
 
 
 def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,

@@ -56,7 +56,7 @@ build_extensions() {
         "$PY" -c "import $module" 2>/dev/null && continue
         flags="-O2"
         [ "$module" = precdbg._fastats ] && flags="-O3 -pthread -fno-trapping-math \
--fno-math-errno -fassociative-math -fno-signed-zeros -ffinite-math-only"
+-fno-math-errno -fassociative-math -fno-signed-zeros -ffinite-math-only -ffp-contract=off"
         # shellcheck disable=SC2086
         cc $flags -shared -fPIC -I"$include" "${module//.//}.c" -o "${module//.//}$suffix" \
             || echo "gpu_check: $module not built (the Python fallback is used)"

@@ -43,11 +43,43 @@ def sample(n: int, dtype, specials: bool, seed: int = 0) -> np.ndarray:
     return a
 
 
+@pytest.fixture(params=["avx512", "avx2", "plain"])
+def simd_pass(request):
+    """Each float32 pass this CPU runs (the widest one is what precdbg uses), then back."""
+    levels = {"plain": 0, "avx2": 1, "avx512": 2}
+    best = fastats.simd(2)
+    if levels[request.param] > levels[best]:
+        pytest.skip(f"this CPU has no {request.param} pass (widest: {best})")
+    assert fastats.simd(levels[request.param]) == request.param
+    yield request.param
+    fastats.simd(2)
+
+
 @pytest.mark.parametrize("dtype", list(CODES))
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("specials", [False, True], ids=["finite", "nan-inf"])
-def test_matches_numpy_float64(dtype, n, specials):
+def test_matches_numpy_float64(dtype, n, specials, simd_pass):
     check(sample(n, dtype, specials), CODES[dtype])
+
+
+@pytest.mark.parametrize("n", [31, 32, 33, 1023, 1024, 1025, 4096 + 17])
+def test_every_pass_gives_the_same_statistics(n):
+    """The passes differ only in the order of their float64 sums: min, max and counts equal,
+    sums within float64 rounding of each other."""
+    a = sample(n, np.float32, False, seed=n)
+    best = fastats.simd(2)
+    try:
+        rows = {}
+        for level in range(3):
+            name = fastats.simd(level)
+            rows[name] = fastats.stats(a.ctypes.data, a.size, 0)
+    finally:
+        fastats.simd(2)
+    assert fastats.simd() == best
+    first = rows["plain"]
+    for name, row in rows.items():
+        assert row[:2] == first[:2] and row[4:] == first[4:], name
+        np.testing.assert_allclose(row[2:4], first[2:4], rtol=1e-13, err_msg=name)
 
 
 @pytest.mark.parametrize("values", [[1.5, -2.0, 3.0], [1.0, np.nan, np.inf, -4.0],

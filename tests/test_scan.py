@@ -285,6 +285,39 @@ def test_exploding_vanishing_and_zero_gradients(tmp_path):
     assert scan_main(_args(path)) == 1
 
 
+def test_gradients_of_a_loss_scaled_backward_are_judged_unscaled(tmp_path):
+    """Under an AMP GradScaler the dw records hold gradients times the loss scale (65536 here):
+    judged against the parameters as they are they would all read as exploding; the scan
+    divides by the scale the run's manifest noted, and says so."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    path = str(tmp_path / "dump")
+    dbg = PrecisionDebugger(dump_path=path, level="mix")
+    scaler = torch.amp.GradScaler("cpu", init_scale=65536.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = _randn((8, 16))(0)
+    dbg.start(model)
+    scaler.scale(model(x).pow(2).mean()).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    result = scan_dump(path)
+    assert "exploding_grad" not in _kinds(result), format_scan(result)
+    with open(tmp_path / "dump" / "run.json", "r", encoding="utf-8") as handle:
+        run = json.load(handle)
+    assert run["manifest"]["loss_scale"]["scale"] == 65536.0
+    from precdbg.compare.anomalies import gradient_findings
+    from precdbg.reader import open_dump
+    with open_dump(path) as dump:
+        table = dump.records(step=0)
+    exploding = [f for f in gradient_findings(table, 1.0) if f["kind"] == "exploding_grad"]
+    assert exploding, "the scaled gradients, taken as they are, exceed the threshold"
+    assert not [f for f in gradient_findings(table, 65536.0) if f["kind"] == "exploding_grad"]
+
+
 # --------------------------------------------------------------------------- saturation
 def test_saturated_activations(tmp_path):
     torch.manual_seed(0)

@@ -15,6 +15,12 @@ Lazy views: `z.conj()` of a complex tensor and the imaginary part of such a view
 the bytes of `z` with a bit that says how to read them. Before, their statistics and stored bytes
 were those of the raw memory (the negated view's min was its true max negated), and they shared
 the statistics of the tensor they view.
+
+Nested and quantized: a nested tensor (strided, as nn.TransformerEncoder's eval fast path makes
+of a padded batch, or jagged) has no single shape, and a quantized tensor no float values in
+memory. Before, capturing either failed (counted, its records lost); now a nested tensor is
+recorded as its values (every component's elements, flat) and a quantized one as the values it
+stands for (dequantized).
 """
 from __future__ import annotations
 
@@ -175,3 +181,47 @@ def test_lazy_negated_and_conjugated_views_are_recorded_as_read(tmp_path: Any, t
                                       negated.resolve_neg().numpy())
         np.testing.assert_array_equal(dump.tensor("Tensor.mul.0.forward.input.0", step=0),
                                       conjugated.resolve_conj().numpy())
+
+
+class _Odd(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 3)
+
+    def forward(self, idx: torch.Tensor):
+        dense = self.emb(idx)
+        parts = [dense[:1].detach(), dense[1:].detach()]
+        return dense.sum(), (torch.nested.nested_tensor(parts),
+                             torch.nested.nested_tensor(parts, layout=torch.jagged),
+                             torch.quantize_per_tensor(dense.detach(), 0.05, 10, torch.quint8))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_nested_and_quantized_outputs_are_recorded_as_their_values(tmp_path: Any,
+                                                                   task: str) -> None:
+    torch.manual_seed(0)
+    model = _Odd()
+    idx = torch.tensor([1, 2, 2, 7])
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), task=task, level="module")
+    dbg.start(model)
+    total, (strided, jagged, quantized) = model(idx)
+    total.backward()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    values = model.emb(idx).detach().reshape(-1).double()
+    with precdbg.open_dump(str(tmp_path)) as dump:
+        table = dump.records(step=0)
+        for index, expected in ((1, values), (2, values),
+                                (3, quantized.dequantize().reshape(-1).double())):
+            row = one_row(table, entry="Module._Odd.forward.0", role="output", arg_index=index)
+            assert row["numel"] == 12 and row["dtype"] == "float32", row
+            assert row["min"] == pytest.approx(float(expected.min()))
+            assert row["norm"] == pytest.approx(float(expected.norm()))
+            if task == "tensor":
+                stored = dump.tensor_at(table, int(np.flatnonzero(
+                    (table["entry"] == row["entry"]) & (table["role"] == "output")
+                    & (table["arg_index"] == index))[0]))
+                np.testing.assert_array_equal(stored.reshape(-1),
+                                              expected.float().numpy())

@@ -17,7 +17,7 @@ TANH_SATURATED = 0.99          # |tanh output mean| above this: saturated at +-1
 SOFTMAX_SATURATED = 0.99       # mean over rows of sum(p^2) above this: rows nearly one-hot
 SATURATING_OPS = ("sigmoid", "tanh", "softmax")
 
-__all__ = ["gradient_findings", "saturation_findings"]
+__all__ = ["gradient_findings", "saturation_findings", "loss_scale_of"]
 
 
 _METRIC_FIELDS = ("dtype", "shape", "numel", "min", "max", "mean", "norm", "nan_count",
@@ -37,7 +37,19 @@ def _finding(kind: str, row: Dict[str, Any], detail: str, **extra: Any) -> Dict[
             "detail": detail, "metrics": _metrics(row, **extra)}
 
 
-def gradient_findings(table: Any) -> List[Dict[str, Any]]:
+def loss_scale_of(run: Dict[str, Any]) -> float:
+    """The loss scale an AMP GradScaler held in this run (run.json's manifest, as last noted
+    after its update), else 1: the parameter gradients of a scaled backward are that many
+    times the true ones until the scaler unscales them."""
+    noted = (run.get("manifest") or {}).get("loss_scale")
+    scale = noted.get("scale") if isinstance(noted, dict) else None
+    return float(scale) if isinstance(scale, (int, float)) and scale > 0 \
+        and math.isfinite(scale) else 1.0
+
+
+def gradient_findings(table: Any, loss_scale: float = 1.0) -> List[Dict[str, Any]]:
+    """Exploding, vanishing and all-zero parameter gradients; norms are judged divided by the
+    run's `loss_scale` (the dw records of a scaled backward hold scaled gradients)."""
     kinds, roles = table["kind"], table["role"]
     inventory: Dict[str, Tuple[float, bool]] = {}
     for i in np.nonzero((kinds == "param") & (roles == "param"))[0]:
@@ -60,19 +72,18 @@ def gradient_findings(table: Any) -> List[Dict[str, Any]]:
             continue
         if not (math.isfinite(pnorm) and pnorm > 0 and math.isfinite(gnorm)):
             continue
-        ratio = gnorm / pnorm
-        if ratio > EXPLODING_GRAD_RATIO:
-            findings.append(_finding(
-                "exploding_grad", row,
-                f"gradient norm {gnorm:.4g} of {path} is {ratio:.3g} x its norm {pnorm:.4g} "
-                f"(threshold {EXPLODING_GRAD_RATIO:g})", param=path, param_norm=pnorm,
-                ratio=ratio))
-        elif 0 < gnorm and ratio < VANISHING_GRAD_RATIO:
-            findings.append(_finding(
-                "vanishing_grad", row,
-                f"gradient norm {gnorm:.4g} of {path} is {ratio:.3g} x its norm {pnorm:.4g} "
-                f"(threshold {VANISHING_GRAD_RATIO:g})", param=path, param_norm=pnorm,
-                ratio=ratio))
+        ratio = gnorm / loss_scale / pnorm
+        scaled = f" (loss scale {loss_scale:g}: {gnorm / loss_scale:.4g} unscaled)" \
+            if loss_scale != 1.0 else ""
+        for kind, beyond, threshold in (
+                ("exploding_grad", ratio > EXPLODING_GRAD_RATIO, EXPLODING_GRAD_RATIO),
+                ("vanishing_grad", 0 < gnorm and ratio < VANISHING_GRAD_RATIO,
+                 VANISHING_GRAD_RATIO)):
+            if beyond:
+                findings.append(_finding(
+                    kind, row, f"gradient norm {gnorm:.4g}{scaled} of {path} is {ratio:.3g} x "
+                    f"its norm {pnorm:.4g} (threshold {threshold:g})", param=path,
+                    param_norm=pnorm, ratio=ratio, loss_scale=loss_scale))
     return findings
 
 

@@ -17,7 +17,8 @@ What is reported:
 - exploding / vanishing gradients: a parameter gradient whose norm is more than
   `EXPLODING_GRAD_RATIO` times, or (while nonzero) less than `VANISHING_GRAD_RATIO` times, the norm
   of the same parameter in the step's inventory (parameters of norm 0, e.g. zero-initialised
-  biases, have no ratio and are not judged).
+  biases, have no ratio and are not judged); under an AMP GradScaler (its scale in run.json) the
+  gradients' norms are divided by the loss scale first.
 - zero gradients: a trainable parameter's gradient that is all zero (min == max == 0).
 - saturated activations: forward outputs of sigmoid (mean above `SIGMOID_SATURATED_HIGH` or below
   `SIGMOID_SATURATED_LOW`), tanh (|mean| above `TANH_SATURATED`) and softmax (the mean over rows of
@@ -40,7 +41,7 @@ from ..schema import COMPUTED_ROLES, INVENTORY_ROLES, READ_ROLES, scalar_mask
 from .anomalies import (EXPLODING_GRAD_RATIO, SATURATING_OPS, SIGMOID_SATURATED_HIGH,  # noqa: F401
                         SIGMOID_SATURATED_LOW, SOFTMAX_SATURATED, TANH_SATURATED,
                         VANISHING_GRAD_RATIO, _finding, _metrics, gradient_findings,
-                        saturation_findings)
+                        loss_scale_of, saturation_findings)
 
 __all__ = ["scan_dump", "format_scan", "scan_main", "EXPLODING_GRAD_RATIO",
            "VANISHING_GRAD_RATIO", "SIGMOID_SATURATED_LOW", "SIGMOID_SATURATED_HIGH",
@@ -235,6 +236,7 @@ def scan_dump(path: str, step: Optional[int] = None, rank: Optional[int] = None
         ranks = [r for r in dump.ranks if rank is None or r == rank]
         first: Optional[Dict[str, Any]] = None
         findings: List[Dict[str, Any]] = []
+        loss_scale = loss_scale_of(dump.run)
         for s in steps:
             producers, arrivals = [], []
             for r in ranks:
@@ -252,7 +254,7 @@ def scan_dump(path: str, step: Optional[int] = None, rank: Optional[int] = None
                         "nonfinite", row,
                         f"{reason} ({_counts(row)}; {events['count']} non-finite records in "
                         f"step {s} rank {r})", reason=reason, nonfinite_records=events["count"]))
-                findings.extend(gradient_findings(table))
+                findings.extend(gradient_findings(table, loss_scale))
                 findings.extend(saturation_findings(table))
             if first is None and (producers or arrivals):
                 _, _, row, reason = min(producers or arrivals, key=lambda e: (e[0], e[1]))

@@ -14,7 +14,11 @@ structure is compared directly:
 - within one framework, the sequence of calls the module makes itself, in the order they ran:
   its API calls and the calls of its direct child modules (so a child that exists in one run
   only shows in its parent); calls that only re-address elements (views, reshapes, contiguous
-  copies, detach) are left out, since an extra one changes no number. Across frameworks the call sequences legitimately differ (fused
+  copies, detach) are left out, since an extra one changes no number; so are calls whose
+  results nothing reads, calls computing only integers or booleans (positions, masks) and joins
+  of one non-empty tensor with empty ones: what transformers models do differently when
+  `use_cache` is on (a KV cache filled, cache positions) and when gradient checkpointing turns
+  it off. Across frameworks the call sequences legitimately differ (fused
   ops, casts, leaf cells), so only classes are compared there.
 
 The verdict is the earliest such module in the baseline's timeline (`seq` of its first record);
@@ -31,7 +35,7 @@ import numpy as np
 from ..layers import SettingDifference
 from ..naming import is_known_op
 from ..reader import RecordTable
-from ..schema import Direction, RecordKind
+from ..schema import Direction, RecordKind, Role, scalar_mask
 from .align import rename_module
 
 __all__ = ["StructuralDiff", "structural_differences"]
@@ -51,7 +55,7 @@ CONSTANT_OPS = frozenset({"zeros", "ones", "empty", "full", "tensor", "as_tensor
                           "new_empty", "new_full", "new_tensor"})
 _NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
-_FORWARD = Direction.FORWARD.value
+_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
 
 
 @dataclasses.dataclass
@@ -163,6 +167,7 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
     idx = np.nonzero(forward & ((kind == _API) | (kind == _MODULE)))[0]
     idx = idx[np.argsort(table["seq"][idx], kind="stable")]
     path_of = (lambda p: rename_module(p, modules)) if modules else (lambda p: p)  # noqa: E731
+    inert = _calls_changing_no_number(table)
     entry_col, module_col, op_col = table["entry"], table["module"], table["op"]
     api_col, prefix_col, seq_col, order_col = table["api"], table["prefix"], table["seq"], \
         table["order"]
@@ -196,12 +201,50 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
             caller = running(path.rpartition(".")[0], seq) if path else None
             if caller is not None:
                 caller.calls.append((seq, f"{path.rpartition('.')[2]}:{api_col[i]}"))
-        elif str(op_col[i]) not in _NOT_STRUCTURE:
+        elif str(op_col[i]) not in _NOT_STRUCTURE and int(order_col[i]) not in inert:
             caller = running(path, seq)
             if caller is not None:
                 label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
                 caller.calls.append((seq, label))
     return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
+
+
+_INTEGER_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16",
+                             "uint32", "uint64"})
+_JOINS = frozenset({"cat", "concat", "concatenate", "stack"})
+
+
+def _calls_changing_no_number(table: RecordTable) -> set:
+    """The API calls (their `order`) left out of a module's call sequence although their op
+    computes: calls whose results nothing reads (no later record names a forward output of
+    theirs as its `producer` and no gradient came back to them); calls that compute only
+    integers or booleans (positions, masks, indices: another way to the same positions changes
+    no number, other positions change the numbers of the calls that read them); and joins of
+    one non-empty tensor with empty ones (a KV cache's first `cat`), which copy it."""
+    if "producer" not in table:
+        return set()
+    kind, direction, role = table["kind"], table["direction"], table["role"]
+    order, dtype = table["order"], table["dtype"]
+    forward_api = (kind == _API) & (direction == _FORWARD)
+    outputs = forward_api & (role == _OUTPUT) & ~scalar_mask(dtype)
+    out_orders = order[outputs]
+    read = np.isin(table["seq"][outputs], table["producer"])
+    live = set(out_orders[read].tolist()) | \
+        set(order[(kind == _API) & (direction != _FORWARD)].tolist())
+    skip = set(out_orders.tolist()) - live
+    floating: set = set()
+    for o, d in zip(out_orders.tolist(), dtype[outputs].tolist()):
+        if str(d) not in _INTEGER_DTYPES:
+            floating.add(o)
+    skip |= set(out_orders.tolist()) - floating
+    joins = outputs & np.isin(table["op"], list(_JOINS))
+    if joins.any():
+        inputs = forward_api & (role == _INPUT) & ~scalar_mask(dtype)
+        nonempty: Dict[int, int] = {}
+        for o, n in zip(order[inputs].tolist(), table["numel"][inputs].tolist()):
+            nonempty[o] = nonempty.get(o, 0) + (n > 0)
+        skip |= {o for o in order[joins].tolist() if nonempty.get(o, 0) == 1}
+    return skip
 
 
 def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
