@@ -74,6 +74,25 @@ static void run_f32_plain(const float *p, size_t n, acc_t *a) {
     }
 }
 
+/* A block's partial results from the lanes of the SIMD accumulators (`lanes` float64 sums and
+ * sums of squares, added pairwise; 2 x `lanes` float32 minima and maxima), ready for the values
+ * the vector loop left over. */
+static inline block_t lanes_done(double *s, double *t, const float *mn, const float *mx,
+                                 int lanes) {
+    for (int width = lanes / 2; width > 0; width /= 2) {
+        for (int j = 0; j < width; j++) {
+            s[j] = s[2 * j] + s[2 * j + 1];
+            t[j] = t[2 * j] + t[2 * j + 1];
+        }
+    }
+    block_t b = {s[0], t[0], mn[0], mx[0]};
+    for (int j = 1; j < 2 * lanes; j++) {
+        b.mn = mn[j] < b.mn ? mn[j] : b.mn;
+        b.mx = mx[j] > b.mx ? mx[j] : b.mx;
+    }
+    return b;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
@@ -108,12 +127,7 @@ static void run_f32_avx2(const float *p, size_t n, acc_t *a) {
         _mm256_storeu_pd(tv, _mm256_add_pd(_mm256_add_pd(t0, t1), _mm256_add_pd(t2, t3)));
         _mm256_storeu_ps(nv, _mm256_min_ps(mn0, mn1));
         _mm256_storeu_ps(xv, _mm256_max_ps(mx0, mx1));
-        block_t b = {(sv[0] + sv[1]) + (sv[2] + sv[3]), (tv[0] + tv[1]) + (tv[2] + tv[3]),
-                     nv[0], xv[0]};
-        for (int j = 1; j < 8; j++) {
-            b.mn = nv[j] < b.mn ? nv[j] : b.mn;
-            b.mx = xv[j] > b.mx ? xv[j] : b.mx;
-        }
+        block_t b = lanes_done(sv, tv, nv, xv, 4);
         f32_values(q, k, m, &b);             /* the last values of the block, one by one */
         block_done(&b, a);
     }
@@ -153,13 +167,7 @@ static void run_f32_avx512(const float *p, size_t n, acc_t *a) {
         _mm512_storeu_pd(tv, _mm512_add_pd(_mm512_add_pd(t0, t1), _mm512_add_pd(t2, t3)));
         _mm512_storeu_ps(nv, _mm512_min_ps(mn0, mn1));
         _mm512_storeu_ps(xv, _mm512_max_ps(mx0, mx1));
-        block_t b = {((sv[0] + sv[1]) + (sv[2] + sv[3])) + ((sv[4] + sv[5]) + (sv[6] + sv[7])),
-                     ((tv[0] + tv[1]) + (tv[2] + tv[3])) + ((tv[4] + tv[5]) + (tv[6] + tv[7])),
-                     nv[0], xv[0]};
-        for (int j = 1; j < 16; j++) {
-            b.mn = nv[j] < b.mn ? nv[j] : b.mn;
-            b.mx = xv[j] > b.mx ? xv[j] : b.mx;
-        }
+        block_t b = lanes_done(sv, tv, nv, xv, 8);
         f32_values(q, k, m, &b);             /* the last values of the block, one by one */
         block_done(&b, a);
     }
