@@ -87,6 +87,7 @@ class _Patches:
 def _apply(variant: str, patches: _Patches) -> None:
     """Take the parts of `variant` and of every variant before it out (measurement only)."""
     import precdbg_pt.adapter as adapter
+    import precdbg_pt.hooks as hooks
     import precdbg_pt.tensors as tensors
     from precdbg.session import Session
     level = VARIANTS.index(variant)
@@ -102,8 +103,8 @@ def _apply(variant: str, patches: _Patches) -> None:
         patches.set(adapter.TorchAdapter, "_on_api_call",
                     lambda self, func, ident, args, kwargs: func(*args, **kwargs))
     if level >= 5:
-        patches.set(adapter._ModuleHooks, "pre", lambda self, *args: None)
-        patches.set(adapter._ModuleHooks, "post", lambda self, *args: None)
+        patches.set(hooks.ModuleHooks, "pre", lambda self, *args: None)
+        patches.set(hooks.ModuleHooks, "post", lambda self, *args: None)
 
 
 def measure(model: str, device_name: str, bf16: bool, level: str, repeats: int,

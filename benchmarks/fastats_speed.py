@@ -54,7 +54,7 @@ def buffers(sizes: List[int]) -> None:
 
 
 class _Timed:
-    """`_fastats` as precdbg_pt.tensors calls it, with the time inside row() added up."""
+    """`_fastats` as precdbg_pt.statistics calls it, with the time inside row() added up."""
 
     def __init__(self) -> None:
         self.seconds, self.bytes = 0.0, 0
@@ -74,7 +74,7 @@ class _Timed:
 def in_step(rounds: int) -> None:
     from bench_models import build, resolve_device
 
-    import precdbg_pt.tensors as tensors
+    import precdbg_pt.statistics as tensors
     from precdbg_pt import PrecisionDebugger
     work = build("gpt", resolve_device("cpu"), False)
     names = passes()

@@ -12,15 +12,15 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 import torch
 
 import precdbg
-from precdbg.instrumentor import BaseInstrumentor, GuardedHook, NamedTensor
+from precdbg.instrumentor import BaseInstrumentor, NamedTensor
 from precdbg.manifest import jsonable
 from precdbg.naming import in_place, writes_arguments
 from precdbg.protocols import Recorder
-from precdbg.schema import Direction, Role
 
 from . import compiled, module_patches, plumbing, tensors, wrappers
-from .api import CaptureMode, ModeHandle, call_args, tensor_args, tensor_outputs
+from .api import CaptureMode, ModeHandle, call_args, tensor_outputs
 from .graph import input_targets, watch_backward
+from .hooks import GradHolderHook, Guard, ModuleHooks, ParamGradHook, is_module_hook
 from .recompute import (ENGINE, REPLAY, CheckpointReplays, RecomputeDetector,
                         checkpoint_patches)
 from .training_state import watch_training_state
@@ -28,152 +28,13 @@ from .training_state import watch_training_state
 __all__ = ["TorchAdapter"]
 
 _API_NODE_LIMIT = 512          # nodes one API call may create (composite ops stay far below)
-_MODULE_NODE_LIMIT = 200_000   # nodes one module call may create
 _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, precdbg)) + (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 
 
 _is_grad_enabled = torch._C.is_grad_enabled
-_set_grad_enabled = torch._C._set_grad_enabled
-_DisableTorchFunction = torch._C.DisableTorchFunction
-_launch_queued = tensors.launch_queued
-_BACKWARD, _PARAM_GRAD = Direction.BACKWARD.value, Role.PARAM_GRAD.value
-_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
-
-
 _NAMED_PARAMETERS = torch.nn.Module.named_parameters
 _NAMED_BUFFERS = torch.nn.Module.named_buffers
-
-
-class _Guard:
-    """Inside our own hooks: no capture of our own torch calls, no graph, nothing raised."""
-    __slots__ = ("adapter", "prev_grad", "disable")
-
-    def __init__(self, adapter: "TorchAdapter") -> None:
-        self.adapter = adapter
-
-    def __enter__(self) -> "_Guard":
-        self.adapter.busy += 1
-        # torch functions off first: under a torch-function mode even the grad switch goes
-        # through it (a Python call per switch)
-        self.disable = _DisableTorchFunction()
-        self.disable.__enter__()
-        self.prev_grad = _is_grad_enabled()
-        _set_grad_enabled(False)          # the C switch: torch.set_grad_enabled's class costs
-        return self                       # ~3 us a hook, and hooks run per record
-
-    def __exit__(self, *exc: Any) -> None:
-        try:      # statistics queued by this hook share kernel launches, before torch runs on
-            _launch_queued()
-        except Exception as error:  # noqa: BLE001 - never raise into training
-            session = self.adapter.session
-            if session is not None:
-                session.hook_failed(error, "launching statistics kernels")
-        _set_grad_enabled(self.prev_grad)
-        self.disable.__exit__(None, None, None)
-        self.adapter.busy -= 1
-
-
-class _ModuleHooks:
-    """The forward pre-hook and hook of one module (one object, its two bound methods; no
-    closures): the module's call is recorded with its inputs and outputs, and its backward
-    watched when captured."""
-    __slots__ = ("adapter", "path", "cls", "calls")
-
-    def __init__(self, adapter: "TorchAdapter", path: str, cls: str) -> None:
-        self.adapter, self.path, self.cls = adapter, path, cls
-        # nested (re-entrant) calls: (Call or None, backward targets or None, replayed?)
-        self.calls: List[Tuple[Any, Optional[list], bool]] = []
-
-    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        adapter = self.adapter
-        if not adapter.installed:
-            return None
-        session = adapter.session
-        grad_on = _is_grad_enabled() and session.filter.keeps_backward
-        replay = adapter._recompute.where() == REPLAY     # activation recompute
-        try:
-            with _Guard(adapter):
-                grad_on, replayable = adapter.forward_watch(grad_on)
-                call, subtree = session.begin_module("Module", self.path, self.cls, grad_on,
-                                                     replay, replayable)
-                session.enter_module(self.path, subtree)
-                targets: Optional[list] = None
-                if call is not None:
-                    inputs = tensor_args(args, kwargs)
-                    if not replay:
-                        for index, key, t in inputs:
-                            session.capture(call, _FORWARD, _INPUT, index, key, t)
-                    if grad_on:
-                        targets = input_targets(inputs)   # None: no grad, no backward
-                if replay and adapter._mode is not None:
-                    adapter._mode.enter_replay()   # so the replay's API calls are seen
-                self.calls.append((call, targets, replay))
-        except Exception as exc:  # noqa: BLE001 - never raise into training
-            session.hook_failed(exc, f"forward pre-hook of {self.path or self.cls}")
-        return None
-
-    def post(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
-        adapter = self.adapter
-        if not adapter.installed or not self.calls:
-            return None
-        session = adapter.session
-        call, targets, replay = self.calls.pop()
-        try:
-            if call is not None:
-                outputs = tensor_outputs(output)
-                with _Guard(adapter):
-                    if not replay:                 # a replay's forward is recorded already
-                        for index, key, t in outputs:
-                            session.capture(call, _FORWARD, _OUTPUT, index, key, t)
-                    if targets is not None:
-                        adapter.watch(call, targets, outputs, _MODULE_NODE_LIMIT)
-                    session.end_call()
-        except Exception as exc:  # noqa: BLE001 - never raise into training
-            session.hook_failed(exc, f"forward hook of {self.path or self.cls}")
-        finally:
-            session.exit_module()
-        return None
-
-
-def _is_module_hook(hook: Any) -> bool:
-    """Whether a module's forward (pre-)hook is precdbg's (a bound method of `_ModuleHooks`)."""
-    return type(getattr(hook, "__self__", None)) is _ModuleHooks
-
-
-class _ParamGradHook(GuardedHook):
-    """A trainable parameter's gradient hook: records its dw."""
-    __slots__ = ("path",)
-
-    def __init__(self, adapter: "TorchAdapter", path: str) -> None:
-        super().__init__(adapter)
-        self.path = path
-
-    def record(self, session: Any, grad: torch.Tensor) -> None:
-        call = session.param_call(self.path)
-        if call is not None:
-            session.capture(call, _BACKWARD, _PARAM_GRAD, 0, "", grad)
-
-    def where(self) -> str:
-        return f"gradient hook of {self.path}"
-
-
-class _GradHolderHook(GuardedHook):
-    """After a parameter's gradient is accumulated: what holds it (`.grad`, Megatron's
-    `main_grad`) was produced by this parameter's dw record."""
-    __slots__ = ("path",)
-
-    def __init__(self, adapter: "TorchAdapter", path: str) -> None:
-        super().__init__(adapter)
-        self.path = path
-
-    def record(self, session: Any, param: torch.Tensor) -> None:
-        for holder in (param.grad, getattr(param, "main_grad", None)):
-            if isinstance(holder, torch.Tensor):
-                session.grad_produced(self.path, holder)
-
-    def where(self) -> str:
-        return f"gradient of {self.path}"
 
 
 class TorchAdapter(CheckpointReplays, BaseInstrumentor):
@@ -181,7 +42,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
     framework = "pytorch"
     module_type = torch.nn.Module
     module_type_name = "torch.nn.Module"
-    Guard = _Guard
+    Guard = Guard    # what the base's GuardedHook enters
     empty_capture_hint = ("was the training step run between start() and stop()? (code compiled "
                           "with torch.jit runs no Python hooks)")
     tensors = tensors
@@ -281,8 +142,8 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         return ("param", bool(value.requires_grad)) if is_param else ("buffer", False)
 
     def gradient_hooks(self, path: str, param: torch.Tensor) -> Iterable[Any]:
-        return (param.register_hook(_ParamGradHook(self, path)),
-                param.register_post_accumulate_grad_hook(_GradHolderHook(self, path)))
+        return (param.register_hook(ParamGradHook(self, path)),
+                param.register_post_accumulate_grad_hook(GradHolderHook(self, path)))
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         self._param_names = {id(p): name for name, p, _ in params}
@@ -296,7 +157,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         for patch in (watch_training_state(self) + plumbing.plumbing_patches(self)
                       + checkpoint_patches(self)):
             self.hold(patch)
-        self.hold(module_patches.hookless_copies(_is_module_hook))
+        self.hold(module_patches.hookless_copies(is_module_hook))
         cfg = session.config
         # API calls are dumped: every torch call goes through the mode (at level module
         # nothing an API call records is kept, so the mode is not entered at all)
@@ -335,7 +196,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
             return func(*args, **kwargs)
         replay = where == REPLAY     # activation recompute: its backward only
         try:
-            with _Guard(self):
+            with Guard(self):
                 grad_on, replayable = self.forward_watch(grad_on)
                 call = session.begin_api(ident[0], ident[1], grad_on, replay, replayable)
                 if call is not None:
@@ -354,7 +215,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
             return result
         try:
             outputs = tensor_outputs(result)
-            with _Guard(self):
+            with Guard(self):
                 if replay:                             # its forward is recorded already
                     outputs = [o for o in outputs if o[2].requires_grad]
                     if grad_on and outputs:
@@ -388,7 +249,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
             if not any(path.startswith(p + ".") or not p for p in self._scripted):
                 self._scripted.append(path)
             return
-        hooks = _ModuleHooks(self, path, self.class_name(module))
+        hooks = ModuleHooks(self, path, self.class_name(module))
         self.hold(module.register_forward_pre_hook(hooks.pre, with_kwargs=True))
         self.hold(module.register_forward_hook(hooks.post, with_kwargs=True, always_call=True))
 
@@ -397,8 +258,8 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         reduce-scattered `.grad` itself): recorded as its dw, and `.grad` as what holds it."""
         path = self._param_names.get(id(param))
         if path is not None and param.requires_grad and param.grad is not None:
-            _ParamGradHook(self, path)(param.grad)
-            _GradHolderHook(self, path)(param)
+            ParamGradHook(self, path)(param.grad)
+            GradHolderHook(self, path)(param)
 
     @contextlib.contextmanager
     def unobserved(self) -> Iterator[None]:

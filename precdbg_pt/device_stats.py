@@ -43,7 +43,7 @@ Inf counts are exact.
 
 Testing only: `summarize_with(backend, tensors)` forces a backend, and runs the Triton kernel in
 Triton's interpreter for CPU tensors; ``PRECDBG_DEVICE_STATS=triton|torch`` (read once by
-`precdbg_pt.tensors`) sends CPU tensors through this module so a whole dumped step can be checked
+`precdbg_pt.statistics`) sends CPU tensors through this module so a whole dumped step can be checked
 on a machine without an accelerator.
 """
 from __future__ import annotations

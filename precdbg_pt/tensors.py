@@ -1,46 +1,21 @@
-"""Tensor questions the core asks: describe, identity, statistics on the device; host copies
-(the tensor task) are in `precdbg_pt.host_copies`.
-
-CPU tensors (whose device *is* host memory) go through `precdbg._fastats`: one vectorised pass
-over the bytes gives min, max, the finite sum and sum of squares, NaN and Inf counts (float64
-exact); large CPU tensors use torch's multi-threaded reductions, resolved per batch (below).
-
-Other devices (CUDA, NPU, XPU, ...) go through `precdbg_pt.device_stats`: one fused kernel per
-tensor (Triton on CUDA, torch ops elsewhere) writes the statistics into a device result buffer;
-the tensor is not kept, and all rows of a device cross to the host once, when the session
-resolves the step's records (`deferrable` handles do not make the session flush early).
-
-Testing only: ``PRECDBG_DEVICE_STATS=triton|torch`` (read once, at import) sends CPU tensors
-through `device_stats` with that backend, so the device path runs on machines without one.
-"""
+"""Tensor questions the core asks: describe, identity, storage; statistics are in
+`precdbg_pt.statistics` and host copies (the tensor task) in `precdbg_pt.host_copies`, both
+re-exported here: this module is the adapter's whole tensor interface to the core."""
 from __future__ import annotations
 
-import math
-import os
 import sys
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
-import numpy as np
 import torch
 
-from . import device_stats, stats_kernel
-from .host_copies import HostCopy as _HostCopy
-from .host_copies import hand_over, has_memory as _has_memory, to_host  # tensor task copies
-from .device_stats import DeviceHandle
-
-try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
-    from precdbg import _fastats
-except ImportError:  # pragma: no cover - exercised on machines without the extension
-    _fastats = None
+from .host_copies import hand_over, to_host  # tensor task copies
+from .statistics import (deferrable, element_layout, launch_queued, nbytes, resolve,
+                         retained_bytes, summarize)
 
 __all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref",
            "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host", "hand_over", "nbytes",
            "launch_queued", "retained_bytes", "deferrable"]
 
-# testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
-_FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
-
-_HALF = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
 
 
@@ -53,40 +28,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def describe(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int]:
     return dtype_name(t.dtype), tuple(t.shape), t.numel()
-
-
-def nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-_LAYOUTS: Dict[Tuple[Any, Tuple[int, ...]], Tuple[Tuple[int, int], ...]] = {}
-_LAYOUTS_MAX = 4096        # distinct (shape, strides) kept; a model has far fewer
-
-
-def _layout(t: torch.Tensor, stride: Optional[Tuple[int, ...]] = None
-            ) -> Tuple[Tuple[int, int], ...]:
-    """Canonical (size, stride) pairs: equal for every view that addresses the same elements
-    (view, reshape without copy, transpose, permute, split then view...), so their statistics,
-    which do not depend on element order, are computed once. Answered once per (shape,
-    strides): a model's views come in few shapes, and the sort costs ~3 us."""
-    shape = t.shape
-    if stride is None:
-        stride = t.stride()
-    found = _LAYOUTS.get((shape, stride))
-    if found is not None:
-        return found
-    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
-    merged: List[List[int]] = []
-    for step, size in dims:
-        if merged and merged[-1][1] != 0 and step == merged[-1][1] * merged[-1][0]:
-            merged[-1][0] *= size
-        else:
-            merged.append([size, step])
-    found = tuple((size, step) for size, step in merged)
-    if len(_LAYOUTS) >= _LAYOUTS_MAX:
-        _LAYOUTS.clear()
-    _LAYOUTS[(shape, stride)] = found
-    return found
 
 
 # Which storage holds a tensor: the address of its StorageImpl (what `untyped_storage()._cdata`
@@ -108,7 +49,7 @@ def identity(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
         base = (ptr, t.dtype, t._version, t.get_device())
         if t.is_neg() or t.is_conj():     # the same bytes read negated or conjugated
             base += (t.is_neg(), t.is_conj())
-        layout = ((t.numel(), 1),) if contiguous else _layout(t)
+        layout = ((t.numel(), 1),) if contiguous else element_layout(t)
         shape = tuple(t.shape)
         return (base, layout), (base, shape, None if contiguous else t.stride())
     except (RuntimeError, NotImplementedError):   # tensors without storage (sparse, fake, ...)
@@ -175,7 +116,7 @@ def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
             keys = ((base, ((numel, 1),)), (base, shape, None))
         else:
             stride = t.stride()
-            keys = ((base, _layout(t, stride)), (base, shape, stride))
+            keys = ((base, element_layout(t, stride)), (base, shape, stride))
         return name, shape, numel, keys, (_storage_id(t), (ptr, numel), version)
     except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses, ...)
         return name, shape, numel, identity(t), storage(t)
@@ -213,253 +154,3 @@ STORAGE_REF_FOLLOWS_MEMORY = True    # a weak reference of the storage itself, n
 def storage_ref(t: torch.Tensor) -> Callable[[], bool]:
     """Whether the tensor's storage still exists (a freed one's key may come back)."""
     return _StorageAlive(t.untyped_storage())
-
-
-class _Pending:
-    """Statistics still to be read: torch reductions of a tensor (`values`) taken on the host
-    at resolve time, or none at all (no values, or none precdbg may read: `values` None)."""
-    __slots__ = ("tensor", "version", "numel", "values")
-
-    def __init__(self, tensor: Optional[torch.Tensor], numel: int, values: Any) -> None:
-        self.tensor, self.numel, self.values = tensor, numel, values
-        self.version = tensor._version if tensor is not None else 0
-
-
-_DOT_LIMIT = 1 << 20        # up to this size a BLAS dot is accurate to ~1e-7; beyond, row dots
-_ROW = 4096
-
-
-def _work_view(x: torch.Tensor) -> torch.Tensor:
-    dtype = x.dtype
-    if dtype is torch.float32 or dtype is torch.float64:
-        return x
-    if dtype in _HALF:
-        return x.float()
-    if x.is_complex():
-        return x.abs()
-    return x.double()
-
-
-def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
-    n = flat.numel()
-    if n <= _DOT_LIMIT:
-        return torch.dot(flat, flat)
-    m = n // _ROW
-    rows = flat[:m * _ROW].view(m, 1, _ROW)
-    total = torch.bmm(rows, rows.transpose(1, 2)).sum(dtype=flat.dtype)
-    if n > m * _ROW:
-        rest = flat[m * _ROW:]
-        total = total + torch.dot(rest, rest)
-    return total
-
-
-_FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
-# Every CPU tensor of these dtypes goes through the C pass, whatever its size: float64 sums
-# (exact against numpy float64), min/max over non-NaN values, one read. From 1 M elements it
-# splits across two threads (precdbg/_fastats.c: PAR_MIN).
-
-
-HostRow = Tuple[float, float, float, float, int, int]
-
-
-def _host_stats(t: torch.Tensor, code: int) -> HostRow:
-    """The record's row itself (min, max, mean, norm, NaN and Inf counts), computed now: a
-    host tensor's statistics handle is its finished row (no object, no arithmetic here)."""
-    if not t.is_contiguous():
-        layout = _layout(t)
-        if len(layout) != 1 or layout[0][1] != 1:   # not a permutation of a dense block
-            # contiguous rows (a split, a slice; a broadcast counted, not read): no copy
-            row = _fastats.row_layout(t.data_ptr(), code, layout)
-            if row is not None:
-                return row
-            t = t.contiguous()
-    return _fastats.row(t.data_ptr(), t.numel(), code)
-
-
-Handle = Union[HostRow, _Pending, DeviceHandle]
-
-
-def _forced(t: torch.Tensor) -> DeviceHandle:
-    backend = _FORCED_BACKEND
-    if backend == "triton" and not (t.dtype in stats_kernel.KERNEL_DTYPES
-                                    and t.layout is torch.strided):
-        backend = "torch"                       # the kernel does not take this dtype
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"PRECDBG_DEVICE_STATS={backend!r}: expected triton or torch")
-    if backend == "triton" and not device_stats.triton_available():
-        raise ValueError("PRECDBG_DEVICE_STATS=triton: triton does not import")
-    with torch.no_grad():
-        return device_stats.summarize(t, backend)
-
-
-# Launch the statistics kernels this thread queued (the end of every hook): device_stats' own
-# function, not a wrapper (called twice per captured call).
-launch_queued = device_stats.launch_queued
-
-
-def summarize(t: torch.Tensor) -> Handle:
-    """Queue min, max, sum, sum of squares, NaN and Inf counts of a tensor; nothing leaves the
-    device. Called with gradients disabled (the adapter's guard)."""
-    numel = t.numel()
-    if numel == 0:
-        return _Pending(None, numel, None)   # no values
-    if t.layout is not torch.strided:
-        return _sparse(t, numel)
-    if not _has_memory(t):   # no memory of its own to read (a wrapper subclass, a tensor of
-        return _Pending(None, numel, None)   # functorch's vmap/grad, a fake tensor)
-    if t.is_neg():           # a lazy negation (the imaginary part of a conjugate view): its
-        t = t.detach().resolve_neg()     # memory holds the values negated
-    if not t.is_cpu:                    # a flag read; t.device.type builds a device object
-        if t.is_meta:
-            return _Pending(None, numel, None)
-        return device_stats.summarize(t)
-    if _FORCED_BACKEND is not None:
-        return _forced(t)
-    if _fastats is not None:
-        code = _FAST_CODES.get(t.dtype)
-        if code is not None:
-            return _host_stats(t, code)
-        # integers and bools as float64 (exact below 2**53), complex as its magnitude: one C
-        # pass over the converted copy, not five torch reductions, each of which may wake the
-        # intra-op thread pool (~1 ms for a 4 K-element bool mask)
-        w = t.detach().abs() if t.is_complex() else t.detach().double()
-        code = _FAST_CODES.get(w.dtype)
-        if code is not None:
-            return _host_stats(w, code)
-    t = t.detach()
-    w = _work_view(t)
-    lo, hi = torch.aminmax(w)
-    flat = w.reshape(-1)
-    return _Pending(t, numel, (lo, hi, w.sum(), _sum_of_squares(flat)))
-
-
-# the values a sparse layout stores (duplicates of an uncoalesced COO tensor summed first)
-_STORED_VALUES: Dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
-    torch.sparse_coo: lambda t: t.coalesce().values()}
-for _layout_name in ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc"):
-    if hasattr(torch, _layout_name):
-        _STORED_VALUES[getattr(torch, _layout_name)] = lambda t: t.values()
-
-
-def _sparse(t: torch.Tensor, numel: int) -> Handle:
-    """Statistics of a sparse tensor (the gradient of an `nn.Embedding(sparse=True)`): of its
-    stored values and the zeros it does not store, as of the same tensor made dense. On the
-    host from the stored values alone; on a device from the dense tensor (one temporary)."""
-    stored = _STORED_VALUES.get(t.layout)
-    if stored is None:                   # another layout (mkldnn, ...): values not read
-        return _Pending(None, numel, None)
-    t = t.detach()
-    values = stored(t)
-    if values.is_cpu:
-        row = summarize(values)
-        if type(row) is tuple:
-            return _with_zeros(row, values.numel(), numel)   # type: ignore[arg-type]
-    return summarize(t.to_dense())
-
-
-def _with_zeros(row: HostRow, stored: int, numel: int) -> HostRow:
-    """The row of `stored` values extended by the `numel - stored` zeros a sparse tensor holds
-    without storing them (min, max and mean change; the norm and the counts do not)."""
-    zeros = numel - stored
-    if zeros <= 0:
-        return row
-    lo, hi, mean, norm, nan, inf = row
-    finite = stored - nan - inf
-    total = mean * finite if finite > 0 else 0.0
-    lo = min(lo, 0.0) if lo == lo else 0.0       # NaN: no stored value is a number
-    hi = max(hi, 0.0) if hi == hi else 0.0
-    return lo, hi, total / (finite + zeros), norm, nan, inf
-
-
-def _nonfinite_rows(pending: Sequence[_Pending]) -> List[Optional[List[float]]]:
-    """For tensors whose min or max is NaN/Inf: NaN and Inf counts, and the sum and sum of squares
-    of the finite values, for all of them in one host transfer. None where the tensor changed."""
-    rows: List[Optional[List[float]]] = [None] * len(pending)
-    stacks, where = [], []
-    for i, p in enumerate(pending):
-        x = p.tensor
-        if x is None or x._version != p.version:
-            continue
-        w = _work_view(x).double()
-        nan = torch.isnan(w).sum()
-        inf = torch.isinf(w).sum()
-        finite = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
-        flat = finite.reshape(-1)
-        stacks.append(torch.stack([nan.double(), inf.double(), flat.sum(), torch.dot(flat, flat)]))
-        where.append(i)
-    if stacks:
-        host = torch.stack(stacks).cpu().tolist()
-        for i, row in zip(where, host):
-            rows[i] = row
-    return rows
-
-
-def retained_bytes(handle: Union[Handle, "_HostCopy"]) -> int:
-    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), or a tensor
-    held for statistics computed at resolve time; 0 for statistics computed already or
-    enqueued into a device buffer."""
-    if isinstance(handle, _HostCopy):
-        return nbytes(handle.tensor)
-    if isinstance(handle, _Pending) and handle.tensor is not None:
-        return nbytes(handle.tensor)
-    return 0
-
-
-def deferrable(handle: Handle) -> bool:
-    """Whether the handle's statistics can wait for the step's end at no cost: they are being
-    computed on a device into its result buffer, whose rows all cross to the host at once."""
-    return isinstance(handle, DeviceHandle)
-
-
-def _resolve_device(handles: Sequence[Handle], out: np.ndarray) -> None:
-    where = [i for i, h in enumerate(handles) if isinstance(h, DeviceHandle)]
-    if not where:
-        return
-    device = [handles[i] for i in where]
-    raw = device_stats.resolve(device)           # type: ignore[arg-type]
-    out[where] = device_stats.finish_rows(raw, [h.numel for h in device])
-
-
-def resolve(handles: Sequence[Handle]) -> np.ndarray:
-    """Rows of (min, max, mean, norm, nan_count, inf_count), one host transfer per device (and
-    per dtype for large CPU tensors). min/max are over all non-NaN values (so -inf shows); mean
-    and norm over the finite values."""
-    out = np.full((len(handles), 6), np.nan, dtype=np.float64)
-    out[:, 4:] = 0
-    _resolve_device(handles, out)
-    groups: Dict[Tuple[torch.dtype, torch.device], List[int]] = {}
-    for i, p in enumerate(handles):
-        if type(p) is tuple:                # a finished row (callers need not resolve it)
-            out[i] = p
-            continue
-        if isinstance(p, DeviceHandle):
-            continue
-        if p.values is not None:
-            groups.setdefault((p.values[0].dtype, p.values[0].device), []).append(i)
-    redo: List[int] = []
-    for indices in groups.values():
-        flat = [v for i in indices for v in handles[i].values]
-        host = torch.stack(flat).cpu().double().numpy().reshape(len(indices), 4)
-        for row, i in zip(host, indices):
-            lo, hi, total, sq = row
-            out[i, 0], out[i, 1] = lo, hi
-            if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(total)
-                    and math.isfinite(sq)):
-                redo.append(i)       # non-finite values, or float32 sums that overflowed
-                continue
-            n = handles[i].numel
-            out[i, 2], out[i, 3] = total / n, math.sqrt(sq)
-    if redo:
-        for i, row in zip(redo, _nonfinite_rows([handles[i] for i in redo])):
-            if row is None:
-                out[i, 4:] = -1               # changed in place since: counts unknown
-                continue
-            nan, inf, total, sq = row
-            finite = handles[i].numel - nan - inf
-            out[i, 2] = total / finite if finite else math.nan
-            out[i, 3] = math.sqrt(sq)
-            out[i, 4], out[i, 5] = nan, inf
-    for p in handles:
-        if isinstance(p, _Pending):
-            p.tensor = None                   # release every tensor once its row is known
-    return out

@@ -613,18 +613,18 @@ def test_view_layout_names_the_same_elements_however_often_asked():
     """The canonical layout of a view (remembered per shape and strides) is the same for every
     view over exactly the same elements, in any order, and differs for other elements, the
     first time and from the table alike."""
-    from precdbg_pt import tensors
+    from precdbg_pt import statistics
     base = torch.randn(6, 10, 4)
     same = [base, base.permute(2, 0, 1), base.transpose(0, 1), base.view(60, 4).t(),
             base.view(240)]
     other = [base[:, ::2], base[1:], base[:, :, :2], base.view(240)[::3]]
     for _ in range(2):                       # computed, then answered from the table
-        layouts = {tensors._layout(v) for v in same}
+        layouts = {statistics.element_layout(v) for v in same}
         assert len(layouts) == 1, layouts
-        assert all(tensors._layout(v) not in layouts for v in other)
-        assert len({tensors._layout(v) for v in other}) == len(other)
-    tensors._LAYOUTS.clear()
-    assert tensors._layout(base[:, ::2]) == ((4, 1), (30, 8))   # rows of 4, 30 of them
+        assert all(statistics.element_layout(v) not in layouts for v in other)
+        assert len({statistics.element_layout(v) for v in other}) == len(other)
+    statistics._LAYOUTS.clear()
+    assert statistics.element_layout(base[:, ::2]) == ((4, 1), (30, 8))   # rows of 4, 30 of them
 
 
 def test_debugger_does_not_change_numerics(batches):

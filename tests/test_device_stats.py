@@ -14,7 +14,7 @@ import torch
 
 import precdbg
 from precdbg_pt import PrecisionDebugger, device_stats
-from precdbg_pt import tensors as pt_tensors
+from precdbg_pt import statistics as pt_statistics
 
 from conftest import make_batch_list, make_model, make_optimizer, run_steps
 
@@ -127,7 +127,7 @@ def test_all_nan_overflow_and_extremes(backend):
     handles = device_stats.summarize_with(backend, [all_nan, big, tiny])
     for h in handles[1:]:
         assert h.host is None                          # nothing crossed at capture time
-    rows = pt_tensors.resolve(handles)
+    rows = pt_statistics.resolve(handles)
     assert math.isnan(rows[0, 0]) and math.isnan(rows[0, 1]) and rows[0, 4] == 2000
     assert math.isnan(rows[0, 2]) and rows[0, 3] == 0
     ref = big.double()
@@ -144,7 +144,7 @@ def test_documented_accuracy_of_mean_and_norm(backend):
     g = torch.Generator().manual_seed(11)
     shifted = torch.randn(1 << 18, generator=g) * 2 + 5
     cancelling = torch.randn(1 << 18, generator=g)
-    rows = pt_tensors.resolve(device_stats.summarize_with(backend, [shifted, cancelling]))
+    rows = pt_statistics.resolve(device_stats.summarize_with(backend, [shifted, cancelling]))
     for row, x in zip(rows, (shifted, cancelling)):
         w = x.double().numpy()
         assert abs(row[3] - np.linalg.norm(w)) <= 1e-12 * np.linalg.norm(w)
@@ -158,24 +158,24 @@ def test_buffer_grows_past_a_chunk_and_crosses_once():
     before = device_stats.host_transfers()
     handles = [device_stats.summarize_with("torch", [x])[0] for x in xs]
     assert len({h.chunk for h in handles}) == 2
-    rows = pt_tensors.resolve(handles)
+    rows = pt_statistics.resolve(handles)
     assert device_stats.host_transfers() == before + 1
     np.testing.assert_array_equal(rows[:, 2], np.arange(len(xs), dtype=np.float64))
     # rows are reset and reused: the next step starts in the first chunk again
     again = device_stats.summarize_with("torch", [torch.ones(4)])
     assert again[0].chunk == 0 and again[0].row == 0
-    assert pt_tensors.resolve(again)[0, 2] == 1.0
+    assert pt_statistics.resolve(again)[0, 2] == 1.0
 
 
 def test_mixed_batch_of_host_and_device_handles(monkeypatch):
     xs = [sample(100, torch.float32, 1), torch.zeros(0), sample(2 << 20, torch.float32, 2, specials=False),
           sample(50, torch.int64, 3)]
-    host = pt_tensors.resolve([pt_tensors.summarize(x) for x in xs])
-    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", "torch")
-    handles = [pt_tensors.summarize(x) for x in xs]
-    assert [pt_tensors.deferrable(h) for h in handles] == [True, False, True, True]
-    assert all(pt_tensors.retained_bytes(h) == 0 for h in handles)
-    mixed = pt_tensors.resolve(handles)
+    host = pt_statistics.resolve([pt_statistics.summarize(x) for x in xs])
+    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", "torch")
+    handles = [pt_statistics.summarize(x) for x in xs]
+    assert [pt_statistics.deferrable(h) for h in handles] == [True, False, True, True]
+    assert all(pt_statistics.retained_bytes(h) == 0 for h in handles)
+    mixed = pt_statistics.resolve(handles)
     np.testing.assert_allclose(mixed, host, rtol=1e-6, atol=1e-12, equal_nan=True)
 
 
@@ -191,7 +191,7 @@ def dump_step(path: str, steps: int = 1) -> precdbg.RecordTable:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dumped_step_crosses_to_the_host_at_most_twice(tmp_path, monkeypatch, backend):
     reference = dump_step(str(tmp_path / "cpu"))
-    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", backend)
+    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", backend)
     before = device_stats.host_transfers()
     table = dump_step(str(tmp_path / backend))
     assert 1 <= device_stats.host_transfers() - before <= 2
@@ -305,7 +305,7 @@ def test_host_statistics_stream_and_device_statistics_wait_for_stop(tmp_path, mo
     """CPU statistics go to the writer in batches of BATCH_TENSORS; device ones (deferrable,
     holding nothing) cross once, at stop()."""
     from precdbg import batch as batch_module
-    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", backend)
+    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", backend)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(150)])
     dbg = PrecisionDebugger(task="statistics", level="module", dump_path=str(tmp_path / "d"))
@@ -329,7 +329,7 @@ def test_host_copies_of_the_tensor_task_bound_a_batch_by_their_bytes(tmp_path, m
     """Device statistics wait for stop(), but host copies of full tensors do not pile up: a
     batch crosses once they hold BATCH_BYTES."""
     from precdbg import batch as batch_module
-    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", "torch")
+    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", "torch")
     model = torch.nn.Sequential(*[torch.nn.ReLU() for _ in range(10)])
     x = torch.randn(2 << 20)                              # 8 MiB per activation
     dbg = PrecisionDebugger(task="tensor", level="module", dump_path=str(tmp_path / "d"))

@@ -219,8 +219,8 @@ def test_exact_pass_of_non_finite_buffers(n, pattern, dtype):
 
 def _view_layout(v: np.ndarray):
     """A numpy view's canonical (size, step) pairs in elements, innermost first, as
-    precdbg_pt.tensors._layout makes them (sorted by step, dimensions that continue each other
-    merged, size-1 dimensions left out)."""
+    precdbg_pt.statistics.element_layout makes them (sorted by step, dimensions that continue
+    each other merged, size-1 dimensions left out)."""
     item = v.itemsize
     dims = sorted((st // item, sz) for sz, st in zip(v.shape, v.strides) if sz != 1)
     merged = []

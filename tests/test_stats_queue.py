@@ -10,7 +10,7 @@ import torch
 
 import precdbg
 from precdbg_pt import PrecisionDebugger, device_stats
-from precdbg_pt import tensors as pt_tensors
+from precdbg_pt import statistics as pt_statistics
 
 from conftest import make_batch_list, make_model, make_optimizer, run_steps
 
@@ -33,7 +33,7 @@ def launches(monkeypatch):
         counts["tensors"] += len(tensors)
         return original(tensors, handles, interpret)
     monkeypatch.setattr(device_stats, "_launch_triton", spy)
-    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", "triton")
+    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", "triton")
     return counts
 
 

@@ -1,0 +1,161 @@
+"""The hooks precdbg puts on torch objects, as objects (no closures): the guard every hook runs
+under, a module's forward pre-hook and hook, a parameter's gradient hooks. Each turns its
+arguments into calls to the core session; `TorchAdapter` registers and removes them."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple, TYPE_CHECKING
+
+import torch
+
+from precdbg.instrumentor import GuardedHook
+from precdbg.schema import Direction, Role
+
+from .api import tensor_args, tensor_outputs
+from .graph import input_targets
+from .recompute import REPLAY
+from .statistics import launch_queued as _launch_queued
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .adapter import TorchAdapter
+
+__all__ = ["Guard", "ModuleHooks", "ParamGradHook", "GradHolderHook", "is_module_hook",
+           "MODULE_NODE_LIMIT"]
+
+MODULE_NODE_LIMIT = 200_000   # nodes one module call's backward watch may create
+
+_is_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+_DisableTorchFunction = torch._C.DisableTorchFunction
+_BACKWARD, _PARAM_GRAD = Direction.BACKWARD.value, Role.PARAM_GRAD.value
+_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
+
+
+class Guard:
+    """Inside our own hooks: no capture of our own torch calls, no graph, nothing raised."""
+    __slots__ = ("adapter", "prev_grad", "disable")
+
+    def __init__(self, adapter: "TorchAdapter") -> None:
+        self.adapter = adapter
+
+    def __enter__(self) -> "Guard":
+        self.adapter.busy += 1
+        # torch functions off first: under a torch-function mode even the grad switch goes
+        # through it (a Python call per switch)
+        self.disable = _DisableTorchFunction()
+        self.disable.__enter__()
+        self.prev_grad = _is_grad_enabled()
+        _set_grad_enabled(False)          # the C switch: torch.set_grad_enabled's class costs
+        return self                       # ~3 us a hook, and hooks run per record
+
+    def __exit__(self, *exc: Any) -> None:
+        try:      # statistics queued by this hook share kernel launches, before torch runs on
+            _launch_queued()
+        except Exception as error:  # noqa: BLE001 - never raise into training
+            session = self.adapter.session
+            if session is not None:
+                session.hook_failed(error, "launching statistics kernels")
+        _set_grad_enabled(self.prev_grad)
+        self.disable.__exit__(None, None, None)
+        self.adapter.busy -= 1
+
+
+class ModuleHooks:
+    """The forward pre-hook and hook of one module (one object, its two bound methods; no
+    closures): the module's call is recorded with its inputs and outputs, and its backward
+    watched when captured."""
+    __slots__ = ("adapter", "path", "cls", "calls")
+
+    def __init__(self, adapter: "TorchAdapter", path: str, cls: str) -> None:
+        self.adapter, self.path, self.cls = adapter, path, cls
+        # nested (re-entrant) calls: (Call or None, backward targets or None, replayed?)
+        self.calls: List[Tuple[Any, Optional[list], bool]] = []
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        adapter = self.adapter
+        if not adapter.installed:
+            return None
+        session = adapter.session
+        grad_on = _is_grad_enabled() and session.filter.keeps_backward
+        replay = adapter._recompute.where() == REPLAY     # activation recompute
+        try:
+            with Guard(adapter):
+                grad_on, replayable = adapter.forward_watch(grad_on)
+                call, subtree = session.begin_module("Module", self.path, self.cls, grad_on,
+                                                     replay, replayable)
+                session.enter_module(self.path, subtree)
+                targets: Optional[list] = None
+                if call is not None:
+                    inputs = tensor_args(args, kwargs)
+                    if not replay:
+                        for index, key, t in inputs:
+                            session.capture(call, _FORWARD, _INPUT, index, key, t)
+                    if grad_on:
+                        targets = input_targets(inputs)   # None: no grad, no backward
+                if replay and adapter._mode is not None:
+                    adapter._mode.enter_replay()   # so the replay's API calls are seen
+                self.calls.append((call, targets, replay))
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, f"forward pre-hook of {self.path or self.cls}")
+        return None
+
+    def post(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        adapter = self.adapter
+        if not adapter.installed or not self.calls:
+            return None
+        session = adapter.session
+        call, targets, replay = self.calls.pop()
+        try:
+            if call is not None:
+                outputs = tensor_outputs(output)
+                with Guard(adapter):
+                    if not replay:                 # a replay's forward is recorded already
+                        for index, key, t in outputs:
+                            session.capture(call, _FORWARD, _OUTPUT, index, key, t)
+                    if targets is not None:
+                        adapter.watch(call, targets, outputs, MODULE_NODE_LIMIT)
+                    session.end_call()
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, f"forward hook of {self.path or self.cls}")
+        finally:
+            session.exit_module()
+        return None
+
+
+def is_module_hook(hook: Any) -> bool:
+    """Whether a module's forward (pre-)hook is precdbg's (a bound method of `ModuleHooks`)."""
+    return type(getattr(hook, "__self__", None)) is ModuleHooks
+
+
+class ParamGradHook(GuardedHook):
+    """A trainable parameter's gradient hook: records its dw."""
+    __slots__ = ("path",)
+
+    def __init__(self, adapter: "TorchAdapter", path: str) -> None:
+        super().__init__(adapter)
+        self.path = path
+
+    def record(self, session: Any, grad: torch.Tensor) -> None:
+        call = session.param_call(self.path)
+        if call is not None:
+            session.capture(call, _BACKWARD, _PARAM_GRAD, 0, "", grad)
+
+    def where(self) -> str:
+        return f"gradient hook of {self.path}"
+
+
+class GradHolderHook(GuardedHook):
+    """After a parameter's gradient is accumulated: what holds it (`.grad`, Megatron's
+    `main_grad`) was produced by this parameter's dw record."""
+    __slots__ = ("path",)
+
+    def __init__(self, adapter: "TorchAdapter", path: str) -> None:
+        super().__init__(adapter)
+        self.path = path
+
+    def record(self, session: Any, param: torch.Tensor) -> None:
+        for holder in (param.grad, getattr(param, "main_grad", None)):
+            if isinstance(holder, torch.Tensor):
+                session.grad_produced(self.path, holder)
+
+    def where(self) -> str:
+        return f"gradient of {self.path}"
