@@ -2,12 +2,54 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
-from .errors import PrecdbgError
+from .errors import DumpError, PrecdbgError
 
 __all__ = ["main"]
+
+
+_STEP_DIR = re.compile(r"^step\d+$")
+
+
+def _dump_root(path: str) -> str:
+    """The root folder of the dump that `path` (a root, a step folder or a step file) is in."""
+    path = os.path.abspath(path)
+    if os.path.isfile(path):
+        path = os.path.dirname(path)
+    if _STEP_DIR.match(os.path.basename(path)):
+        path = os.path.dirname(path)
+    return path
+
+
+def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> None:
+    """Before any work: every output file can be written, and none would overwrite what is
+    being read (a dump's run.json, its step folders, an input file itself)."""
+    guarded = set()
+    for given in inputs:
+        root = _dump_root(given)
+        guarded.add(os.path.abspath(given))
+        guarded.add(os.path.join(root, "run.json"))
+    roots = {_dump_root(given) for given in inputs}
+    for out in outputs:
+        if not out:
+            continue
+        target = os.path.abspath(out)
+        inside_step = _STEP_DIR.match(os.path.basename(os.path.dirname(target))) and \
+            os.path.dirname(os.path.dirname(target)) in roots
+        if target in guarded or inside_step:
+            raise DumpError(f"{out}: is part of a dump being read; write the output elsewhere")
+        if os.path.isdir(target):
+            raise DumpError(f"{out}: is a directory; give a file name")
+        folder = os.path.dirname(target)
+        if not os.path.isdir(folder):
+            raise DumpError(f"{out}: no such directory {folder}")
+        if not os.access(folder, os.W_OK) or (os.path.exists(target)
+                                              and not os.access(target, os.W_OK)):
+            raise DumpError(f"{out}: permission denied")
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -15,6 +57,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
     from .reader import open_dump
     dump = open_dump(args.dump)
+    for flag, asked, present in (("--step", args.step, dump.steps),
+                                 ("--rank", args.rank, dump.ranks)):
+        if asked is not None and asked not in present:
+            dump.close()
+            raise DumpError(f"{args.dump}: no {flag[2:]} {asked} ({flag[2:]}s {present})")
     out = sys.stdout
     run = dump.run
     if run:
@@ -75,6 +122,7 @@ def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_dumps
     from .compare.progress import TerminalProgress
     from .compare.report import summary_text, write_csv, write_html, write_json
+    _check_outputs((args.baseline, args.candidate), (args.json, args.csv, args.html))
     progress = TerminalProgress(sys.stderr)     # draws only on a terminal, after a while
     try:
         result = compare_dumps(args.baseline, args.candidate, step=args.step, rank=args.rank,
@@ -94,27 +142,39 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from .check import check_main
+    _check_outputs((args.a, args.b), (args.json,))
     return check_main(args)
 
 
 def _scan(args: argparse.Namespace) -> int:
     from .compare.scan import scan_main
+    _check_outputs((args.dump,), (args.json,))
     return scan_main(args)
 
 
 def _weights(args: argparse.Namespace) -> int:
     from .compare.weights import weights_main
+    _check_outputs((args.a, args.b), (args.json,))
     return weights_main(args)
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
     parser = argparse.ArgumentParser(prog="precdbg", description="precision debugger for training")
+    parser.add_argument("--version", action="version", version=f"precdbg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     inspect = sub.add_parser("inspect", help="summarise a dump: steps, ranks, counts, extremes")
     inspect.add_argument("dump", help="dump root, step folder or step file")
     inspect.add_argument("--step", type=int, default=None)
     inspect.add_argument("--rank", type=int, default=None)
-    inspect.add_argument("--top", type=int, default=5, help="how many largest values to list")
+    inspect.add_argument("--top", type=_count, default=5, help="how many largest values to list")
     inspect.set_defaults(func=_inspect)
     compare = sub.add_parser("compare", help="name the first divergence between two dumps")
     compare.add_argument("baseline", help="baseline dump root, step folder or step file")
@@ -157,8 +217,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
-    except PrecdbgError as exc:
-        sys.stderr.write(f"precdbg: {exc}\n")
+    except PrecdbgError as exc:    # one line, without a library's terminal colour codes
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        sys.stderr.write(f"precdbg: {' '.join(text.split())}\n")
         return 2
     except BrokenPipeError:
         return 0

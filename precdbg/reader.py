@@ -6,6 +6,7 @@ step file. Incomplete files (`*.partial`, left by a crash) are skipped and liste
 from __future__ import annotations
 
 import bisect
+import functools
 import glob
 import json
 import os
@@ -22,6 +23,22 @@ __all__ = ["open_dump", "Dump", "RecordTable"]
 _STEP_DIR = re.compile(r"^step(\d+)$")
 _RANK_FILE = re.compile(r"^rank(\d+)(?:\.part(\d+))?\.h5$")
 _STRING_COLUMNS = {name for name, dtype in RECORD_COLUMNS if dtype is None}
+# what h5py raises for a damaged file: a failed read (OSError), an object whose metadata does
+# not check out (KeyError, RuntimeError), a dataset of the wrong kind (ValueError, TypeError)
+_DAMAGED = (OSError, KeyError, RuntimeError, ValueError, TypeError)
+
+
+def _readable(method: Any) -> Any:
+    """A step-file method whose h5py failures become one DumpError naming the file."""
+    @functools.wraps(method)
+    def reading(self: "_StepFile", *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except DumpError:
+            raise
+        except _DAMAGED as exc:
+            raise DumpError(f"{self.path}: not a readable HDF5 step file ({exc})") from None
+    return reading
 
 
 class RecordTable:
@@ -82,19 +99,32 @@ class _StepFile:
         self.path = path
         try:
             self.file = h5py.File(path, "r")
+        except PermissionError:
+            raise DumpError(f"{path}: permission denied") from None
         except OSError as exc:
             raise DumpError(f"{path}: not a readable HDF5 step file ({exc})") from None
+        try:
+            self._read_attrs()
+        except BaseException:
+            self.file.close()
+            raise
+        self._blobs: Optional[List[Tuple[int, Any]]] = None
+
+    @_readable
+    def _read_attrs(self) -> None:
         attrs = self.file.attrs
-        version = int(attrs.get("schema_version", -1))
+        if "schema_version" not in attrs or "records" not in self.file:
+            raise DumpError(f"{self.path}: an HDF5 file, but not a precdbg step file")
+        version = int(attrs["schema_version"])
         if version not in READ_SCHEMA_VERSIONS:
-            raise DumpError(f"{path}: schema version {version}, this precdbg reads "
+            raise DumpError(f"{self.path}: schema version {version}, this precdbg reads "
                             f"{', '.join(map(str, READ_SCHEMA_VERSIONS))}")
         self.step = int(attrs["step"])
         self.rank = int(attrs["rank"])
         self.part = int(attrs.get("part", 0))
         self.attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
-        self._blobs: Optional[List[Tuple[int, Any]]] = None
 
+    @_readable
     def columns(self) -> Dict[str, np.ndarray]:
         group = self.file["records"]
         out: Dict[str, np.ndarray] = {}
@@ -114,6 +144,7 @@ class _StepFile:
         out["part"] = np.full(count, self.part, dtype=np.int32)
         return out
 
+    @_readable
     def read_bytes(self, offset: int, nbytes: int) -> np.ndarray:
         """Bytes [offset, offset + nbytes) of the step's tensor byte space."""
         if self._blobs is None:
@@ -127,6 +158,11 @@ class _StepFile:
         start, ds = self._blobs[k]
         return ds[offset - start:offset - start + nbytes]
 
+    @_readable
+    def has(self, group: str, column: str) -> bool:
+        return group in self.file and column in self.file[group]
+
+    @_readable
     def strings(self, group: str, column: str) -> List[str]:
         if group not in self.file:
             return []
@@ -167,6 +203,8 @@ class Dump:
     def _discover(self, path: str) -> List[str]:
         if not os.path.exists(path):
             raise DumpError(f"{path}: no such dump")
+        if not os.access(path, os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
+            raise DumpError(f"{path}: permission denied")
         if os.path.isfile(path):
             if path.endswith(".partial"):
                 raise DumpError(f"{path}: incomplete step file (the run stopped while writing it)")
@@ -191,9 +229,34 @@ class Dump:
         if os.path.isfile(run_json):
             try:
                 with open(run_json, "r", encoding="utf-8") as handle:
-                    self.run = json.load(handle)
-            except (OSError, json.JSONDecodeError) as exc:
+                    run = json.load(handle)
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise DumpError(f"{run_json}: unreadable ({exc})") from None
+            if not isinstance(run, dict):
+                raise DumpError(f"{run_json}: not a precdbg manifest (a JSON object is expected,"
+                                f" found {type(run).__name__})")
+            self.run = run
+
+    def relabel(self, step: int, rank: int) -> None:
+        """Read the one step and rank this dump holds as `step`, `rank` (two named files of
+        different steps or ranks compared with each other)."""
+        if len(self._files) != 1:
+            raise DumpError(f"{self.path}: holds {len(self._files)} steps/ranks, not one")
+        parts = next(iter(self._files.values()))
+        for sf in parts:
+            sf.step, sf.rank = step, rank
+        self._files = {(step, rank): parts}
+
+    def setting(self, key: str) -> str:
+        """A run-wide setting (`framework`, `task`, `level`): from run.json, or, where it is
+        missing, from the step files, which repeat it."""
+        value = self.run.get(key)
+        if not value and isinstance(self.run.get("config"), dict):
+            value = self.run["config"].get(key)
+        if not value:
+            value = next((parts[0].attrs.get(key) for parts in self._files.values()
+                          if parts[0].attrs.get(key)), "")
+        return str(value or "")
 
     @property
     def steps(self) -> List[int]:
@@ -290,7 +353,7 @@ class Dump:
         for sf in self.files(step, rank):
             paths = sf.strings("modules", "path")
             if paths:
-                texts = sf.strings("modules", "settings") if "settings" in sf.file["modules"] \
+                texts = sf.strings("modules", "settings") if sf.has("modules", "settings") \
                     else [""] * len(paths)
                 return {p: (c, parse_settings(t)) for p, c, t in
                         zip(paths, sf.strings("modules", "cls"), texts)}

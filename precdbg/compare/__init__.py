@@ -24,7 +24,7 @@ from .localize import contains, locate
 from .structure import StructuralDiff, structural_differences
 from .floors import apply_floors
 from .metrics import stat_errors, tensor_metrics
-from .multistep import NoisePolicy, optimizer_setup
+from .multistep import NoisePolicy, optimizer_setup, other_setup
 from .progress import CompareProgress
 from .rows import Row
 
@@ -38,7 +38,7 @@ _FORWARD_ROLES = frozenset({Role.INPUT.value, Role.OUTPUT.value})
 
 
 def _framework(dump: Dump) -> str:
-    return str(dump.run.get("framework", ""))
+    return dump.setting("framework")
 
 
 def _rel_rmse(tm: Dict[str, Any], floor: float, numel: int) -> float:
@@ -111,15 +111,65 @@ def _setting_differences(a: Dump, b: Dump, step: int, rank: int, mapping: Any
 
 def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]
               ) -> List[Tuple[int, int]]:
+    """The (step, rank) pairs both dumps hold (of those asked). Two dumps of one step and rank
+    each, different ones (two named files: rank 0 against rank 1), are compared with each
+    other, under the baseline's step and rank."""
+    only_a, only_b = [(s, r) for s in a.steps for r in a.ranks if a.files(s, r)], \
+        [(s, r) for s in b.steps for r in b.ranks if b.files(s, r)]
+    if len(only_a) == len(only_b) == 1 and only_a != only_b and step is None and rank is None:
+        b.relabel(*only_a[0])
+        return only_a
     common = [(s, r) for s in a.steps for r in a.ranks
               if a.files(s, r) and b.files(s, r)
               and (step is None or s == step) and (rank is None or r == rank)]
     if not common:
+        asked = " ".join(f"{what} {value}" for what, value in (("step", step), ("rank", rank))
+                         if value is not None)
         raise DumpError(f"no step/rank present in both dumps (baseline steps {a.steps} ranks "
                         f"{a.ranks}; candidate steps {b.steps} ranks {b.ranks}"
-                        + (f"; asked step {step}" if step is not None else "")
-                        + (f" rank {rank}" if rank is not None else "") + ")")
+                        + (f"; asked {asked}" if asked else "") + ")")
     return common
+
+
+def _refuse_overflow_dumps(a: Dump, b: Dump, baseline: str, candidate: str) -> None:
+    """A dump of task `overflow` keeps only the records whose values are not finite: which of
+    them one run has and the other lacks is what `precdbg scan` reports of each run, not a
+    comparison of numbers."""
+    for dump, path in ((a, baseline), (b, candidate)):
+        if dump.setting("task") == "overflow":
+            raise DumpError(f"{path}: a dump of task 'overflow' holds only non-finite records, "
+                            f"nothing to align with the other run; run `precdbg scan {path}` "
+                            "for its first non-finite value, or dump task 'statistics'")
+
+
+def _level_note(a: Dump, b: Dump) -> List[str]:
+    la, lb = a.setting("level"), b.setting("level")
+    if la and lb and la != lb:
+        return [f"levels differ (baseline {la}, candidate {lb}): only records both levels "
+                "capture are compared; the others are listed without counterpart"]
+    return []
+
+
+def _uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
+                pairs: List[Tuple[int, int]]) -> List[str]:
+    """Notes on what the compare left out: the steps and ranks (of those asked) that only one
+    dump holds, and incomplete files (`.partial`) skipped in either."""
+    chosen = set(pairs)
+    notes = []
+    for label, have, other in (("baseline", a, "candidate"), ("candidate", b, "baseline")):
+        left = [(s, r) for s in have.steps for r in have.ranks if have.files(s, r)
+                and (s, r) not in chosen and (step is None or s == step)
+                and (rank is None or r == rank)]
+        if left:
+            shown = ", ".join(f"step {s} rank {r}" for s, r in left[:6])
+            more = f" and {len(left) - 6} more" if len(left) > 6 else ""
+            notes.append(f"not compared: the {label}'s {shown}{more} (the {other} has no such "
+                         "file)")
+        if have.partial:
+            notes.append(f"the {label} has {len(have.partial)} incomplete step file(s), "
+                         f"skipped (the run stopped while writing them): "
+                         f"{', '.join(have.partial[:3])}")
+    return notes
 
 
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
@@ -131,6 +181,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     a, b = open_dump(baseline), open_dump(candidate)
     try:
         from ..check import check_dumps, incomplete_findings
+        _refuse_overflow_dumps(a, b, baseline, candidate)
+        own_b = [(s, r) for s in b.steps for r in b.ranks if b.files(s, r)]
         pairs = _pairs_of(a, b, step, rank)
         setup = check_dumps(a, b, step=step, rank=rank, labels=("baseline", "candidate"))
         fa, fb = _framework(a), _framework(b)
@@ -153,8 +205,13 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
         stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
-        first, involved = locate(steps, optimizer_differs, structural)
-        notes = []
+        first, involved = locate(steps, optimizer_differs, structural,
+                                 other_setup(setup["findings"], optimizer_differs))
+        notes = _uncompared(a, b, step, rank, pairs) + _level_note(a, b)
+        if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
+            notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
+                         f"the candidate's step {own_b[0][0]} rank {own_b[0][1]} (the one step "
+                         "and rank each holds); results name the baseline's")
         if fa != fb:
             notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
                          "module path, canonical op and order")

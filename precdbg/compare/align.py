@@ -221,6 +221,9 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
     pb += fb
     oa += foa
     ob += fob
+    if same_framework and not by_name:   # a mapping renames modules: names do not pair
+        _pair_arguments(a, b, tensor_a, tensor_b, calls_a, calls_b, backward_a, backward_b,
+                        call_of, pa, pb)
     as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
     sa: List[int] = []
     sb: List[int] = []
@@ -229,6 +232,29 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
         ob, sb = _needs_none(b, ob)
     return Alignment(as_array(pa), as_array(pb), as_array(sorted(oa)), as_array(sorted(ob)),
                      by_name, as_array(sorted(sa)), as_array(sorted(sb)))
+
+
+def _pair_arguments(a: RecordTable, b: RecordTable, tensor_a: np.ndarray, tensor_b: np.ndarray,
+                    calls_a: List[Tuple], calls_b: List[Tuple], backward_a: List[bool],
+                    backward_b: List[bool], call_of: Dict[Tuple, Tuple], pa: List[int],
+                    pb: List[int]) -> None:
+    """Within one framework, the non-tensor arguments (an eps, `approximate`) of two calls that
+    paired: by position and keyword, which one framework keeps (across frameworks argument
+    lists differ, and they pair by name only)."""
+    role_b, arg_b, key_b = b["role"].tolist(), b["arg_index"].tolist(), b["arg_key"].tolist()
+    scalars_b: Dict[Tuple, int] = {}
+    for j in np.nonzero(~tensor_b)[0].tolist():
+        if not backward_b[j]:
+            scalars_b.setdefault((calls_b[j], role_b[j], arg_b[j], key_b[j]), j)
+    role_a, arg_a, key_a = a["role"].tolist(), a["arg_index"].tolist(), a["arg_key"].tolist()
+    for i in np.nonzero(~tensor_a)[0].tolist():
+        target = call_of.get(calls_a[i]) if not backward_a[i] else None
+        if target is None:
+            continue
+        j = scalars_b.pop((target, role_a[i], arg_a[i], key_a[i]), None)
+        if j is not None:
+            pa.append(i)
+            pb.append(j)
 
 
 def _needs_none(table: RecordTable, rows: List[int]) -> Tuple[List[int], List[int]]:

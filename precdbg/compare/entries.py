@@ -244,8 +244,11 @@ class StepCompare:
         for side, table, k in ((0, self.ta, ka), (1, self.tb, kb)):
             if k is None:
                 continue
+            # the root's path ("") also owns what runs outside the model (a loss scaled
+            # before backward): a call there is named itself, not by the model's entry
             rows = np.nonzero((table["kind"] == _MODULE) & (table["module"] == module)
-                              & (table["direction"] == table["direction"][k]))[0]
+                              & (table["direction"] == table["direction"][k]))[0] \
+                if module else ()
             pick = int(rows[0]) if len(rows) else k
             names[side] = str(table["entry"][pick])
             kind, op = kind or str(table["kind"][pick]), op or str(table["op"][pick])

@@ -120,16 +120,17 @@ def _walk(start: Entry, step: StepEntries) -> List[Link]:
 
 
 def locate(steps: List[StepEntries], setup: Sequence[str] = (),
-           structural: Sequence[StructuralDiff] = ()
+           structural: Sequence[StructuralDiff] = (), others: Sequence[str] = ()
            ) -> Tuple[Optional[Dict[str, Any]], List[Entry]]:
-    """`steps` ascending; `setup`: the optimizer set-up differences `check` found. Returns the
+    """`steps` ascending; `setup`: the optimizer set-up differences `check` found (`others`:
+    its other high and medium ones, which a parameter verdict names too). Returns the
     first divergence (None when the runs agree) and the entries of its chain (whatever else
     differs is a consequence). A structural difference (`structural`, see compare/structure.py)
     is named when it ran before the first record that differs in number."""
-    previous_matched = False
+    matched: set = set()        # (step, rank) compared before this step, all agreeing
     for step in steps:
-        found = inventory_verdict([e for e in step.entries if e.is_inventory], previous_matched,
-                           setup)
+        found = inventory_verdict([e for e in step.entries if e.is_inventory], matched, setup,
+                                  others)
         if found:
             return found, []
         shapes = [d for d in structural if d.step == step.step]
@@ -152,7 +153,7 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
                 return structural_verdict(shape, step)
             if numeric is not None:
                 return numeric
-        previous_matched = True
+        matched.update((step.step, rank) for rank in step.ranks())
     return None, []
 
 

@@ -202,23 +202,33 @@ def _differs(st: Dict[str, np.ndarray], q: Any = slice(None)) -> Any:
 
 
 def param_reason(step: int, metrics: Dict[str, Any], previous_matched: bool,
-                 setup: Sequence[str]) -> str:
-    """Why a parameter differs at the start of `step`, in terms a user can check."""
+                 setup: Sequence[str], others: Sequence[str] = ()) -> str:
+    """Why a parameter differs at the start of `step`, in terms a user can check. `setup`:
+    the optimizer set-up differences; `others`: the other set-up differences of high or
+    medium impact (compute dtypes, world size), which change the update through the gradient
+    (within its tolerance) or through what is reduced across ranks after the dw records."""
     if not previous_matched:
         return "parameter values differ at start"
     head = (f"parameters differ at the start of step {step} while step {step - 1} matched: "
-            "the optimizer update differs")
+            + ("the update differs" if others and not setup else "the optimizer update differs"))
     share, dw = metrics.get("update_share"), metrics.get("dw_agreed")
     facts = []
     if share is not None:
         facts.append(f"its update since step {step - 1} differs by {share:.1%} of the baseline's "
                      f"update (float noise through the optimizer stays under {UPDATE_SHARE:.0%})")
     if dw is not None:
+        agreed = ("agreed within its tolerance, but the set-up differs" if others else
+                  "agreed: the same gradient gave a different update")
         facts.append(f"step {step - 1}'s weight gradient (dw) "
-                     + ("agreed: the same gradient gave a different update" if dw else
-                        "already differed"))
-    if setup:
-        facts.append("set-up: " + "; ".join(setup[:2]))
+                     + (agreed if dw else "already differed"))
+    if setup or others:
+        facts.append("set-up: " + "; ".join((list(setup) + list(others))[:3]))
     else:
         facts.append("optimizer type, hyperparameters, param groups or loss scale")
     return head + " (" + "; ".join(facts) + ")"
+
+
+def other_setup(findings: Sequence[Dict[str, Any]], optimizer: Sequence[str]) -> List[str]:
+    """The messages of high and medium `check` findings that are not optimizer set-up."""
+    return [str(f["message"]) for f in findings if f.get("severity") in ("high", "medium")
+            and str(f["message"]) not in optimizer and f.get("kind") != "incomplete"]

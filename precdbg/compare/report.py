@@ -18,8 +18,14 @@ _CSV_FIELDS = ["step", "rank", "direction", "kind", "name_a", "name_b", "module"
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
+        if abs(value) >= 1e308:          # JSON's stand-in for an infinite value (rows.py)
+            return "inf" if value > 0 else "-inf"
         return f"{value:.6g}"
     return str(value)
+
+
+def _csv_value(value: Any) -> Any:
+    return _fmt(value) if isinstance(value, float) and abs(value) >= 1e308 else value
 
 
 def summary_text(result: Dict[str, Any]) -> str:
@@ -95,7 +101,7 @@ def write_csv(result: Dict[str, Any], path: str) -> None:
         writer = csv.DictWriter(handle, fieldnames=_CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         for row in result["rows"]:
-            writer.writerow({k: row.get(k, "") for k in _CSV_FIELDS})
+            writer.writerow({k: _csv_value(row.get(k, "")) for k in _CSV_FIELDS})
 
 
 def write_html(result: Dict[str, Any], path: str) -> None:

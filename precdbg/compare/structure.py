@@ -156,15 +156,16 @@ class _Module:
         return [label for _, label in sorted(self.calls)]
 
 
-def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]]
-          ) -> Dict[str, List[_Module]]:
-    """The forward calls of each module path, in order, each with the calls it made. A call
-    counts for a module's call only between that call's first and last record: the root's path
-    ("") also owns what runs outside the model (the loss, hooks in backward, clipping, the
-    optimizer), which is no part of its structure."""
+def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]],
+          apis: bool = True) -> Dict[str, List[_Module]]:
+    """The forward calls of each module path, in order, each with the calls it made (`apis`:
+    API calls among them, else child modules only). A call counts for a module's call only
+    between that call's first and last record: the root's path ("") also owns what runs
+    outside the model (the loss, hooks in backward, clipping, the optimizer), which is no part
+    of its structure."""
     forward = table["direction"] == _FORWARD
     kind = table["kind"]
-    idx = np.nonzero(forward & ((kind == _API) | (kind == _MODULE)))[0]
+    idx = np.nonzero(forward & (((kind == _API) & apis) | (kind == _MODULE)))[0]
     idx = idx[np.argsort(table["seq"][idx], kind="stable")]
     path_of = (lambda p: rename_module(p, modules)) if modules else (lambda p: p)  # noqa: E731
     inert = _calls_changing_no_number(table)
@@ -276,8 +277,11 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
     for difference in settings:
         by_module.setdefault(difference.path_a, []).append(difference)
     modules = (mapping or {}).get("modules") or None
-    mods_a = _side(ta, same_framework, None)
-    mods_b = _side(tb, same_framework, modules)
+    # API calls count among a module's calls only where both runs captured them (a dump of
+    # level module against one of level mix: the calls one run did not record are no change)
+    apis = bool((ta["kind"] == _API).any()) and bool((tb["kind"] == _API).any())
+    mods_a = _side(ta, same_framework, None, apis)
+    mods_b = _side(tb, same_framework, modules, apis)
     out: List[StructuralDiff] = []
     for path, calls_a in mods_a.items():
         calls_b = mods_b.get(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..schema import Direction, RecordKind, Role
 from .entries import Entry, StepEntries
@@ -199,12 +199,17 @@ def chain(links: List[Link], culprit: Optional[Entry], first: Dict[str, Any]
     return items
 
 
-def inventory_verdict(entries: List[Entry], previous_matched: bool, setup: Sequence[str]
-               ) -> Optional[Dict[str, Any]]:
+def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]],
+                      setup: Sequence[str], others: Sequence[str] = ()
+                      ) -> Optional[Dict[str, Any]]:
+    """The parameter inventory's verdict at the start of a step; `matched`: the (step, rank)
+    pairs compared before it, which all agreed (the step before on the same rank is then
+    known to have matched)."""
     bad = [e for e in entries if e.diverged or e.trainable_differs]
     if not bad:
         return None
     e = min(bad, key=lambda x: (x.seq, x.rank))
+    previous_matched = (e.step - 1, e.rank) in matched
     ev = e.outputs_bad[0] if e.outputs_bad else None
     if e.trainable_differs:
         reason = "parameter is trainable in one run and frozen in the other"
@@ -214,15 +219,22 @@ def inventory_verdict(entries: List[Entry], previous_matched: bool, setup: Seque
         reason = "parameter shapes differ"
     else:       # judged against its last update where the optimizers agree (multistep.py)
         reason = param_reason(e.step, ev.metrics if ev is not None else {}, previous_matched,
-                              setup)
+                              setup, others)
     others = len(bad) - 1
     if others:
         reason += f" ({others} more parameter(s) differ)"
     if not previous_matched and not e.trainable_differs and \
             (ev is None or (not ev.only_in and ev.shape_ok)):
-        reason += (f": the runs entered step {e.step} with different weights (the "
-                   "initialisation, the checkpoint, or an earlier step that was not dumped); "
-                   "dump from the first training step, or load one checkpoint in both")
+        if e.step > 0 and any(step < e.step for step, _ in matched):
+            reason += (f": the runs entered step {e.step} with different weights, and step "
+                       f"{e.step - 1} (rank {e.rank}) was not compared: the difference arose "
+                       "in a step that is not in both dumps; dump every step from the last "
+                       "one that matched")
+        else:
+            reason += (f": the runs entered step {e.step} with different weights (the "
+                       "initialisation, the checkpoint, or an earlier step that was not "
+                       "dumped); dump from the first training step, or load one checkpoint "
+                       "in both")
     verdict = _verdict(e, reason)
     verdict["chain"] = [{"name_a": e.name_a, "name_b": e.name_b, "step": e.step, "rank": e.rank,
                          "kind": e.kind, "direction": e.direction, "module": e.module,

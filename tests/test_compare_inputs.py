@@ -1,0 +1,233 @@
+"""What `precdbg compare` (and the other commands) do with the inputs users actually give them:
+damaged files, dumps of other levels or tasks, steps or ranks only one dump holds, two named
+files of different steps, outputs that would land on a dump, and the verdicts those cases used
+to get wrong (a step that was never dumped called "matched", a loss scaled outside the model
+named as the model's backward, a set-up difference blamed on the optimizer)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Dict, Optional, Sequence
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from precdbg.compare import compare_dumps
+from precdbg_pt import PrecisionDebugger
+
+from compare_support import run_cli
+
+
+class _MLP(nn.Module):
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.act = nn.GELU(approximate=approximate)
+        self.ln = nn.LayerNorm(32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.ln(self.act(self.fc1(x))))
+
+
+def _dump(path: Any, *, steps: int = 2, dumped: Optional[Sequence[int]] = None,
+          level: str = "mix", task: str = "statistics", approximate: str = "none",
+          data_change_at: Optional[int] = None, loss_scale: float = 1.0,
+          bf16: bool = False) -> str:
+    """A seeded MLP trained `steps` steps with AdamW, the guides' four lines dumping `dumped`."""
+    torch.manual_seed(0)
+    net = _MLP(approximate)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen))
+               for _ in range(steps)]
+    dbg = PrecisionDebugger(dump_path=str(path), level=level, task=task,
+                            step=list(range(steps)) if dumped is None else list(dumped))
+    for step, (x, y) in enumerate(batches):
+        if step == data_change_at:
+            x = x * 1.05
+        dbg.start(net)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(net(x), y)
+        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dbg.stop()
+        dbg.step()
+    assert dbg.close() and not dbg.failures
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> str:
+    return _dump(tmp_path_factory.mktemp("base") / "dump")
+
+
+def _one_line_error(result: Any, *words: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("precdbg: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- damaged input
+def test_a_damaged_step_file_is_a_one_line_error_in_every_command(base, tmp_path):
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(base, damaged)
+    target = os.path.join(damaged, "step0", "rank0.h5")
+    size = os.path.getsize(target)
+    with open(target, "r+b") as handle:          # metadata overwritten, the signature intact
+        handle.seek(size // 3)
+        handle.write(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8).tobytes())
+    for command in (("compare", base, damaged), ("scan", damaged), ("check", base, damaged)):
+        _one_line_error(run_cli(*command), target)
+
+
+def test_a_manifest_that_is_no_object_and_an_hdf5_file_of_another_tool(base, tmp_path):
+    listed = str(tmp_path / "listed")
+    shutil.copytree(base, listed)
+    with open(os.path.join(listed, "run.json"), "w", encoding="utf-8") as handle:
+        json.dump([1, 2], handle)
+    _one_line_error(run_cli("compare", base, listed), "run.json", "not a precdbg manifest")
+    other = tmp_path / "other" / "step0"
+    other.mkdir(parents=True)
+    with h5py.File(other / "rank0.h5", "w") as handle:
+        handle["x"] = np.arange(3)
+    _one_line_error(run_cli("inspect", str(tmp_path / "other")), "not a precdbg step file")
+
+
+# --------------------------------------------------------------------------- outputs
+def test_outputs_are_checked_before_the_compare_and_never_overwrite_a_dump(base, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(base, copy)
+    manifest = os.path.join(copy, "run.json")
+    before = open(manifest, encoding="utf-8").read()
+    result = run_cli("compare", base, copy, "--json", manifest)
+    _one_line_error(result, "part of a dump being read")
+    assert open(manifest, encoding="utf-8").read() == before
+    step_file = os.path.join(copy, "step0", "rank0.h5")
+    _one_line_error(run_cli("compare", base, copy, "--html", step_file), "part of a dump")
+    result = run_cli("compare", base, copy, "--csv", str(tmp_path / "no_dir" / "rows.csv"))
+    _one_line_error(result, "no such directory")
+    assert result.stdout == ""                   # refused before comparing anything
+    result = run_cli("compare", base, copy, "--json", str(tmp_path / "result.json"))
+    assert result.returncode == 0, result.stderr
+    assert json.load(open(tmp_path / "result.json", encoding="utf-8"))["verdict"] == "match"
+
+
+def test_inspect_refuses_a_step_the_dump_lacks_and_a_negative_top(base):
+    _one_line_error(run_cli("inspect", base, "--step", "7"), "no step 7", "[0, 1]")
+    result = run_cli("inspect", base, "--top", "-1")
+    assert result.returncode == 2 and "--top" in result.stderr
+
+
+# --------------------------------------------------------------------------- what is compared
+def test_a_step_that_was_not_dumped_is_not_called_matched(tmp_path):
+    """Steps 0 and 2 dumped, the data changed at step 1: step 2's weights differ, and the
+    verdict must say step 1 was not compared, not that it matched (and blame the optimizer)."""
+    a = _dump(tmp_path / "a", steps=3, dumped=[0, 2])
+    b = _dump(tmp_path / "b", steps=3, dumped=[0, 2], data_change_at=1)
+    result = compare_dumps(a, b)
+    first = result["first_divergence"]
+    assert first is not None and first["step"] == 2 and first["kind"] == "param", first
+    assert "step 1 (rank 0) was not compared" in first["reason"], first["reason"]
+    assert "while step 1 matched" not in first["reason"] and "optimizer" not in first["reason"]
+
+
+def test_steps_only_one_dump_holds_and_incomplete_files_are_noted(base, tmp_path):
+    short = str(tmp_path / "short")
+    shutil.copytree(base, short)
+    shutil.rmtree(os.path.join(short, "step1"))
+    os.makedirs(os.path.join(short, "step2"))
+    with open(os.path.join(short, "step2", "rank0.h5.partial"), "wb") as handle:
+        handle.write(b"\0" * 64)
+    notes = compare_dumps(base, short)["notes"]
+    assert any("not compared: the baseline's step 1 rank 0" in n for n in notes), notes
+    assert any("candidate has 1 incomplete step file" in n for n in notes), notes
+
+
+def test_two_named_files_of_different_steps_are_compared_with_each_other(base):
+    one = os.path.join(base, "step0", "rank0.h5")
+    other = os.path.join(base, "step1", "rank0.h5")
+    result = compare_dumps(one, other)
+    assert result["rows"], "nothing was compared"
+    assert "compared the baseline's step 0 rank 0 with the candidate's step 1 rank 0" \
+        in result["notes"][0], result["notes"]
+    assert result["verdict"] == "diverged"       # another batch, other weights
+
+
+def test_a_module_level_dump_against_a_mix_one(base, tmp_path):
+    """The API calls a module-level dump never recorded are no structural difference: the
+    same run matches, and a changed GELU is named in `act`, not as 'calls differ' in fc1."""
+    module = _dump(tmp_path / "module", level="module")
+    result = compare_dumps(base, module)
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert any("levels differ (baseline mix, candidate module)" in n for n in result["notes"])
+    tanh = _dump(tmp_path / "module_tanh", level="module", approximate="tanh")
+    first = compare_dumps(base, tanh)["first_divergence"]
+    assert first is not None and (first["module"], first["op"]) == ("act", "gelu"), first
+    assert "calls differ" not in first["reason"], first["reason"]
+
+
+def test_overflow_dumps_are_refused_with_the_command_that_reads_them(base, tmp_path):
+    overflow = _dump(tmp_path / "overflow", task="overflow")
+    _one_line_error(run_cli("compare", base, overflow), "task 'overflow'", "precdbg scan")
+
+
+def test_a_manifest_missing_leaves_the_framework_to_the_step_files(base, tmp_path):
+    bare = str(tmp_path / "bare")
+    shutil.copytree(base, bare)
+    os.remove(os.path.join(bare, "run.json"))
+    result = compare_dumps(base, bare)
+    assert result["candidate"]["framework"] == "pytorch"
+    full = compare_dumps(base, base)
+    assert len(result["rows"]) == len(full["rows"])      # scalar arguments paired by name
+    assert not any("frameworks differ" in n for n in result["notes"])
+
+
+def test_a_mapping_keeps_the_non_tensor_arguments_paired(base, tmp_path):
+    tanh = _dump(tmp_path / "tanh", approximate="tanh")
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("modules: {nothing_here: fc1}\n")
+    first = compare_dumps(base, tanh, mapping_file=str(mapping))["first_divergence"]
+    assert first is not None and first["op"] == "gelu", first
+    assert "argument 'approximate': 'none' vs 'tanh'" in first["reason"], first["reason"]
+
+
+# --------------------------------------------------------------------------- verdicts
+def test_a_loss_scaled_outside_the_model_is_named_itself(base, tmp_path):
+    scaled = _dump(tmp_path / "scaled", loss_scale=2.0)
+    first = compare_dumps(base, scaled)["first_divergence"]
+    assert first is not None and first["step"] == 0 and first["direction"] == "backward"
+    assert first["name_b"] == "Tensor.mul.0.backward" and first["name_a"] == "", first
+
+
+def test_a_set_up_difference_is_named_where_parameters_part():
+    """Step k-1 matched and its dw agreed within tolerance, yet the weights part at step k:
+    with compute dtypes or world size differing, the verdict names them, not the optimizer
+    (and does not claim the same gradient gave a different update)."""
+    from precdbg.compare.multistep import other_setup, param_reason
+    findings = [{"severity": "high", "kind": "compute_dtype",
+                 "message": "3 op(s) compute in other dtypes"},
+                {"severity": "medium", "kind": "world_size", "message": "world size differs"},
+                {"severity": "low", "kind": "threads", "message": "thread counts differ"}]
+    others = other_setup(findings, [])
+    assert others == ["3 op(s) compute in other dtypes", "world size differs"]
+    metrics = {"update_share": 0.21, "dw_agreed": True}
+    reason = param_reason(1, metrics, True, [], others)
+    assert "the update differs" in reason and "compute in other dtypes" in reason
+    assert "world size differs" in reason
+    assert "optimizer update differs" not in reason and "optimizer type" not in reason
+    assert "same gradient gave a different update" not in reason
+    alone = param_reason(1, metrics, True, [], [])
+    assert "the optimizer update differs" in alone and "same gradient" in alone
+    with_optimizer = param_reason(1, metrics, True, ["lr differs"], others)
+    assert "the optimizer update differs" in with_optimizer and "lr differs" in with_optimizer
