@@ -15,9 +15,12 @@ the user keeping a reference:
 
 The writer threads are daemons so that a disk that stops answering can never keep the process
 alive; the hook waits for them as long as they make progress and gives up only after
-`_STALL_SECONDS` without any. SIGKILL and SIGTERM's default action end the process without
-Python running anything: every step already renamed from `.partial` was fsynced first, and the
-reader never takes a `.partial` for a step.
+`_STALL_SECONDS` without any. `os._exit(n)` (distributed scripts call it to skip a teardown that
+may hang) runs no shutdown hook: while a writer thread runs, `os._exit` is wrapped so that it
+drains the writers first, then exits with `n`; the wrapper is removed once no writer runs.
+SIGKILL and SIGTERM's default action end the process without Python running anything: every
+step already renamed from `.partial` was fsynced first, and the reader never takes a `.partial`
+for a step.
 """
 from __future__ import annotations
 
@@ -69,21 +72,48 @@ def _forget_after_fork() -> None:
     global _lock
     _lock = threading.Lock()
     _writers.clear()
+    _unwrap_exit()
     for session in list(_sessions):
         session.forked = True
         session.collector.end()      # the child's objects are its own to collect
     _sessions.clear()
 
 
+_real_exit: Callable[[int], Any] = os._exit
+_exit_owner = 0                   # the process whose writers the os._exit wrapper drains
+
+
+def _exit_after_drain(code: int) -> None:
+    """`os._exit` while precdbg's writers run: the stopped steps are written first."""
+    if os.getpid() == _exit_owner and _writers:
+        drain_at_exit()
+    _real_exit(code)
+
+
+def _wrap_exit() -> None:
+    global _exit_owner
+    if os._exit is not _exit_after_drain:
+        _exit_owner = os.getpid()
+        os._exit = _exit_after_drain
+
+
+def _unwrap_exit() -> None:
+    if os._exit is _exit_after_drain:
+        os._exit = _real_exit
+
+
 def track_writer(writer: Any) -> None:
     with _lock:
         _install()
         _writers.add(writer)
+        _wrap_exit()
 
 
 def untrack_writer(writer: Any) -> None:
     with _lock:
         _writers.discard(writer)
+        if not _writers:
+            _unwrap_exit()
 
 
 def track_session(session: Any) -> None:

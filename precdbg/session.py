@@ -34,7 +34,7 @@ from .call_naming import CallNaming
 from .naming import save_entry, uninitialized_output
 from .schema import (NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task,
                      scalar_dtype)
-from .writer import DumpWriter
+from .writer import DumpWriter, earlier_dump
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
 
@@ -56,6 +56,11 @@ class Session(CallNaming):
         self.tensors = adapter.tensors
         self.filter = CaptureFilter(config)
         self._every_record = self.filter.keeps_every_record()
+        earlier = earlier_dump(config.dump_path)    # refused here, before training runs
+        if earlier is not None:
+            raise ConfigError(f"dump_path: {config.dump_path} already holds a dump of an earlier "
+                              f"run ({earlier}); choose an empty folder or move that dump away")
+        self._refused = False         # start() found files of another run since (said once)
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = 0
         self.selection = StepSelection(config)
@@ -119,9 +124,15 @@ class Session(CallNaming):
         if not self.run.written:
             self._check_dump_path()
             earlier = self.writer.existing_files(self.rank)
-            if earlier:
-                raise ConfigError(f"dump_path: {self.config.dump_path} already holds a dump of "
-                                  f"rank {self.rank} ({earlier[0]}); choose an empty folder")
+            if earlier:          # appeared since the constructor looked: never into training
+                if not self._refused:
+                    self._refused = True
+                    log.error("precdbg: dump_path %s already holds a dump of rank %d (%s) "
+                              "that this run did not write: nothing is dumped, so that it is "
+                              "not overwritten; choose an empty folder", self.config.dump_path,
+                              self.rank, earlier[0])
+                return False
+            self.writer.claim()
             self.run.write(self.adapter, self.rank, self.world_size)
         self.writer.open_step(self.current_step, self.rank, {
             "framework": self.adapter.framework, "task": self.config.task.value,

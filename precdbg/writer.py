@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -23,9 +23,43 @@ from . import lifetime
 from .schema import SCHEMA_VERSION, Record
 from .stepfile import OpenStep, Payload, free_space, step_file_path, write_json_atomic
 
-__all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic"]
+__all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic", "earlier_dump"]
 
 log = logging.getLogger("precdbg")
+
+_CLAIMED: Set[str] = set()         # dump folders this process writes into (any debugger)
+
+
+def _process_started() -> Optional[float]:
+    """When this process started (seconds since the epoch), where the system says (Linux)."""
+    try:
+        with open("/proc/self/stat", "r", encoding="ascii") as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])   # field 22, starttime
+        with open("/proc/stat", "r", encoding="ascii") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def earlier_dump(dump_path: str) -> Optional[str]:
+    """A file of a dump that an earlier run left in `dump_path` (written before this process
+    started, in a folder no debugger of this process writes into), or None. Files of this
+    run's other ranks are newer than this process; where the start time is unknown, None."""
+    import glob
+    folder = os.path.abspath(dump_path)
+    started = _process_started()
+    if folder in _CLAIMED or started is None or not os.path.isdir(folder):
+        return None
+    candidates = [os.path.join(folder, "run.json")] + \
+        sorted(glob.glob(os.path.join(folder, "step*", "rank*.h5*")))
+    for path in candidates:
+        try:
+            if os.path.getmtime(path) < started - 2.0:     # a second of clock granularity
+                return path
+        except OSError:
+            continue
+    return None
 
 _WRITER_NICE = 10
 _IDLE_POLL_SECONDS = 0.5      # an idle thread notices retire() this often
@@ -91,14 +125,25 @@ class DumpWriter:
             self._cond.notify_all()
 
     def existing_files(self, rank: int) -> List[str]:
-        """Step files of this rank already in the dump folder (from an earlier run)."""
+        """Step files of this rank in the dump folder that no debugger of this process wrote
+        (an earlier run's, or another job's writing into the same folder)."""
         import glob
+        if os.path.abspath(self.dump_path) in _CLAIMED:
+            return []
         pattern = os.path.join(self.dump_path, "step*", f"rank{rank}.*h5*")
         return sorted(glob.glob(pattern))
 
+    def claim(self) -> None:
+        """This process writes into the dump folder: its other debuggers may add steps."""
+        _CLAIMED.add(os.path.abspath(self.dump_path))
+
     def open_step(self, step: int, rank: int, attrs: Dict[str, Any]) -> None:
-        """Queue a new step file; a second capture window in the same step gets `.partN`."""
+        """Queue a new step file; a second capture window in the same step gets `.partN`, and
+        so does a step another debugger of this process wrote already."""
         part = self._parts.get((step, rank), 0)
+        while any(os.path.exists(step_file_path(self.dump_path, step, rank, part) + suffix)
+                  for suffix in ("", ".partial")):
+            part += 1
         self._parts[(step, rank)] = part + 1
         attrs = dict(attrs, step=step, rank=rank, part=part, schema_version=SCHEMA_VERSION)
         self._put("open", (step_file_path(self.dump_path, step, rank, part), attrs))

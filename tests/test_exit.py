@@ -177,9 +177,17 @@ def _gc_retire(framework: str):
     return once
 
 
+def _os_exit(framework: str):
+    def once(folder: str) -> None:
+        run = run_guide(folder, framework, "os_exit", task="tensor")
+        assert run.rc == 5, run
+        check_dump(run, steps=[0, 1, 2])
+    return once
+
+
 VARIANTS = {"local": _local, "sys_exit": _sys_exit, "exception": _exception,
             "keyboard_interrupt": _keyboard_interrupt, "gc_exit": _gc_exit,
-            "gc_retire": _gc_retire}
+            "gc_retire": _gc_retire, "os_exit": _os_exit}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

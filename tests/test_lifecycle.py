@@ -14,8 +14,8 @@ import precdbg
 from precdbg_pt import PrecisionDebugger
 from precdbg_pt import tensors as precdbg_tensors
 
-from conftest import (dump_once, loss_of, make_model, make_optimizer, one_row,
-                      rows_where, run_python, run_steps, torch_hooks_left)
+from conftest import (dump_once, loss_of, make_batch_list, make_model, make_optimizer,
+                      one_row, rows_where, run_python, run_steps, torch_hooks_left)
 
 
 def test_nothing_left_in_torch_after_stop(tmp_path, gpt, optimizer, batch):
@@ -485,3 +485,68 @@ def test_step_file_is_created_when_written_not_at_start(tmp_path, gpt, batch):
     assert sorted(os.listdir(dump / "step0")) == ["rank0.h5"]
     assert len(precdbg.open_dump(str(dump)).records(step=0)) > 0
     dbg.close()
+
+
+# --------------------------------------------------------------------------- the dump folder
+_RERUN = """
+import sys, torch
+from precdbg_pt import PrecisionDebugger
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+debugger = PrecisionDebugger(dump_path=sys.argv[1], level="mix")
+print("constructed", flush=True)
+for step in range(2):
+    if step == 1: debugger.start(model)
+    model(torch.randn(3, 4)).sum().backward()
+    if step == 1: debugger.stop(); debugger.step()
+print("trained", flush=True)
+"""
+
+
+def test_a_rerun_into_the_same_folder_is_refused_before_training(tmp_path):
+    """The script run again with the same config: the constructor refuses in one line naming
+    the folder (not start(), hours into training), and the first run's dump is untouched."""
+    import time
+    dump = str(tmp_path / "dump")
+    first = run_python(["-c", _RERUN, dump])
+    assert first.returncode == 0 and "trained" in first.stdout, first.stderr
+    step_file = tmp_path / "dump" / "step0" / "rank0.h5"
+    before = step_file.read_bytes()
+    time.sleep(2.5)                 # older than the next process by more than the clock's grain
+    second = run_python(["-c", _RERUN, dump])
+    assert second.returncode != 0 and "constructed" not in second.stdout, second.stdout
+    last = second.stderr.strip().splitlines()[-1]
+    assert "already holds a dump of an earlier run" in last and dump in last, second.stderr
+    assert step_file.read_bytes() == before
+
+
+def test_debuggers_of_one_process_share_a_folder_and_never_overwrite(tmp_path, caplog):
+    """A debugger made per dumped step (a local of a function) writes into the folder the
+    first one started: the same step number again becomes part 1. Files that appear in the
+    folder from elsewhere after the constructor looked make start() dump nothing, in one line,
+    without raising into training or touching them."""
+    dump = str(tmp_path / "dump")
+    model = make_model()
+    for _ in range(2):
+        dbg = PrecisionDebugger(dump_path=dump, level="module")
+        run_steps(dbg, model, make_optimizer(model), make_batch_list(1), 1)
+        assert dbg.close() and not dbg.failures
+    opened = precdbg.open_dump(dump)
+    assert [len(parts) for parts in opened._files.values()] == [2]
+    assert len(opened.records(step=0)) > 0
+    opened.close()
+
+    other = str(tmp_path / "other")
+    dbg = PrecisionDebugger(dump_path=other, level="module")
+    (tmp_path / "other" / "step0").mkdir(parents=True)
+    foreign = tmp_path / "other" / "step0" / "rank0.h5"
+    foreign.write_bytes(b"another job's file")
+    with caplog.at_level(logging.ERROR, logger="precdbg"):
+        assert dbg.start(model) is False
+        assert dbg.start(model) is False
+    said = [r.getMessage() for r in caplog.records if "already holds a dump" in r.getMessage()]
+    assert len(said) == 1 and "nothing is dumped" in said[0], said
+    dbg.stop()
+    dbg.step()
+    assert dbg.close()
+    assert foreign.read_bytes() == b"another job's file"
