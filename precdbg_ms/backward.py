@@ -15,17 +15,32 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Tuple
 
+from mindspore._c_expression import MixedPrecisionType
 from mindspore.ops.operations.debug_ops import HookBackward
 
+try:                       # MindSpore 2.9 moved it; the old path warns that it is deprecated
+    from mindspore.graph.api import _pynative_executor as _executor
+except ImportError:  # pragma: no cover - older MindSpore
+    from mindspore.common.api import _pynative_executor as _executor
+
 __all__ = ["through_hook", "top_level", "replace_arguments", "replace_result"]
+
+_NO_AMP = MixedPrecisionType.NOTSET
 
 
 def through_hook(t: Any, on_grad: Callable[[Any], None]) -> Any:
     """`t` through a HookBackward whose backward calls `on_grad(gradient)`; the gradient goes
-    on unchanged."""
+    on unchanged. Inside a cell of another precision (amp O2 keeps LayerNorm in float32,
+    `Cell.to_float`) PyNative casts every op's inputs to it, and would cast HookBackward's:
+    it runs with no precision of its own, so the cell gets `t` as it was given (its own
+    casts then round it as they do without precdbg) and the numbers do not change."""
     def backward(grads: Tuple[Any, ...]) -> None:   # a function: HookBackward wants __code__
         on_grad(grads[0] if isinstance(grads, tuple) else grads)
-    return HookBackward(backward)(t)
+    _executor.set_mixed_precision_type(_NO_AMP, True)       # pushed: no amp cast for it
+    try:
+        return HookBackward(backward)(t)
+    finally:
+        _executor.set_mixed_precision_type(_NO_AMP, False)  # popped: the cell's own again
 
 
 def top_level(key: str) -> bool:

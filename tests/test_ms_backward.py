@@ -127,3 +127,47 @@ def test_set_data_inside_the_differentiated_function_writes_the_parameter(tmp_pa
     expected = sum(float(((3 * (2 * x64 * w * c64)) * w * c64) ** 2 @ np.ones(4))
                    for w in (W.astype(np.float64), np.full(4, 7.0)))
     assert_rel(float(value.asnumpy()), expected, 1e-5, "loss")
+
+
+class _DenseNorm(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(16, 16)
+        self.ln = nn.LayerNorm((16,))
+
+    def construct(self, x: ms.Tensor) -> ms.Tensor:
+        return self.ln(self.fc(x))
+
+
+@pytest.mark.parametrize("amp_level", ["O2", "to_float"])
+def test_a_cell_amp_keeps_in_float32_computes_the_same_numbers(tmp_path, amp_level):
+    """amp O2 (and `Cell.to_float`) keep LayerNorm in float32 behind a cast: HookBackward inside
+    it is cast to float32 by PyNative, which changed the LayerNorm's output (and the training)
+    while its backward was captured. The numbers with and without the debugger are equal."""
+    from precdbg_ms import PrecisionDebugger
+
+    def run(dump: bool) -> tuple:
+        ms.set_seed(0)
+        net = _DenseNorm()
+        rng = np.random.RandomState(1)
+        net.ln.gamma.set_data(ms.Tensor(rng.rand(16).astype(np.float32) + 0.5))
+        net.ln.beta.set_data(ms.Tensor(rng.rand(16).astype(np.float32) * 0.1))
+        if amp_level == "O2":
+            net = ms.amp.auto_mixed_precision(net, "O2")
+        else:                                   # the network in float16, its norm in float32
+            net.to_float(ms.float16)
+            net.ln.to_float(ms.float32)
+        x = ms.Tensor(np.random.RandomState(0).randn(4, 16).astype(np.float32))
+        grad_fn = ms.value_and_grad(lambda x: net(x).astype(ms.float32).sum(), None,
+                                    net.trainable_params())
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / f"dump{int(dump)}"), level="mix")
+        if dump:
+            dbg.start(net)
+        loss, grads = grad_fn(x)
+        if dump:
+            dbg.stop()
+            dbg.step()
+            assert dbg.close() and not dbg.failures
+        return float(loss), [g.asnumpy().astype(np.float64).tolist() for g in grads]
+
+    assert run(True) == run(False)
