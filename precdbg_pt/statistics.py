@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - exercised on machines without the exte
     _fastats = None
 
 __all__ = ["summarize", "resolve", "launch_queued", "retained_bytes", "deferrable", "nbytes",
-           "element_layout"]
+           "element_layout", "version_of", "INFERENCE_VERSION"]
 
 # testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
 _FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
@@ -44,6 +44,20 @@ _HALF = (torch.float16, torch.bfloat16)
 
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+INFERENCE_VERSION = -1     # an inference tensor (torch.inference_mode) counts no writes
+
+
+def version_of(t: torch.Tensor) -> int:
+    """The tensor's write count; `INFERENCE_VERSION` for an inference tensor, which keeps none
+    (no later write of it can be told from its version)."""
+    try:
+        return t._version
+    except RuntimeError:
+        if t.is_inference():
+            return INFERENCE_VERSION
+        raise
 
 
 _LAYOUTS: Dict[Tuple[Any, Tuple[int, ...]], Tuple[Tuple[int, int], ...]] = {}
@@ -83,7 +97,7 @@ class _Pending:
 
     def __init__(self, tensor: Optional[torch.Tensor], numel: int, values: Any) -> None:
         self.tensor, self.numel, self.values = tensor, numel, values
-        self.version = tensor._version if tensor is not None else 0
+        self.version = version_of(tensor) if tensor is not None else 0
 
 
 _DOT_LIMIT = 1 << 20        # up to this size a BLAS dot is accurate to ~1e-7; beyond, row dots
@@ -239,7 +253,7 @@ def _nonfinite_rows(pending: Sequence[_Pending]) -> List[Optional[List[float]]]:
     stacks, where = [], []
     for i, p in enumerate(pending):
         x = p.tensor
-        if x is None or x._version != p.version:
+        if x is None or p.version == INFERENCE_VERSION or version_of(x) != p.version:
             continue
         w = _work_view(x).double()
         nan = torch.isnan(w).sum()

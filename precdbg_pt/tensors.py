@@ -10,7 +10,7 @@ import torch
 
 from .host_copies import hand_over, to_host  # tensor task copies
 from .statistics import (deferrable, element_layout, launch_queued, nbytes, resolve,
-                         retained_bytes, summarize)
+                         retained_bytes, summarize, version_of)
 
 __all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref",
            "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host", "hand_over", "nbytes",
@@ -125,9 +125,9 @@ def facts(t: torch.Tensor) -> Tuple[str, Tuple[int, ...], int,
 def storage(t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
     """(storage, view, version): which storage holds the tensor (every view of it shares one),
     which elements of it (start and count), and the storage's write count (views share it)."""
-    try:
-        return _storage_id(t), (t.data_ptr(), t.numel()), t._version
-    except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses, inference)
+    try:     # an inference tensor counts no writes: the state of its storage is its latest
+        return _storage_id(t), (t.data_ptr(), t.numel()), version_of(t)   # writer's
+    except Exception:  # noqa: BLE001 - no storage (sparse, fake, wrapper subclasses)
         return None
 
 

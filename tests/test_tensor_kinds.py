@@ -225,3 +225,32 @@ def test_nested_and_quantized_outputs_are_recorded_as_their_values(tmp_path: Any
                     & (table["arg_index"] == index))[0]))
                 np.testing.assert_array_equal(stored.reshape(-1),
                                               expected.float().numpy())
+
+
+def test_inference_tensors_keep_their_producers_and_fresh_statistics(tmp_path: Any) -> None:
+    """Under torch.inference_mode tensors count no writes (`_version` raises): each record
+    still names the call that produced what it reads, and a tensor written in place (relu_)
+    is summarised as it is when read, never from an earlier record of the same bytes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16))
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    with torch.inference_mode():
+        dbg.start(model)
+        hidden = model(torch.randn(4, 8))
+        before = hidden.clone()
+        hidden.relu_()
+        out = hidden * 2.0
+        dbg.stop()
+        dbg.step()
+    assert dbg.close() and not dbg.failures
+    table = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+    linear_out = one_row(table, entry="Functional.linear.0.forward", role="output")
+    norm_in = one_row(table, entry="Functional.layer_norm.0.forward", role="input", arg_index=0)
+    assert norm_in["producer"] == linear_out["seq"]
+    norm_out = one_row(table, entry="Functional.layer_norm.0.forward", role="output")
+    assert norm_out["min"] == pytest.approx(float(before.min()), rel=1e-6)
+    assert norm_out["min"] < 0
+    mul_in = one_row(table, entry="Tensor.mul.0.forward", role="input", arg_index=0)
+    assert mul_in["min"] == 0.0 and mul_in["max"] == pytest.approx(float(out.max()) / 2)
+    relu_out = one_row(table, entry="Tensor.relu_.0.forward", role="output")
+    assert mul_in["producer"] == relu_out["seq"]
