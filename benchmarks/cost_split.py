@@ -103,6 +103,7 @@ def _apply(variant: str, patches: _Patches) -> None:
         patches.set(adapter.TorchAdapter, "_on_api_call",
                     lambda self, func, ident, args, kwargs: func(*args, **kwargs))
     if level >= 5:
+        patches.set(hooks.ModuleHooks, "open", lambda self, *args: None)
         patches.set(hooks.ModuleHooks, "pre", lambda self, *args: None)
         patches.set(hooks.ModuleHooks, "post", lambda self, *args: None)
 

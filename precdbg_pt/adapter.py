@@ -250,6 +250,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
                 self._scripted.append(path)
             return
         hooks = ModuleHooks(self, path, self.class_name(module))
+        self.hold(module.register_forward_pre_hook(hooks.open, with_kwargs=True, prepend=True))
         self.hold(module.register_forward_pre_hook(hooks.pre, with_kwargs=True))
         self.hold(module.register_forward_hook(hooks.post, with_kwargs=True, always_call=True))
 

@@ -1,9 +1,9 @@
 """The hooks precdbg puts on torch objects, as objects (no closures): the guard every hook runs
-under, a module's forward pre-hook and hook, a parameter's gradient hooks. Each turns its
+under, a module's forward pre-hooks and hook, a parameter's gradient hooks. Each turns its
 arguments into calls to the core session; `TorchAdapter` registers and removes them."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple, TYPE_CHECKING
+from typing import Any, List, TYPE_CHECKING
 
 import torch
 
@@ -60,17 +60,20 @@ class Guard:
 
 
 class ModuleHooks:
-    """The forward pre-hook and hook of one module (one object, its two bound methods; no
-    closures): the module's call is recorded with its inputs and outputs, and its backward
-    watched when captured."""
+    """The forward pre-hooks and hook of one module (one object, its bound methods; no
+    closures). `open`, put before every other pre-hook, begins the module's call, so what the
+    module's own pre-hooks compute (pruning's masked weight, weight_norm's, spectral_norm's
+    power iteration, a user's) runs inside it; `pre`, after them, records the inputs the
+    forward gets; `post` records its outputs and watches its backward when captured."""
     __slots__ = ("adapter", "path", "cls", "calls")
 
     def __init__(self, adapter: "TorchAdapter", path: str, cls: str) -> None:
         self.adapter, self.path, self.cls = adapter, path, cls
-        # nested (re-entrant) calls: (Call or None, backward targets or None, replayed?)
-        self.calls: List[Tuple[Any, Optional[list], bool]] = []
+        # nested (re-entrant) calls: [Call or None, backward targets or None, replayed?,
+        # gradients watched?]
+        self.calls: List[List[Any]] = []
 
-    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+    def open(self, module: Any, args: tuple, kwargs: dict) -> None:
         adapter = self.adapter
         if not adapter.installed:
             return None
@@ -83,17 +86,30 @@ class ModuleHooks:
                 call, subtree = session.begin_module("Module", self.path, self.cls, grad_on,
                                                      replay, replayable)
                 session.enter_module(self.path, subtree)
-                targets: Optional[list] = None
-                if call is not None:
-                    inputs = tensor_args(args, kwargs)
-                    if not replay:
-                        for index, key, t in inputs:
-                            session.capture(call, _FORWARD, _INPUT, index, key, t)
-                    if grad_on:
-                        targets = input_targets(inputs)   # None: no grad, no backward
                 if replay and adapter._mode is not None:
                     adapter._mode.enter_replay()   # so the replay's API calls are seen
-                self.calls.append((call, targets, replay))
+                self.calls.append([call, None, replay, grad_on])
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            session.hook_failed(exc, f"forward pre-hook of {self.path or self.cls}")
+        return None
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        adapter = self.adapter
+        if not adapter.installed or not self.calls:
+            return None
+        entry = self.calls[-1]
+        call, _, replay, grad_on = entry
+        if call is None:
+            return None
+        session = adapter.session
+        try:
+            with Guard(adapter):
+                inputs = tensor_args(args, kwargs)
+                if not replay:
+                    for index, key, t in inputs:
+                        session.capture(call, _FORWARD, _INPUT, index, key, t)
+                if grad_on:
+                    entry[1] = input_targets(inputs)   # None: no grad, no backward
         except Exception as exc:  # noqa: BLE001 - never raise into training
             session.hook_failed(exc, f"forward pre-hook of {self.path or self.cls}")
         return None
@@ -103,7 +119,7 @@ class ModuleHooks:
         if not adapter.installed or not self.calls:
             return None
         session = adapter.session
-        call, targets, replay = self.calls.pop()
+        call, targets, replay, _ = self.calls.pop()
         try:
             if call is not None:
                 outputs = tensor_outputs(output)

@@ -773,20 +773,25 @@ def test_records_of_all_steps(tmp_path):
     assert set(np.unique(every["step"])) == {0, 2}
 
 
-def test_rerun_into_the_same_dump_path(tmp_path):
-    """Running the same script twice into one dump path must not mix the two runs in one step:
-    either the second run replaces the first or it is refused up front."""
+def test_a_second_debugger_into_the_same_dump_path(tmp_path):
+    """A second debugger of the same process dumping into one path must not mix the two in
+    one file nor overwrite the first: its step 0 is part 1 of step 0, each part whole (a
+    rerun in another process is refused by the constructor: test_lifecycle)."""
     first, _ = dump_once(tmp_path)
     n = len(first.records(step=0))
+    first_file = first.files(step=0)[0].path
     first.close()
-    try:
-        second, dbg = dump_once(tmp_path, seed=None)
-    except precdbg.PrecdbgError:
-        return
+    with open(first_file, "rb") as handle:
+        before = handle.read()
+    second, dbg = dump_once(tmp_path, seed=None)
+    assert [sf.part for sf in second.files(step=0)] == [0, 1]
     t = second.records(step=0)
-    keys = list(zip(t["entry"], t["role"], t["arg_index"]))
-    assert len(keys) == len(set(keys)), "records of two runs mixed in one step"
-    assert len(t) == n
+    for part in (0, 1):
+        mine = t["part"] == part
+        keys = list(zip(t["entry"][mine], t["role"][mine], t["arg_index"][mine]))
+        assert len(keys) == len(set(keys)) == n, "records of two debuggers mixed in one part"
+    with open(first_file, "rb") as handle:
+        assert handle.read() == before
 
 
 # ----------------------------------------------------------------------------- dy / dx exactness

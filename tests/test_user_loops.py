@@ -238,3 +238,34 @@ def test_a_module_handing_an_input_through_keeps_its_backward(tmp_path):
         roles = sorted(zip(mine["role"].tolist(), mine["arg_index"].tolist()))
         # dy of the new output, dx of x and of the bias; none for the bias handed through
         assert roles == [("grad_input", 0), ("grad_input", 1), ("grad_output", 0)], (i, roles)
+
+
+def test_what_a_modules_pre_hooks_compute_runs_inside_the_module(tmp_path):
+    """Pruning's masked weight (`weight_orig * weight_mask`) and a user's own pre-hook are
+    computed by the module's forward pre-hooks: their calls belong to that module (not to its
+    parent, before the module's call), and the module's inputs are those its forward gets."""
+    import torch.nn.utils.prune as prune
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    prune.l1_unstructured(model[0], "weight", amount=0.5)
+    model[2].register_forward_pre_hook(lambda module, args: (args[0] * 0.5,))
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    dbg.start(model)
+    model(torch.randn(4, 8)).sum().backward()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and not dbg.failures
+    t = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+
+    def rows(entry: str, role: str):
+        return [t.row(i) for i in range(len(t)) if t["entry"][i] == entry and
+                t["role"][i] == role]
+    masked = rows("Tensor.mul.0.forward", "output")[0]
+    assert masked["module"] == "0", masked
+    scaled = rows("Tensor.mul.1.forward", "output")[0]
+    assert scaled["module"] == "2", scaled
+    module_input = rows("Module.2.Linear.forward.0", "input")[0]
+    assert module_input["producer"] == scaled["seq"]        # the input its forward got
+    for name, inner in (("Module.0.Linear.forward.0", masked), ("Module.2.Linear.forward.0",
+                                                                scaled)):
+        assert rows(name, "input")[0]["order"] < inner["order"]   # the module's call began first
