@@ -64,12 +64,18 @@ def named_through(named: Iterable[Tuple[str, Any]],
     """A model walk's (path, module) pairs named through its hand-over wrappers: a wrapper is
     left out and the module it holds takes its path (`held_as(module)`: the attribute a wrapper
     holds its module under, None for any other module), so a wrapped model's paths and
-    parameter names are those of the model unwrapped."""
+    parameter names are those of the model unwrapped. What else a wrapper holds (MindSpore's
+    WithLossCell its loss, TrainOneStepCell its optimizer) is no part of the model: left out
+    with its subtree, as a PyTorch loss or optimizer outside the model is."""
     named = list(named)
     at = dict(named)
+    outside = [f"{path}.{child}" if path else child
+               for path, module in named if held_as(module) is not None
+               for child in _children(named, path) if child != held_as(module)]
     out: List[Tuple[str, Any]] = []
     for path, module in named:
-        if held_as(module) is not None:
+        if held_as(module) is not None or any(path == o or path.startswith(o + ".")
+                                              for o in outside):
             continue
         kept: List[str] = []
         prefix = ""
@@ -80,6 +86,13 @@ def named_through(named: Iterable[Tuple[str, Any]],
             prefix = f"{prefix}.{part}" if prefix else part
         out.append((".".join(kept), module))
     return out
+
+
+def _children(named: List[Tuple[str, Any]], path: str) -> List[str]:
+    """The names of the direct children of `path` in a model walk."""
+    depth = path.count(".") + 1 if path else 0
+    return [p.split(".")[depth] for p, _ in named
+            if p and (not path or p.startswith(path + ".")) and p.count(".") == depth]
 
 
 class BaseInstrumentor:

@@ -698,3 +698,51 @@ def test_writes_outside_captured_apis_keep_earlier_records_and_start_a_new_versi
         assert out["max"] == 49.0, out
     else:                      # the second call's input is the written tensor
         assert (second["min"], second["max"]) == (7.0, 7.0), second
+
+
+class _Two(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(8, 8)
+        self.ln = nn.LayerNorm((8,))
+        self.head = nn.Dense(8, 4)
+
+    def construct(self, x: ms.Tensor) -> ms.Tensor:
+        return self.head(self.ln(self.fc(x)))
+
+
+@pytest.mark.parametrize("target", ["with_loss", "train_one_step"])
+def test_training_wrappers_are_named_through(tmp_path, target):
+    """`start(WithLossCell(net))` and `start(TrainOneStepCell(...))` name the network as
+    `start(net)` does: the same module paths and parameter names, no optimizer state in the
+    inventory, and the two dumps compare as a match."""
+    from precdbg.compare import compare_dumps
+
+    def dump(name: str, which: str) -> str:
+        ms.set_seed(0)
+        net = _Two()
+        opt = nn.Momentum(net.trainable_params(), 0.01, 0.9)
+        with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True,
+                                                                          reduction="mean"))
+        train = nn.TrainOneStepCell(with_loss, opt)
+        train.set_train()
+        start = {"net": net, "with_loss": with_loss, "train_one_step": train}[which]
+        x = ms.Tensor(np.random.RandomState(0).randn(4, 8).astype(np.float32))
+        y = ms.Tensor(np.array([0, 1, 2, 3], np.int32))
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / name), level="mix")
+        dbg.start(start)
+        train(x, y)
+        dbg.stop()
+        dbg.step()
+        assert dbg.close() and not dbg.failures
+        return str(tmp_path / name)
+
+    plain, wrapped = dump("net", "net"), dump("wrapped", target)
+    tables = [precdbg.open_dump(p).records(step=0) for p in (plain, wrapped)]
+    for kind in ("module", "param"):
+        a, b = (sorted(set(t["module"][t["kind"] == kind].tolist())) for t in tables)
+        assert a == b, (kind, a, b)
+    params = sorted(set(tables[1]["entry"][tables[1]["kind"] == "param"].tolist()))
+    assert not [p for p in params if "moment" in p or "global_step" in p or "optimizer" in p]
+    result = compare_dumps(plain, wrapped)
+    assert result["verdict"] == "match", result["first_divergence"]
