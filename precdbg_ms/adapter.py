@@ -63,7 +63,8 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         super().__init__()
         self._registry = PatchRegistry()
         self._cell_calls: Dict[int, List[Any]] = {}
-        self._param_users: Dict[int, Tuple[Any, int, str]] = {}
+        # the functional calls that read a parameter since its last gradient (see _param_grad)
+        self._param_users: Dict[int, List[Tuple[Any, int, str]]] = {}
         self._leaf_cells: Dict[str, str] = {}
         self._copies = CopyOrigins()     # a cell's hook copies and what they copy
         self._origin = self._copies.origin
@@ -308,10 +309,11 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
                 # the gradient value_and_grad returns is this memory in another object
                 self.session.grad_produced(path, grad, hold=True)
                 self._grad_links.saw(grad)
-            user = self._param_users.get(id(param))
-            if user is not None:                 # dw of the leaf cell's functional call
-                api_call, index, key = user
+            users = self._param_users.pop(id(param), ())
+            if len(users) == 1:        # dw of the leaf cell's functional call that read it; a
+                api_call, index, key = users[0]     # parameter two calls read (tied weights,
                 self.session.capture(api_call, "backward", "grad_input", index, key, grad)
+            # a cell called twice) has no per-call gradient here: the dw alone holds the sum
             self.session.end_call()
 
         def hook(grad: Any) -> None:

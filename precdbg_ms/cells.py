@@ -66,7 +66,7 @@ class CellHooks:
     busy: int
     _leaf_cells: Dict[str, str]
     _cell_calls: Dict[int, List[Any]]
-    _param_users: Dict[int, Tuple[Any, int, str]]
+    _param_users: Dict[int, List[Tuple[Any, int, str]]]
     _copies: CopyOrigins
     _origin: Callable[[Any], Any]
     _replay: Replay
@@ -150,7 +150,7 @@ class CellHooks:
                                                   len(inputs)):
                 key = name.rpartition(".")[2]
                 session.capture(api_call, "forward", "input", index, key, param)
-                self._param_users[id(param)] = (api_call, index, key)
+                self._param_users.setdefault(id(param), []).append((api_call, index, key))
         return self._hook_cell_inputs(slot, inputs, args, kwargs)
 
     def _hook_cell_inputs(self, slot: _CellCall, inputs: list, args: tuple, kwargs: dict

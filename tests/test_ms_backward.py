@@ -171,3 +171,40 @@ def test_a_cell_amp_keeps_in_float32_computes_the_same_numbers(tmp_path, amp_lev
         return float(loss), [g.asnumpy().astype(np.float64).tolist() for g in grads]
 
     assert run(True) == run(False)
+
+
+def test_a_parameter_two_calls_read_gets_no_per_call_gradient(tmp_path):
+    """MindSpore hands a parameter's gradient over once, summed over its uses: a Dense called
+    twice (or a tied weight) records it as the dw only, never as one call's grad_input (which
+    would hold the other call's share too); a Dense called once still gets it."""
+    from precdbg_ms import PrecisionDebugger
+
+    class Shared(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Dense(8, 8)
+            self.once = nn.Dense(8, 8)
+
+        def construct(self, x: ms.Tensor) -> ms.Tensor:
+            return self.once(ms.ops.tanh(self.fc(ms.ops.tanh(self.fc(x)))))
+
+    ms.set_seed(0)
+    net = Shared()
+    x = ms.Tensor(np.random.RandomState(0).randn(4, 8).astype(np.float32))
+    grad_fn = ms.grad(lambda x: (net(x) ** 2).sum(), None, net.trainable_params())
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    dbg.start(net)
+    grads = grad_fn(x)
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and not dbg.failures
+    import precdbg
+    t = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+    dense_dx = rows_where(t, role="grad_input", module="fc", kind="api")
+    assert dense_dx and all(r["arg_index"] == 0 for r in dense_dx), dense_dx   # inputs only
+    once_dw = one_row(t, entry="Functional.dense.2.backward", role="grad_input", arg_index=1)
+    weight = dict(zip([p.name for p in net.trainable_params()], grads))["once.weight"]
+    assert_rel(once_dw["norm"], norm64(weight), what="the single call's weight gradient")
+    total = one_row(t, entry="Param.fc.weight.grad", role="param_grad")
+    fc_weight = dict(zip([p.name for p in net.trainable_params()], grads))["fc.weight"]
+    assert_rel(total["norm"], norm64(fc_weight), what="the shared weight's dw")
