@@ -308,6 +308,11 @@ class Dump:
         for sf in self.files(step, rank):
             table = RecordTable(sf.columns())
             hits = np.nonzero(table.key == key)[0]
+            if len(hits) > 1:       # the same call's backward ran twice (retain_graph, a
+                raise DumpError(   # gradient penalty): its records share their key
+                    f"{self.path}: {key!r} names {len(hits)} records (a backward that ran "
+                    "more than once over one graph); read them with records() and "
+                    "tensor_at(table, row), in the order of their `seq`")
             if not len(hits):
                 hits = np.nonzero((table["entry"] == key)
                                   & ~scalar_mask(table["dtype"]))[0]

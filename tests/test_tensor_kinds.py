@@ -254,3 +254,27 @@ def test_inference_tensors_keep_their_producers_and_fresh_statistics(tmp_path: A
     assert mul_in["min"] == 0.0 and mul_in["max"] == pytest.approx(float(out.max()) / 2)
     relu_out = one_row(table, entry="Tensor.relu_.0.forward", role="output")
     assert mul_in["producer"] == relu_out["seq"]
+
+
+def test_a_key_two_backward_passes_share_is_refused_by_name(tmp_path: Any) -> None:
+    """retain_graph: a second backward over one graph records the same calls' gradients
+    again under the same keys; `Dump.tensor(key)` says so instead of returning either."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="module", task="tensor")
+    dbg.start(layer)
+    loss = layer(torch.randn(2, 4)).square().sum()
+    loss.backward(retain_graph=True)
+    (loss * 2).backward()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and not dbg.failures
+    dump = precdbg.open_dump(str(tmp_path / "dump"))
+    key = "Module.Linear.backward.0.grad_output.0"
+    table = dump.records(step=0)
+    rows = np.nonzero(table.key == key)[0]
+    assert len(rows) == 2
+    with pytest.raises(precdbg.DumpError, match="names 2 records"):
+        dump.tensor(key)
+    first, second = (dump.tensor_at(table, int(i)) for i in rows[np.argsort(table["seq"][rows])])
+    np.testing.assert_allclose(second, 2 * first, rtol=1e-6)
