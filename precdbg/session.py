@@ -65,6 +65,8 @@ class Session(CallNaming):
         self.current_step = 0
         self.selection = StepSelection(config)
         self._told_no_model = False
+        self._told_late_model = False
+        self._window_model = False       # the window being captured was given a model
         self.active = False
         self.phase = Phase.FORWARD.value
         self._failures = FailureLog()
@@ -114,7 +116,13 @@ class Session(CallNaming):
     def start(self, model: Any = None) -> bool:
         """Begin capturing if this step and rank are selected; repeat calls are no-ops."""
         if self.active:
+            if model is not None and not self._window_model and not self._told_late_model:
+                self._told_late_model = True
+                log.warning("precdbg: start(model) while step %d is already being captured "
+                            "without a model: the model's modules are not hooked in this "
+                            "step (call start(model) first)", self.current_step)
             return True
+        self._window_model = model is not None
         if model is None and self.config.keeps_modules:
             self._without_model()
         self.rank, self.world_size = self.adapter.rank_and_world()

@@ -542,3 +542,16 @@ def test_debuggers_of_one_process_share_a_folder_and_never_overwrite(tmp_path, c
     dbg.step()
     assert dbg.close()
     assert foreign.read_bytes() == b"another job's file"
+
+
+def test_start_with_a_model_after_start_without_one_says_so(tmp_path, caplog):
+    model = make_model()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    with caplog.at_level(logging.WARNING, logger="precdbg"):
+        assert dbg.start() is True
+        assert dbg.start(model) is True
+    said = [r.getMessage() for r in caplog.records if "already being captured" in r.getMessage()]
+    assert len(said) == 1 and "start(model) first" in said[0], said
+    dbg.stop()
+    dbg.step()
+    assert dbg.close()
