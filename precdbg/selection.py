@@ -1,7 +1,7 @@
 """Which steps and ranks are dumped, and why a run that dumped none says so at exit."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Set, Tuple
 
 from .config import DumpConfig
 
@@ -17,6 +17,7 @@ class StepSelection:
         self.steps = config.step
         self.ranks = config.rank
         self.skipped: Optional[Tuple[int, int, int]] = None   # (how many, first, last)
+        self.selected: Set[int] = set()          # the listed steps start() ran on
 
     def selects(self, step: int, rank: int) -> bool:
         """Whether `start()` on this step and rank dumps; a step left out is remembered."""
@@ -25,16 +26,23 @@ class StepSelection:
             self.skipped = (1, step, step) if seen is None else \
                 (seen[0] + (step != seen[2]), seen[1], step)
             return False
+        self.selected.add(step)
         return not self.ranks or rank in self.ranks
 
     def nothing_dumped_notice(self, written: bool) -> Optional[str]:
-        """Why this run wrote nothing, when start() ran only on steps the config leaves out.
-        None when something was `written` (or start() never ran on a step left out)."""
-        if written or self.skipped is None:
+        """Why this run wrote nothing, or not every step the config lists, when start() ran
+        on steps the config leaves out; None otherwise."""
+        if self.skipped is None:
             return None
         count, first, last = self.skipped
         ran = f"step {first}" if count == 1 else f"{count} steps ({first} to {last})"
-        return (f"precdbg: nothing was dumped: start() ran on {ran} only, and config "
-                f"step is {sorted(self.steps)}; steps are counted by debugger.step() "
-                f"calls from 0 (call step() after every training iteration, or list the steps "
-                f"start() runs on)")
+        how = (f"steps are counted by debugger.step() calls from 0 (call step() after every "
+               f"training iteration, or list the steps start() runs on)")
+        if not written:
+            return (f"precdbg: nothing was dumped: start() ran on {ran} only, and config "
+                    f"step is {sorted(self.steps)}; {how}")
+        missed = sorted(set(self.steps) - self.selected)
+        if not missed:
+            return None
+        return (f"precdbg: config step is {sorted(self.steps)}, and steps {missed} were not "
+                f"dumped: start() also ran on {ran}, which the config leaves out; {how}")

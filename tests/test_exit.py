@@ -310,7 +310,8 @@ def main(folder, dump_step, config_steps):
     debugger = PrecisionDebugger(config_path=config)     # a local of main(), no close()
     model = torch.nn.Linear(4, 4)
     for iteration in range(3):
-        dumped = dump_step < 0 or iteration == dump_step     # -1: every iteration
+        dumped = iteration in dump_step if isinstance(dump_step, list) else \
+            dump_step < 0 or iteration == dump_step          # -1: every iteration
         if dumped:
             debugger.start(model)
         model(torch.ones(2, 4)).sum().backward()
@@ -318,7 +319,7 @@ def main(folder, dump_step, config_steps):
             debugger.stop()
             debugger.step()
 
-main(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]))
+main(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]))
 print("trained")
 sys.exit(3)
 """
@@ -333,7 +334,7 @@ def test_guide_pattern_that_dumps_nothing_says_why(tmp_path, dump_step, config_s
     code); when a step is written, or every step is selected, it says nothing."""
     script = tmp_path / "nothing.py"
     script.write_text(NOTHING_DUMPED)
-    proc = subprocess.run([PYTHON, str(script), str(tmp_path), str(dump_step),
+    proc = subprocess.run([PYTHON, str(script), str(tmp_path), json.dumps(dump_step),
                            json.dumps(config_steps)],
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 3 and "trained" in proc.stdout, proc.stderr[-3000:]
@@ -347,6 +348,24 @@ def test_guide_pattern_that_dumps_nothing_says_why(tmp_path, dump_step, config_s
     else:
         assert said == [], proc.stderr[-3000:]
         assert os.path.exists(tmp_path / "dump" / "step0")
+        assert "were not dumped" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_guide_pattern_that_dumps_some_listed_steps_says_which_it_missed(tmp_path):
+    """Config step [0, 2], the four lines on iterations 0 and 2 only: step() ran once before
+    iteration 2, which is step 1 and not dumped. The step written is kept, and one line says
+    which listed steps were not dumped and why."""
+    script = tmp_path / "nothing.py"
+    script.write_text(NOTHING_DUMPED)
+    proc = subprocess.run([PYTHON, str(script), str(tmp_path), "[0, 2]", "[0, 2]"],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 3 and "trained" in proc.stdout, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "were not dumped" in line]
+    assert said == ["precdbg: config step is [0, 2], and steps [2] were not dumped: start() "
+                    "also ran on step 1, which the config leaves out; steps are counted by "
+                    "debugger.step() calls from 0 (call step() after every training iteration, "
+                    "or list the steps start() runs on)"], proc.stderr[-3000:]
+    assert os.path.exists(tmp_path / "dump" / "step0")
 
 
 def test_compare_names_the_compared_steps_that_are_incomplete(tmp_path):
