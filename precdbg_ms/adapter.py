@@ -15,6 +15,7 @@ function returns (`link_returned_grads`).
 """
 from __future__ import annotations
 
+import logging
 import os
 import platform
 from typing import Any, Callable, Dict, Iterable, List, Tuple
@@ -44,6 +45,8 @@ from .writes import patch_writes
 
 __all__ = ["MindSporeAdapter"]
 
+log = logging.getLogger("precdbg")
+
 _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (ms, precdbg)) + (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 
@@ -65,6 +68,8 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         self._cell_calls: Dict[int, List[Any]] = {}
         # the functional calls that read a parameter since its last gradient (see _param_grad)
         self._param_users: Dict[int, List[Tuple[Any, int, str]]] = {}
+        self._jitted: List[str] = []       # cells whose construct is compiled (ms.jit)
+        self._told_jitted = False
         self._leaf_cells: Dict[str, str] = {}
         self._copies = CopyOrigins()     # a cell's hook copies and what they copy
         self._origin = self._copies.origin
@@ -130,6 +135,13 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         cfg = session.config
+        if self._jitted:
+            session.note_manifest("unobserved", {"compiler": "ms.jit", "modules": self._jitted})
+            if not self._told_jitted:
+                self._told_jitted = True
+                log.warning("precdbg: cell(s) %s run compiled (ms.jit): their calls are "
+                            "captured, nothing inside them", ", ".join(p or "(the model)"
+                                                                 for p in self._jitted))
         # API calls are dumped: wrap the registry (not at level module: nothing kept)
         if cfg.keeps_apis:
             for patch in self._registry.apply(self._make_wrapper):
@@ -142,6 +154,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
             self.hold(patch)
 
     def _uninstrument(self) -> None:
+        self._jitted = []
         self._cell_calls.clear()
         self._replay = Replay(self._origin)
         self._param_users.clear()

@@ -17,11 +17,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from mindspore._c_expression import MixedPrecisionType
 from mindspore.ops.operations.debug_ops import HookBackward
-
-try:                       # MindSpore 2.9 moved it; the old path warns that it is deprecated
-    from mindspore.graph.api import _pynative_executor as _executor
-except ImportError:  # pragma: no cover - older MindSpore
-    from mindspore.common.api import _pynative_executor as _executor
+from mindspore.graph.api import _pynative_executor as _executor
 
 __all__ = ["through_hook", "top_level", "replace_arguments", "replace_result"]
 

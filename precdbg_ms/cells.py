@@ -67,6 +67,7 @@ class CellHooks:
     _leaf_cells: Dict[str, str]
     _cell_calls: Dict[int, List[Any]]
     _param_users: Dict[int, List[Tuple[Any, int, str]]]
+    _jitted: List[str]
     _copies: CopyOrigins
     _origin: Callable[[Any], Any]
     _replay: Replay
@@ -77,6 +78,10 @@ class CellHooks:
 
     def hook_module(self, path: str, cell: nn.Cell) -> None:
         cls = type(cell).__name__
+        if any(path.startswith(p + ".") or not p for p in self._jitted):
+            return       # inside a compiled cell: a hook there would be compiled into its graph
+        if getattr(cell.construct, "__wrapped_by_jit__", False):
+            self._jitted.append(path)   # its call is seen, nothing inside it (said once)
         leaf_api = self._leaf_cells.get(cls) if type(cell).__module__.startswith("mindspore.") \
             else None
         key = id(cell)

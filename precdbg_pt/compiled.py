@@ -76,7 +76,7 @@ def note_scripted(session: Any, paths: List[str]) -> None:
     global _warned_scripted
     if not paths:
         return
-    session.note_manifest("scripted", {"framework": "torch.jit", "modules": paths})
+    session.note_manifest("unobserved", {"compiler": "torch.jit", "modules": paths})
     if not _warned_scripted:
         _warned_scripted = True
         log.warning("precdbg: %s TorchScript (torch.jit): nothing inside %s is captured, "

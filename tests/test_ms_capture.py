@@ -746,3 +746,51 @@ def test_training_wrappers_are_named_through(tmp_path, target):
     assert not [p for p in params if "moment" in p or "global_step" in p or "optimizer" in p]
     result = compare_dumps(plain, wrapped)
     assert result["verdict"] == "match", result["first_divergence"]
+
+
+def test_a_cell_compiled_with_ms_jit_is_said_and_not_compared_inside(tmp_path, caplog):
+    """A cell whose construct runs compiled (ms.jit) records its own call and nothing inside
+    it: precdbg says so once and in the manifest, and a compare with a run that saw inside
+    it is a match with a note, not a structural difference."""
+    import logging
+
+    from precdbg.compare import compare_dumps
+
+    class Outer(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _Two()
+            self.out = nn.Dense(4, 2)
+
+        def construct(self, x: ms.Tensor) -> ms.Tensor:
+            return self.out(ms.ops.tanh(self.inner(x)))
+
+    def dump(name: str, jit: bool) -> str:
+        ms.set_seed(0)
+        net = Outer()
+        if jit:
+            net.inner.construct = ms.jit(net.inner.construct)
+        x = ms.Tensor(np.random.RandomState(0).randn(4, 8).astype(np.float32))
+        grad_fn = ms.value_and_grad(lambda x: net(x).sum(), None, net.trainable_params())
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / name), level="mix")
+        dbg.start(net)
+        grad_fn(x)
+        dbg.stop()
+        dbg.step()
+        assert dbg.close() and not dbg.failures
+        return str(tmp_path / name)
+
+    with caplog.at_level(logging.WARNING, logger="precdbg"):
+        plain, jitted = dump("plain", False), dump("jitted", True)
+    said = [r.getMessage() for r in caplog.records if "ms.jit" in r.getMessage()]
+    assert len(said) == 1 and "inner" in said[0], said
+    opened = precdbg.open_dump(jitted)
+    assert opened.run["manifest"]["unobserved"] == {"compiler": "ms.jit", "modules": ["inner"]}
+    table = opened.records(step=0)
+    calls = np.isin(table["kind"], ["api", "module"])
+    assert not (calls & np.char.startswith(table["module"], "inner.")).any()
+    assert (table["entry"] == "Param.inner.fc.weight.grad").any()     # its parameters' dw
+    assert (table["entry"] == "Cell.inner._Two.forward.0").any()
+    result = compare_dumps(plain, jitted)
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert any("ran module(s) inner compiled (ms.jit)" in n for n in result["notes"])

@@ -61,7 +61,8 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
     structural.extend(structural_differences(ta, tb, step, rank, same, mapping,
-                                             _setting_differences(a, b, step, rank, mapping)))
+                                             _setting_differences(a, b, step, rank, mapping),
+                                             unobserved_modules(a) + unobserved_modules(b)))
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
     apply_floors(ta, tb, al.pairs_a, al.pairs_b, st)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
@@ -142,6 +143,27 @@ def _refuse_overflow_dumps(a: Dump, b: Dump, baseline: str, candidate: str) -> N
                             "for its first non-finite value, or dump task 'statistics'")
 
 
+def unobserved_modules(dump: Dump) -> List[str]:
+    """The module paths a run could not see inside (run.json's manifest `unobserved`: modules
+    that ran compiled, TorchScript or ms.jit)."""
+    section = (dump.run.get("manifest") or {}).get("unobserved") if isinstance(
+        dump.run.get("manifest"), dict) else None
+    return [str(p) for p in section.get("modules", [])] if isinstance(section, dict) else []
+
+
+def _unobserved_note(a: Dump, b: Dump) -> List[str]:
+    notes = []
+    for label, dump in (("baseline", a), ("candidate", b)):
+        paths = unobserved_modules(dump)
+        if paths:
+            compiler = str(((dump.run.get("manifest") or {}).get("unobserved") or {})
+                           .get("compiler", "compiled"))
+            shown = ", ".join(p or "(the model)" for p in paths[:5])
+            notes.append(f"the {label} ran module(s) {shown} compiled ({compiler}): the calls "
+                         "inside them were not captured, and are not compared")
+    return notes
+
+
 def _level_note(a: Dump, b: Dump) -> List[str]:
     la, lb = a.setting("level"), b.setting("level")
     if la and lb and la != lb:
@@ -207,7 +229,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs))
-        notes = _uncompared(a, b, step, rank, pairs) + _level_note(a, b)
+        notes = _uncompared(a, b, step, rank, pairs) + _level_note(a, b) + \
+            _unobserved_note(a, b)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
                          f"the candidate's step {own_b[0][0]} rank {own_b[0][1]} (the one step "

@@ -266,11 +266,12 @@ def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
 def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: int,
                            same_framework: bool,
                            mapping: Optional[Mapping[str, Mapping[str, str]]] = None,
-                           settings: Sequence[SettingDifference] = ()
-                           ) -> List[StructuralDiff]:
+                           settings: Sequence[SettingDifference] = (),
+                           unobserved: Sequence[str] = ()) -> List[StructuralDiff]:
     """Modules present in both runs whose class (or, within one framework, calls) or numeric
     layer settings (`settings`, from `precdbg.layers.dump_setting_differences`) differ, in the
-    baseline's execution order."""
+    baseline's execution order. `unobserved`: module paths whose inside either run could not
+    see (compiled: TorchScript, ms.jit); their calls are not compared."""
     if not len(ta) or not len(tb):
         return []
     by_module: Dict[str, List[SettingDifference]] = {}
@@ -288,7 +289,8 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
         if not calls_b:
             continue
         ma, mb, seq_a, seq_b = _calls_compared(calls_a, calls_b)
-        calls_differ = same_framework and seq_a != seq_b
+        hidden = any(path == u or path.startswith(u + ".") or u == "" for u in unobserved)
+        calls_differ = same_framework and seq_a != seq_b and not hidden
         # a layer the op table knows (Linear, GELU, LayerNorm, ...) that became another is a
         # difference by itself; a user's class under another name (GPT2Block vs Block, a
         # subclass) only when it also calls something else
