@@ -178,7 +178,10 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
             if adapter.busy or adapter.paused or not adapter.installed:
                 return original(prim, *args, **kwargs)
             bound = lambda *a, **k: original(prim, *a, **k)  # noqa: E731
-            return adapter._on_api_call(bound, prefix, type(prim).__name__, args, kwargs,
+            name = type(prim).__name__     # a generic Primitive("typeof") by its own name
+            if name == "Primitive":
+                name = str(getattr(prim, "name", "") or name)
+            return adapter._on_api_call(bound, prefix, name, args, kwargs,
                                         writes=bool(getattr(prim, "side_effect_mem", False)))
         return call_primitive
 

@@ -230,6 +230,8 @@ _UNSETTLED: List[_Pending] = []     # deferred host statistics not read yet, in 
 def _host_row(arr: np.ndarray) -> HostRow:
     if arr.dtype == np.bool_ or arr.dtype.kind in "iub":
         arr = arr.astype(np.float64)
+    elif arr.dtype.kind == "c":           # complex: its magnitude, as precdbg_pt records it
+        arr = np.abs(arr)
     code = _FAST_CODES.get(str(arr.dtype))
     arr = np.ascontiguousarray(arr)
     if _fastats is not None and code is not None:

@@ -794,3 +794,23 @@ def test_a_cell_compiled_with_ms_jit_is_said_and_not_compared_inside(tmp_path, c
     result = compare_dumps(plain, jitted)
     assert result["verdict"] == "match", result["first_divergence"]
     assert any("ran module(s) inner compiled (ms.jit)" in n for n in result["notes"])
+
+
+def test_complex_tensors_and_generic_primitives(tmp_path):
+    """A complex tensor is recorded by its magnitude (as PyTorch's are), with no numpy warning
+    on the user's stderr; a generic Primitive("...") is named by its own name."""
+    import warnings
+
+    def body():
+        z = ms.Tensor(np.array([3 + 4j, 0 + 1j], np.complex64))
+        z * z
+        ms.ops.Primitive("typeof")(z)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table, _, _ = capture(tmp_path, body, level="api")
+    row = one_row(table, entry="Tensor.__mul__.0.forward", role="input", arg_index=0)
+    assert_rel(row["norm"], math.sqrt(26.0), what="the magnitude's norm")
+    assert (row["min"], row["max"]) == (1.0, 5.0)
+    assert any(e.startswith("Primitive.typeof.") for e in table["entry"].tolist()), \
+        sorted(set(table["entry"].tolist()))
