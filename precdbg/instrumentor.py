@@ -7,6 +7,8 @@ them; it never imports another adapter, and this module imports no framework.
 """
 from __future__ import annotations
 
+import logging
+
 from typing import (Any, Callable, ClassVar, ContextManager, Dict, Iterable, List, Optional,
                     Protocol, Tuple, TypeVar)
 
@@ -20,6 +22,10 @@ __all__ = ["BaseInstrumentor", "ClassPatch", "GuardedHook", "Handle", "NamedTens
 
 T = TypeVar("T")
 _OPTIMIZER, _PARAM = Phase.OPTIMIZER.value, RecordKind.PARAM.value
+# an optimizer stepping this often in one captured step: stop() was most likely skipped
+_STEPS_OF_A_LEFT_OPEN_CAPTURE = 3
+
+log = logging.getLogger("precdbg")
 
 # (full name, tensor, class name of the module that owns it under that name)
 NamedTensor = Tuple[str, Any, str]
@@ -121,6 +127,8 @@ class BaseInstrumentor:
         # Python layer: backward hooks are registered per captured call)
         self.hold: Callable[[Handle], None] = self._handles.append
         self._optimizers_noted: set = set()
+        self._optimizer_steps: Dict[int, int] = {}      # per optimizer, in this window
+        self._told_left_open = False
         self._optimizer_tokens: List[OptimizerToken] = []
         self._module_paths: Dict[int, str] = {}   # id(module) -> path, while installed
 
@@ -134,6 +142,7 @@ class BaseInstrumentor:
         modules = self.walk(model)
         self.session, self.busy, self.paused = session, 0, False
         self._optimizers_noted, self._optimizer_tokens = set(), []
+        self._optimizer_steps: Dict[int, int] = {}
         self.installed = True
         params = self.named_tensors(modules, self.own_parameters)
         if modules:
@@ -277,6 +286,14 @@ class BaseInstrumentor:
             self._optimizers_noted.add(id(optimizer))
             self.run_guarded(self._note_optimizer, "recording the optimizer", optimizer,
                              describe)
+        steps = self._optimizer_steps[id(optimizer)] = \
+            self._optimizer_steps.get(id(optimizer), 0) + 1
+        if steps == _STEPS_OF_A_LEFT_OPEN_CAPTURE and not self._told_left_open:
+            self._told_left_open = True
+            log.warning("precdbg: step %d has been captured through %d steps of %s: stop() "
+                        "did not run (an exception skipped it?); everything runs captured, "
+                        "and slower, until stop()", session.current_step, steps,
+                        type(optimizer).__name__)
         session.phase = _OPTIMIZER
         self.paused = self.paused or not session.config.include_optimizer
         self.pause_changed()

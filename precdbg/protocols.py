@@ -62,6 +62,7 @@ class Recorder(Protocol):
     config: "DumpConfig"
     filter: "CaptureFilter"
     phase: str                          # forward / optimizer: the phase new calls are recorded in
+    current_step: int                   # the step being captured (counted by step())
     owning_module: str                  # the innermost module whose forward runs ("" for none)
 
     # `watched`: gradients are on, its backward is watched now; `replay`: the call re-runs an

@@ -555,3 +555,28 @@ def test_start_with_a_model_after_start_without_one_says_so(tmp_path, caplog):
     dbg.stop()
     dbg.step()
     assert dbg.close()
+
+
+def test_a_capture_left_open_by_an_exception_is_said_once(tmp_path, caplog, batches):
+    """An exception caught by the training loop skipped stop(): the capture goes on through
+    the next iterations; after three optimizer steps precdbg says so once, without raising."""
+    model = make_model()
+    optimizer = make_optimizer(model)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    with caplog.at_level(logging.WARNING, logger="precdbg"):
+        for iteration in range(5):
+            try:
+                if iteration == 0:
+                    dbg.start(model)
+                loss_of(model, *batches[0]).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if iteration == 0:
+                    raise RuntimeError("a bad batch")
+            except RuntimeError:
+                continue
+    said = [r.getMessage() for r in caplog.records if "stop() did not run" in r.getMessage()]
+    assert len(said) == 1 and "through 3 steps of AdamW" in said[0], said
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and not dbg.failures
