@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 import mindspore as ms
@@ -46,6 +47,7 @@ from .writes import patch_writes
 __all__ = ["MindSporeAdapter"]
 
 log = logging.getLogger("precdbg")
+_thread = threading.get_ident
 
 _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (ms, precdbg)) + (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
@@ -70,6 +72,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         self._param_users: Dict[int, List[Tuple[Any, int, str]]] = {}
         self._jitted: List[str] = []       # cells whose construct is compiled (ms.jit)
         self._told_jitted = False
+        self.capturing_thread = 0
         self._leaf_cells: Dict[str, str] = {}
         self._copies = CopyOrigins()     # a cell's hook copies and what they copy
         self._origin = self._copies.origin
@@ -135,6 +138,9 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         cfg = session.config
+        # the patched APIs are process-wide: only the thread that started the capture (the
+        # training loop's) is recorded, as PyTorch's capture mode is per thread
+        self.capturing_thread = _thread()
         if self._jitted:
             session.note_manifest("unobserved", {"compiler": "ms.jit", "modules": self._jitted})
             if not self._told_jitted:
@@ -168,14 +174,16 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
 
         if api:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                if adapter.busy or adapter.paused or not adapter.installed:
+                if adapter.busy or adapter.paused or not adapter.installed or \
+                        _thread() != adapter.capturing_thread:
                     return original(*args, **kwargs)
                 return adapter._on_api_call(original, prefix, api, args, kwargs)
             return wrapper
 
         def call_primitive(prim: Any, *args: Any, **kwargs: Any) -> Any:
             """A primitive's arguments are those of its call, not the primitive itself."""
-            if adapter.busy or adapter.paused or not adapter.installed:
+            if adapter.busy or adapter.paused or not adapter.installed or \
+                    _thread() != adapter.capturing_thread:
                 return original(prim, *args, **kwargs)
             bound = lambda *a, **k: original(prim, *a, **k)  # noqa: E731
             name = type(prim).__name__     # a generic Primitive("typeof") by its own name

@@ -814,3 +814,22 @@ def test_complex_tensors_and_generic_primitives(tmp_path):
     assert (row["min"], row["max"]) == (1.0, 5.0)
     assert any(e.startswith("Primitive.typeof.") for e in table["entry"].tolist()), \
         sorted(set(table["entry"].tolist()))
+
+
+def test_calls_of_other_threads_are_not_recorded(tmp_path):
+    """The patched APIs are process-wide; only the thread that started the capture is
+    recorded (a data or logging thread's ops are not the step's), as in PyTorch."""
+    import threading
+
+    def body():
+        a = ms.Tensor(np.ones((4,), np.float32))
+        worker = threading.Thread(target=lambda: ms.ops.mul(a, 3.0))
+        worker.start()
+        worker.join()
+        ms.ops.mul(a, 2.0)
+
+    table, _, _ = capture(tmp_path, body, level="api")
+    muls = sorted(set(e for e in table["entry"].tolist() if ".mul." in e))
+    assert muls == ["Functional.mul.0.forward"], muls
+    scalar = one_row(table, entry="Functional.mul.0.forward", role="input", arg_index=1)
+    assert scalar["mean"] == 2.0
