@@ -160,12 +160,19 @@ def _keyboard_interrupt(framework: str):
     return once
 
 
-def _gc_exit(framework: str):
-    def once(folder: str) -> None:
-        run = run_guide(folder, framework, "gc_exit", task="tensor")
-        assert run.rc == 0, run
-        check_dump(run, steps=[0, 1, 2])
-    return once
+def _every_step_written(variant: str, rc: int):
+    """A variant that ends the process after its last stop() with `rc`: every step whole."""
+    def variant_for(framework: str):
+        def once(folder: str) -> None:
+            run = run_guide(folder, framework, variant, task="tensor")
+            assert run.rc == rc, run
+            check_dump(run, steps=[0, 1, 2])
+        return once
+    return variant_for
+
+
+_gc_exit = _every_step_written("gc_exit", 0)
+_os_exit = _every_step_written("os_exit", 5)     # os._exit(5) runs no shutdown hook
 
 
 def _gc_retire(framework: str):
@@ -173,14 +180,6 @@ def _gc_retire(framework: str):
         run = run_guide(folder, framework, "gc_retire", task="tensor")
         assert run.rc == 0, run
         assert "writer alive after gc: False" in run.stdout, run
-        check_dump(run, steps=[0, 1, 2])
-    return once
-
-
-def _os_exit(framework: str):
-    def once(folder: str) -> None:
-        run = run_guide(folder, framework, "os_exit", task="tensor")
-        assert run.rc == 5, run
         check_dump(run, steps=[0, 1, 2])
     return once
 
