@@ -13,6 +13,8 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from mindspore import nn
 
+from precdbg.instrumentor import ClassPatch
+
 from .aliasing import CopyOrigins, wrap_cell_backward_hook
 from .backward import replace_arguments, replace_result, through_hook, top_level
 from .calls import is_floating, tensor_inputs, tensor_outputs
@@ -55,6 +57,26 @@ class _CellGrad:
             adapter.run_guarded(adapter._cell_grad, "backward hook of "
                                 + (self.slot.call or self.slot.api_call).backward_entry,
                                 self.slot, self.role, self.index, self.key, grad)
+
+
+def _custom_bprop_forward_hook(cell: nn.Cell, hook: Callable[..., Any]) -> Optional[Any]:
+    """`hook` as `register_forward_hook(hook, with_kwargs=True, always_call=True)` would hold
+    it, on a cell with its own `bprop`, for which MindSpore returns an empty handle although
+    PyNative runs the hooks it holds (`Cell._run_construct`); None where this MindSpore keeps
+    forward hooks otherwise (the cell is then left unhooked)."""
+    try:
+        from mindspore.common.hook_handle import HookHandle
+        hooks = cell._forward_hook
+        extras = [cell._forward_hook_with_kwargs, cell._forward_hook_always_called]
+    except (ImportError, AttributeError):
+        return None
+    if not all(isinstance(d, dict) for d in [hooks] + extras):
+        return None
+    handle = HookHandle(hooks, extra_dict=extras)
+    hooks[handle.handle_id] = hook
+    for extra in extras:
+        extra[handle.handle_id] = True
+    return handle
 
 
 class CellHooks:
@@ -103,13 +125,34 @@ class CellHooks:
             return self.run_guarded(self._cell_post, f"forward hook of {path or cls}", key,
                                     output)
 
-        self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
-        self.hold(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
+        if getattr(cell, "has_bprop", False):
+            # a cell with its own bprop: MindSpore hands back an empty handle for its forward
+            # hook (its forward would never end here); the ops of its bprop are its backward
+            post_handle = _custom_bprop_forward_hook(cell, post)
+            if post_handle is None:
+                return
+            self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
+            self.hold(post_handle)
+            self.hold(ClassPatch(cell, "bprop", self._uncaptured_bprop))
+        else:
+            self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
+            self.hold(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
         if self.session.filter.keeps_backward:
             # a backward hook of the user's copies what crosses the cell: linked to originals
             aliased = wrap_cell_backward_hook(cell, self._alias)
             if aliased is not None:
                 self.hold(aliased)
+
+    def _uncaptured_bprop(self, bprop: Callable[..., Any]) -> Callable[..., Any]:
+        """A cell's own bprop, run with nothing in it captured: its ops compute the cell's
+        backward (recorded as its dx and dy), as a PyTorch autograd Function's backward."""
+        def run(*args: Any) -> Any:
+            self.busy += 1
+            try:
+                return bprop(*args)
+            finally:
+                self.busy = max(0, self.busy - 1)
+        return run
 
     def _alias(self, original: Any, copy: Any) -> None:
         if self.installed:

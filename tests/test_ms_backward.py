@@ -5,6 +5,8 @@ runs and sees what it saw without precdbg, and a write into a parameter inside t
 differentiated function (`set_data`) still writes the parameter."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -208,3 +210,71 @@ def test_a_parameter_two_calls_read_gets_no_per_call_gradient(tmp_path):
     total = one_row(t, entry="Param.fc.weight.grad", role="param_grad")
     fc_weight = dict(zip([p.name for p in net.trainable_params()], grads))["fc.weight"]
     assert_rel(total["norm"], norm64(fc_weight), what="the shared weight's dw")
+
+
+class _HalveGradient(nn.Cell):
+    """Identity forward, a bprop of its own that halves the gradient."""
+
+    def construct(self, x: ms.Tensor) -> ms.Tensor:
+        return x * 1.0
+
+    def bprop(self, x: ms.Tensor, out: ms.Tensor, dout: ms.Tensor) -> tuple:
+        return (dout * 0.5,)
+
+
+class _Inner(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = Scale()
+        self.halve = _HalveGradient()
+
+    def construct(self, x: ms.Tensor, c: ms.Tensor) -> ms.Tensor:
+        return self.halve(self.scale(x, c))
+
+
+class _BpropNet(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Inner()
+
+    def construct(self, x: ms.Tensor, c: ms.Tensor) -> ms.Tensor:
+        h = self.inner(x, c) + x         # the root's own call, after the bprop cell returned
+        return (h * h).sum()
+
+
+@pytest.mark.parametrize("level", ["mix", "module"])
+def test_a_cell_with_its_own_bprop_ends_its_forward_and_its_bprop_is_its_backward(tmp_path,
+                                                                                 level):
+    """MindSpore refuses forward hooks on a cell with a bprop: its forward never ended, so every
+    later call was filed inside it, and its bprop's ops were recorded as forward calls of the
+    root (a false divergence against the PyTorch twin). The cell's forward ends where it returns,
+    its dy and dx are what its bprop received and returned, the bprop's ops are not recorded,
+    and the gradients are those of the run without precdbg."""
+    net = _BpropNet()
+    c = ms.Tensor(C)
+    x = ms.Tensor(X)
+
+    def grad() -> Any:
+        return ms.grad(lambda x: net(x, c), grad_position=0, weights=net.trainable_params())(x)
+
+    reference = grad()
+    t, dbg, got = capture(tmp_path, grad, model=net, level=level)
+    assert dbg.failures == 0
+    np.testing.assert_array_equal(got[0].asnumpy(), reference[0].asnumpy())
+    np.testing.assert_array_equal(got[1][0].asnumpy(), reference[1][0].asnumpy())
+    out = one_row(t, entry="Cell.inner.halve._HalveGradient.forward.0", role="output")
+    assert out["module"] == "inner.halve"
+    if level == "mix":
+        add = one_row(t, entry="Tensor.__add__.0.forward", role="output")
+        assert add["module"] == "", "a call after the bprop cell returned is the root's"
+        # the bprop's `dout * 0.5` is its backward, not a forward call of anything
+        calls = {(r["module"], r["entry"]) for r in rows_where(t, direction="forward",
+                                                               api="__mul__")}
+        assert sorted(m for m, _ in calls) == ["", "inner.halve", "inner.scale",
+                                               "inner.scale"], calls
+    xv, w, cv = (a.astype(np.float64) for a in (X, W, C))
+    h = xv * w * cv + xv                               # forward: halve is the identity
+    dy = 2 * h                                         # at the bprop cell's output
+    back = "Cell.inner.halve._HalveGradient.backward.0"
+    assert_rel(one_row(t, entry=back, role="grad_output")["norm"], norm64(dy), 1e-6, "dy")
+    assert_rel(one_row(t, entry=back, role="grad_input")["norm"], norm64(0.5 * dy), 1e-6, "dx")
