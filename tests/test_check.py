@@ -394,3 +394,43 @@ def test_layer_setting_difference_names_the_module(dumps):
         "1e-05 vs 0.001", finding
     assert [m["path_a"] for m in finding["modules"]] == ["blocks.0.ln_2"]
     assert result["layer_settings"] == finding["modules"]
+
+
+# ------------------------------------------------------------------ an unseeded process's seed
+_UNSEEDED = r"""
+import sys, torch
+from precdbg_pt import PrecisionDebugger
+weights, out, dropout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+middle = torch.nn.Dropout(dropout) if dropout else torch.nn.Identity()
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), middle, torch.nn.Linear(8, 1))
+model.load_state_dict(torch.load(weights))          # the same weights, no seed set
+debugger = PrecisionDebugger(dump_path=out, level="mix")
+debugger.start(model)
+model(torch.ones(2, 4)).sum().backward()
+debugger.stop(); debugger.step()
+"""
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_a_seed_no_random_op_used_is_a_note_not_a_finding(tmp_path, dropout):
+    """Two unseeded runs of the same loaded weights differ in torch's initial seed. Where the
+    parameters agree at the start and no random op ran in the step, the seed changes nothing
+    there: a note (check exits 0), not a medium finding. With a dropout that draws, it is one."""
+    import torch
+    torch.manual_seed(0)
+    weights = str(tmp_path / "w.pt")
+    torch.save(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Identity(),
+                                   torch.nn.Linear(8, 1)).state_dict(), weights)
+    for name in ("a", "b"):
+        proc = subprocess.run([PYTHON, "-c", _UNSEEDED, weights, str(tmp_path / name),
+                               str(dropout)], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    result = check_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    seed = [f for f in result["findings"] if f["kind"] == "seed"]
+    noted = [n for n in result["notes"] if "torch seed differs" in n]
+    if dropout:
+        assert len(seed) == 1 and seed[0]["severity"] == "medium" and not noted, result
+    else:
+        assert not seed and len(noted) == 1 and "neither run called a random op" in noted[0]
+        assert _cli("check", str(tmp_path / "a"), str(tmp_path / "b")).returncode == 0

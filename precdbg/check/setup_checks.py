@@ -23,6 +23,16 @@ _FOLLOWING_OPS = frozenset({
     "full_like", "zeros", "ones", "empty", "full", "arange", "tensor", "pad"})
 
 
+# canonical ops that draw random numbers (a seed changes what they compute)
+_RANDOM_OPS = frozenset({
+    "dropout", "alpha_dropout", "feature_alpha_dropout", "drop_path", "rand", "randn",
+    "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli", "multinomial",
+    "normal", "uniform", "exponential", "geometric", "cauchy", "log_normal", "random", "rrelu",
+    "gumbel_softmax", "poisson", "standard_normal", "standard_laplace", "gamma", "random_gamma",
+    "random_categorical", "uniform_int", "uniform_real", "dropout_gen_mask", "dropout_do_mask",
+    "fused_dropout", "native_dropout"})
+
+
 def _compute_dtypes(run: _Run) -> Dict[str, List[Tuple[int, str, str]]]:
     """op -> [(seq, float dtype, module)] of one run's forward API outputs in floating point,
     in execution order."""
@@ -103,12 +113,31 @@ class SetupChecks:
             if _same(da[key], db[key]):
                 continue
             if key in ("initial_seed", "seed"):
-                self.add("medium", "seed", f"{fw} seed differs: {la} {_fmt(da[key])}, {lb} "
-                         f"{_fmt(db[key])} (initial weights, dropout masks)", da[key], db[key])
+                said = f"{fw} seed differs: {la} {_fmt(da[key])}, {lb} {_fmt(db[key])}"
+                if self._seed_unused():
+                    self.notes.append(f"{said}; it changes nothing checked here: the "
+                                      f"parameters agree at the start of step {self.a.step} "
+                                      "and neither run called a random op in it")
+                else:
+                    self.add("medium", "seed", f"{said} (initial weights, dropout masks)",
+                             da[key], db[key])
             else:
                 self.add("low" if key == "num_threads" else "medium", "determinism",
                          f"{fw} {key} differs: {la} {_fmt(da[key])}, {lb} {_fmt(db[key])}",
                          da[key], db[key])
+
+    def _seed_unused(self) -> bool:
+        """Whether a different seed cannot have changed the checked step: the parameters agree
+        at its start (an inventory on both sides) and every API call of both runs is recorded
+        (level mix or api, no call filter), none of them a random op."""
+        if self.values_differ or not self.a.inventory or not self.b.inventory:
+            return False
+        for run in (self.a, self.b):
+            config = run.run.get("config") if isinstance(run.run.get("config"), dict) else {}
+            if run.dump.setting("level") not in ("mix", "api") or any(
+                    config.get(key) for key in ("scope", "scope_range", "list")):
+                return False
+        return not (self.a.ops | self.b.ops) & _RANDOM_OPS
 
     # ------------------------------------------------------------------ platform
     def platform(self) -> None:
