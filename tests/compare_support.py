@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -181,7 +182,35 @@ def _proj_1e3_at_step2(model: GPT, opt: torch.optim.Optimizer, batches: List[Bat
     return opt
 
 
+def _attn_scale(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    """blocks.1.attn scales its scores by 1.01/sqrt(d) (its own API calls, no child module)."""
+    attn = model.blocks[1].attn
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, attn.n_head, c // attn.n_head).transpose(1, 2)
+                   for z in attn.qkv(x).split(c, dim=2))
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.01 / math.sqrt(c // attn.n_head))
+        scores = scores.masked_fill(~attn.mask[:, :, :t, :t], float("-inf"))
+        y = torch.matmul(F.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, t, c)
+        return attn.proj(y)
+    attn.forward = forward
+    return opt
+
+
+def _dw_zero(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    model.blocks[0].attn.qkv.weight.register_hook(lambda g: g * 0)
+    return opt
+
+
+def _detach_ln(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    """blocks.1.ln_1's output detached: no gradient reaches ln_1 (its dw and dx are zero)."""
+    model.blocks[1].ln_1.register_forward_hook(lambda mod, inp, out: out.detach())
+    return opt
+
+
 DEFECTS: Dict[str, Callable[[GPT, torch.optim.Optimizer, List[Batch]], torch.optim.Optimizer]] = {
+    "attn_scale": _attn_scale, "detach_ln": _detach_ln, "dw_zero": _dw_zero,
     "gelu_tanh": _gelu_tanh, "layer_norm_eps": _layer_norm_eps, "weight": _weight,
     "data": _data, "dx_only": _dx_only, "dw_only": _dw_only, "optimizer": _optimizer,
     "fused_proj": _fused_proj(1.0), "fused_proj_dx": _fused_proj(1.001),
@@ -227,7 +256,7 @@ MODELS: Dict[str, Callable[[GPTConfig], nn.Module]] = {
 # --------------------------------------------------------------------------- dumping
 def dump_gpt(path: str, defect: Optional[str] = None, steps: int = 1, task: str = "statistics",
              cfg: Optional[GPTConfig] = None, batch: int = BATCH, model: str = "gpt",
-             threads: Optional[int] = None, autocast: bool = False) -> str:
+             threads: Optional[int] = None, autocast: bool = False, level: str = "mix") -> str:
     """Train `steps` steps of a seeded GPT with one defect (or none) and dump every step; with
     `autocast`, the forward and loss run under CPU bfloat16 autocast."""
     if threads is not None:
@@ -239,7 +268,7 @@ def dump_gpt(path: str, defect: Optional[str] = None, steps: int = 1, task: str 
     batches = list(make_batches(cfg, batch_size=batch, steps=steps))
     if defect is not None:
         opt = DEFECTS[defect](net, opt, batches)
-    dbg = PrecisionDebugger(dump_path=str(path), level="mix", task=task)
+    dbg = PrecisionDebugger(dump_path=str(path), level=level, task=task)
     for x, y in batches:
         dbg.start(net)
         if autocast:

@@ -38,6 +38,7 @@ SPECS: Dict[str, Dict[str, Any]] = {
     "data": dict(defect="data"),
     "dx_only": dict(defect="dx_only"),
     "dw_only": dict(defect="dw_only"),
+    "dw_zero": dict(defect="dw_zero"),
     "fused_proj": dict(defect="fused_proj"),
     "fused_proj_dx": dict(defect="fused_proj_dx"),
     "optimizer": dict(defect="optimizer", steps=2),
@@ -45,6 +46,10 @@ SPECS: Dict[str, Dict[str, Any]] = {
     "stats_permuted": dict(defect="proj_permuted"),
     "layers": dict(model="layers"),
     "wrapped": dict(model="wrapped"),
+    "attn_scale": dict(defect="attn_scale"),
+    "detach_ln": dict(defect="detach_ln"),
+    "module_base": dict(level="module"),
+    "module_attn_scale": dict(defect="attn_scale", level="module"),
     "tensor_base": dict(task="tensor"),
     "tensor_1e-4": dict(task="tensor", defect="proj_1e-4"),
     "tensor_permuted": dict(task="tensor", defect="proj_permuted"),
@@ -128,6 +133,40 @@ def test_backward_defect_in_a_call_nothing_captures(dumps):
                             module="blocks.1.mlp", reason=["backward-only", "does not capture",
                                                            "Functional.gelu"])
     assert first["role"] == "grad_input", cs.describe(result)
+
+
+def test_a_gradient_stopped_in_one_run_is_named_with_what_stops_it(dumps):
+    """A detach in the candidate: the backward that differs first is the block holding it,
+    and the verdict names the detach among the calls only the candidate makes there."""
+    result = compare(dumps, "base", "detach_ln")
+    cs.assert_first(result, step=0, direction="backward", kind="module", module="blocks.1",
+                    reason=["only the candidate calls Tensor.detach.0.forward"])
+
+
+def test_an_all_zero_gradient_is_said_and_a_100_percent_difference(dumps):
+    """A weight gradient zeroed in the candidate: the verdict says it is all zero there, and
+    its relative error is 100 %, not a difference over a 1e-30 floor (4e+28)."""
+    result = compare(dumps, "base", "dw_zero")
+    first = cs.assert_first(result, step=0, direction="backward", kind="param_grad",
+                            module="blocks.0.attn.qkv",
+                            reason=["dw-only difference", "it is all zero in the candidate"])
+    assert first["evidence"]["all_zero_in"] == "candidate"
+    zero = [r for r in result["rows"] if r["step"] == 0 and r["norm_b"] == 0.0
+            and r["norm_a"] not in (0.0, None)]
+    assert zero and all(r["d_norm"] == pytest.approx(1.0) for r in zero), zero[:2]
+
+
+def test_at_level_module_a_call_inside_a_module_is_not_called_uncaptured(dumps):
+    """Level module records no API call: a difference computed by the module's own calls is
+    said to be there and how to name it (level mix), not blamed on code precdbg cannot see."""
+    result = compare(dumps, "module_base", "module_attn_scale")
+    first = cs.assert_first(result, step=0, direction="forward", kind="module",
+                            module="blocks.1.attn",
+                            reason=["level module", "dump level mix to name that call"])
+    assert "custom autograd" not in first["reason"], first["reason"]
+    result = compare(dumps, "base", "attn_scale")        # level mix names the calls
+    cs.assert_first(result, step=0, direction="forward", kind=("api", "module"),
+                    module="blocks.1.attn", reason=["Tensor.div", "Tensor.mul"])
 
 
 def test_dw_only_defect(dumps):
@@ -241,6 +280,9 @@ def test_cli_exit_1_and_reports(dumps, tmp_path):
     assert len(parsed) == len(result["rows"])
     assert sum(r["status"] == "diverged" for r in parsed) == \
         sum(r["status"] == "diverged" for r in result["rows"]) > 0
+    # dumps without checksums compared none: blank, not False on every row
+    assert {r["checksum_equal"] for r in parsed} == {""}
+    assert {r["checksum_equal"] for r in result["rows"]} == {None}
 
     with open(out["html"], encoding="utf-8") as handle:
         page = handle.read()

@@ -171,6 +171,10 @@ def test_a_module_level_dump_against_a_mix_one(base, tmp_path):
     result = compare_dumps(base, module)
     assert result["verdict"] == "match", result["first_divergence"]
     assert any("levels differ (baseline mix, candidate module)" in n for n in result["notes"])
+    # the baseline's API records have no counterpart to miss: counted in the note, not listed
+    assert not [u for u in result["unmatched"] if u["kind"] == "api"], result["unmatched"][:3]
+    assert any("api-call record(s) of the baseline, which the other level does not record"
+               in n for n in result["notes"]), result["notes"]
     tanh = _dump(tmp_path / "module_tanh", level="module", approximate="tanh")
     first = compare_dumps(base, tanh)["first_divergence"]
     assert first is not None and (first["module"], first["op"]) == ("act", "gelu"), first

@@ -79,6 +79,23 @@ def test_weight_decay_in_one_run_only_is_named(threads):
     assert first["metrics"]["update_share"] > UPDATE_SHARE, cs.describe(result)
 
 
+def test_step_option_judges_the_step_by_the_one_before_both_dumps_hold(threads):
+    """`--step S` on dumps that hold step S-1 too: the parameters at S's start are judged by
+    S-1 (compared only for that), not blamed on "an earlier step that was not dumped"."""
+    result = compare_dumps(threads["t1"], threads["no_weight_decay"], step=1)
+    first = cs.assert_first(result, step=1, direction="forward", kind="param", module=None,
+                            reason=["while step 0 matched", "optimizer update differs",
+                                    "weight gradient (dw) agreed: the same gradient",
+                                    "weight decay"])
+    assert "not dumped" not in first["reason"] and "differ at the start" not in \
+        first["reason"].split("set-up:")[-1], first["reason"]
+    # where S-1 already differs, the verdict says so and how to see it
+    result = compare_dumps(threads["t1"], threads["no_weight_decay"], step=2)
+    cs.assert_first(result, step=2, direction="forward", kind="param", module=None,
+                            reason=["step 1 (rank 0), which both dumps hold but this compare "
+                                    "left out, already differs", "compare without --step"])
+
+
 def test_defect_at_step_two_found_over_the_noise(threads):
     result = compare_dumps(threads["t1"], threads["proj_1e-3_at_step2"])
     cs.assert_first(result, step=2, direction="forward", kind=("module", "api"),

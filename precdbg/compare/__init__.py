@@ -164,12 +164,32 @@ def _unobserved_note(a: Dump, b: Dump) -> List[str]:
     return notes
 
 
-def _level_note(a: Dump, b: Dump) -> List[str]:
+# the kinds of call records each level captures (parameters and their gradients: every level)
+_LEVEL_CALLS = {"mix": {"api", "module"}, "api": {"api"}, "module": {"module"}}
+
+
+def _level_note(a: Dump, b: Dump, unmatched: List[Dict[str, Any]]) -> List[str]:
+    """Where the levels differ, the records of calls the other dump's level never captures
+    leave `unmatched` (they have no counterpart to miss), counted in the note instead."""
     la, lb = a.setting("level"), b.setting("level")
-    if la and lb and la != lb:
-        return [f"levels differ (baseline {la}, candidate {lb}): only records both levels "
-                "capture are compared; the others are listed without counterpart"]
-    return []
+    if not la or not lb or la == lb or la not in _LEVEL_CALLS or lb not in _LEVEL_CALLS:
+        return []
+    other = {"a": _LEVEL_CALLS[lb], "b": _LEVEL_CALLS[la]}
+    kinds = _LEVEL_CALLS[la] | _LEVEL_CALLS[lb]
+    left: Dict[str, int] = {}
+    kept = []
+    for u in unmatched:
+        if u["kind"] in kinds and u["kind"] not in other[u["side"]]:
+            left[u["side"]] = left.get(u["side"], 0) + 1
+        else:
+            kept.append(u)
+    unmatched[:] = kept
+    said = [f"{left[side]} {' and '.join(sorted(_LEVEL_CALLS[level] - _LEVEL_CALLS[o]))}-call "
+            f"record(s) of the {label}" for side, label, level, o in
+            (("a", "baseline", la, lb), ("b", "candidate", lb, la)) if left.get(side)]
+    return [f"levels differ (baseline {la}, candidate {lb}): only the calls both levels "
+            f"capture are compared" + (f"; left out: {', '.join(said)}, which the other level "
+                                       "does not record" if said else "")]
 
 
 def _uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
@@ -215,9 +235,11 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         structural: List[StructuralDiff] = []
         optimizer_differs = optimizer_setup(setup["findings"])
         noise = NoisePolicy(alike=not optimizer_differs)
+        before: Dict[Tuple[int, int], bool] = {}   # a step before --step S: whether it agrees
         for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
-            noise.settle(r, _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0),
-                                          noise, []))
+            found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise, [])
+            noise.settle(r, found)
+            before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
         for k, (s, r) in enumerate(pairs):
             found = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
                                   (k, len(pairs)), noise, structural)
@@ -228,8 +250,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
         first, involved = locate(steps, optimizer_differs, structural,
-                                 other_setup(setup["findings"], optimizer_differs))
-        notes = _uncompared(a, b, step, rank, pairs) + _level_note(a, b) + \
+                                 other_setup(setup["findings"], optimizer_differs), before)
+        notes = _uncompared(a, b, step, rank, pairs) + _level_note(a, b, unmatched) + \
             _unobserved_note(a, b)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
@@ -261,7 +283,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          "to confirm a match bit for bit")
         consequences = _consequences(steps, first, involved)
         if first is not None and "structure" not in first:
-            _note_extra_calls(first, unmatched)
+            _note_extra_calls(first, unmatched, rows)
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched), "notes": notes,
@@ -286,10 +308,20 @@ def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tupl
                    and a.files(s - 1, r) and b.files(s - 1, r)})
 
 
-def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]]) -> None:
-    """Calls inside the culprit's module that only one run made are part of the evidence."""
+_GRADIENT_STOPS = frozenset({"detach", "stop_gradient"})
+
+
+def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]],
+                      rows: List[Row]) -> None:
+    """Calls inside the culprit's module that only one run made are part of the evidence (not
+    a call with a counterpart, one of whose records the other run lacks: a gradient that never
+    arrived)."""
     if first["kind"] not in ("module", "api"):
         return
+    paired = {("a", row.step, row.rank, row.name_a) for row in rows} | \
+        {("b", row.step, row.rank, row.name_b) for row in rows}
+    unmatched = [u for u in unmatched
+                 if (u["side"], u["step"], u["rank"], u["name"]) not in paired]
     inside = lambda m: first["module"] == "" or m == first["module"] or \
         m.startswith(first["module"] + ".")  # noqa: E731
     # a forward verdict: the calls made in one run only (their forward records); a backward
@@ -300,6 +332,17 @@ def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]]) ->
         if u["step"] == first["step"] and u["kind"] == "api" and inside(u["module"]) \
                 and u["role"] in roles:
             extra.setdefault(u["side"], []).append(u["name"])
+    zero = first["evidence"].get("all_zero_in")
+    if zero:                  # what stops the gradient in that run only
+        side = "a" if zero == "baseline" else "b"
+        stops = sorted({f"{u['name']} (module '{u['module']}')" for u in unmatched
+                        if u["side"] == side and u["step"] == first["step"]
+                        and u["rank"] == first["rank"] and u["op"] in _GRADIENT_STOPS
+                        and u["role"] in _FORWARD_ROLES})
+        if stops:
+            first["evidence"]["gradient_stopped_by"] = stops[:10]
+            first["reason"] += (f"; only the {zero} calls {', '.join(stops[:3])}, which stops "
+                                "the gradient")
     if extra:
         first["evidence"]["calls_in_one_run_only"] = {
             ("baseline" if side == "a" else "candidate"): sorted(set(names))[:10]

@@ -109,7 +109,8 @@ def pair_row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.
         setattr(row, key, finite_or_none(st[key][p]))
     row.nan_a, row.nan_b = ra["nan_count"], rb["nan_count"]
     row.inf_a, row.inf_b = ra["inf_count"], rb["inf_count"]
-    row.checksum_equal = bool(st["checksum_equal"][p])
+    if ra["checksum"] and rb["checksum"]:      # None: a side has none, nothing was compared
+        row.checksum_equal = bool(st["checksum_equal"][p])
     if st["floor_decided"][p]:
         row.floor = float(st["floor"][p])
     if tm is not None:

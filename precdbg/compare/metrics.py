@@ -113,8 +113,11 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
         va, vb = col(a, stat, ia), col(b, stat, ib)
         out[f"d_{stat}"] = _rel(va, vb, np.fmax(np.abs(np.nan_to_num(vb)), scale))
     out["d_mean"] = _rel(col(a, "mean", ia), col(b, "mean", ib), scale)
+    # relative to the larger norm: an all-zero side (a gradient that never arrived) is a 100 %
+    # difference, not one over the 1e-30 floor
     out["d_norm"] = _rel(col(a, "norm", ia), col(b, "norm", ib),
-                         np.abs(np.nan_to_num(col(b, "norm", ib))))
+                         np.fmax(np.abs(np.nan_to_num(col(a, "norm", ia))),
+                                 np.abs(np.nan_to_num(col(b, "norm", ib)))))
     dtype_b = col(b, "dtype", ib)
     pa, pb = _carried(a, ia), _carried(b, ib)
     precision = _coarser(pa, pb)

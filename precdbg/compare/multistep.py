@@ -229,6 +229,8 @@ def param_reason(step: int, metrics: Dict[str, Any], previous_matched: bool,
 
 
 def other_setup(findings: Sequence[Dict[str, Any]], optimizer: Sequence[str]) -> List[str]:
-    """The messages of high and medium `check` findings that are not optimizer set-up."""
+    """The messages of high and medium `check` findings that are not optimizer set-up (nor
+    the parameters' values at the checked step's start: what a parameter verdict itself says)."""
     return [str(f["message"]) for f in findings if f.get("severity") in ("high", "medium")
-            and str(f["message"]) not in optimizer and f.get("kind") != "incomplete"]
+            and str(f["message"]) not in optimizer
+            and f.get("kind") not in ("incomplete", "initial_values")]

@@ -47,7 +47,8 @@ def summary_text(result: Dict[str, Any]) -> str:
         lines.append(f"first divergence: step {first['step']} rank {first['rank']} "
                      f"{first['direction']} {first['kind']}")
         lines.append(f"  {first['name_a'] or '-'}  <->  {first['name_b'] or '-'}")
-        lines.append(f"  module '{first['module']}'  op '{first['op']}'  role {first['role']}")
+        lines.append(f"  module '{first['module']}'  op '{first['op']}'"
+                     + (f"  role {first['role']}" if first.get("role") else ""))
         lines.append(f"  why: {first['reason']}")
         chain = first.get("chain") or []
         if chain:
@@ -62,7 +63,8 @@ def summary_text(result: Dict[str, Any]) -> str:
                 shown = ", ".join(f"{k} {_fmt(m[k])}" for k in
                                   ("norm_a", "norm_b", "mean_a", "mean_b", "err", "cosine")
                                   if k in m and m[k] is not None)
-                lines.append(f"  {label}: {item['role']} {item['arg_index']}: {shown}")
+                if shown:       # no statistics to show (a record of one run only)
+                    lines.append(f"  {label}: {item['role']} {item['arg_index']}: {shown}")
         if ev.get("inputs_agreeing"):
             lines.append(f"  inputs that agree: {ev['inputs_agreeing']}")
         cons = result["consequences"]

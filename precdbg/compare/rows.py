@@ -65,7 +65,7 @@ class Row:
     nan_b: int = 0
     inf_a: int = 0
     inf_b: int = 0
-    checksum_equal: bool = False
+    checksum_equal: Optional[bool] = None    # None: not both records have a checksum
     producer_a: str = ""           # entry that produced the tensor this record reads ("" none)
     producer_b: str = ""
     module_b: str = ""             # the candidate's module path (the HTML tree shows it)

@@ -16,6 +16,7 @@ from .structure import StructuralDiff
 __all__ = ["Cause", "Link", "root_verdict", "chain", "inventory_verdict", "structural_verdict"]
 
 _BACKWARD = Direction.BACKWARD.value
+_API = RecordKind.API.value
 _MODULE, _PARAM_GRAD = RecordKind.MODULE.value, RecordKind.PARAM_GRAD.value
 _OUTPUT_WORDS = {Role.OUTPUT.value: "output", Role.GRAD_INPUT.value: "gradient for input (dx)",
                  Role.PARAM_GRAD.value: "weight gradient (dw)"}
@@ -105,11 +106,35 @@ def _candidate_reason(culprit: Entry, step: StepEntries) -> str:
     if culprit.kind == _PARAM_GRAD:
         more = sum(1 for e in step.entries if e.kind == _PARAM_GRAD and e.rank == culprit.rank
                    and e.diverged and e is not culprit)
+        more_text = f" ({more} more)" if more else ""
+        dx_differs = any(e.direction == _BACKWARD and e.kind != _PARAM_GRAD and e.diverged
+                         and e.rank == culprit.rank for e in step.entries)
+        zero = _all_zero_side(culprit)
+        zero_text = f"; it is all zero in the {zero}" if zero else ""
+        if dx_differs:
+            return (f"the first backward record that differs is the weight gradient of "
+                    f"{culprit.name}{more_text}{zero_text}; the forward agrees")
         return ("dw-only difference: forward and dx agree, the weight gradient of "
-                f"{culprit.name} does not" + (f" ({more} more)" if more else ""))
+                f"{culprit.name} does not" + more_text + zero_text)
     if culprit.direction == _BACKWARD:
-        return "backward-only difference: the forward agrees; " + _output_reason(culprit)
+        zero = _all_zero_side(culprit)
+        return ("backward-only difference: the forward agrees; " + _output_reason(culprit)
+                + (f"; it is all zero in the {zero}" if zero else ""))
     return _output_reason(culprit)
+
+
+def _all_zero_side(e: Entry) -> str:
+    """"baseline" / "candidate" where every differing output of `e` is all zero in that run
+    only (a norm of exactly 0 against a non-zero one), else ""."""
+    sides = set()
+    for x in e.outputs_bad:
+        na, nb = x.metrics.get("norm_a"), x.metrics.get("norm_b")
+        if not isinstance(na, float) or not isinstance(nb, float):
+            return ""
+        if (na == 0.0) == (nb == 0.0):
+            return ""
+        sides.add("baseline" if na == 0.0 else "candidate")
+    return sides.pop() if len(sides) == 1 else ""
 
 
 def _enclosing_agreeing_module(e: Entry, step: StepEntries) -> Optional[Entry]:
@@ -123,15 +148,19 @@ def _enclosing_agreeing_module(e: Entry, step: StepEntries) -> Optional[Entry]:
                default=None)
 
 
-def _uncaptured_inside_reason(holder: Entry, e: Entry, ev: Evidence) -> str:
+def _uncaptured_inside_reason(holder: Entry, e: Entry, ev: Evidence, step: StepEntries
+                              ) -> str:
     where = f"module '{holder.module}'" if holder.module else "the root module"
     read = "the gradient arriving at" if e.direction == _BACKWARD else "a value read by"
     side = "its dy agrees but its dx does not" if e.direction == _BACKWARD else \
         "its inputs agree but its outputs do not"
-    return (f"{'backward-only difference: ' if e.direction == _BACKWARD else ''}{side}; "
-            f"inside it, {read} {e.name} already differs and no captured call produced it: a "
-            f"call inside {where} that precdbg does not capture computes it (a custom autograd "
-            f"Function, a C++/CUDA extension op, compiled code){ev.why}")
+    head = (f"{'backward-only difference: ' if e.direction == _BACKWARD else ''}{side}; "
+            f"inside it, {read} {e.name} already differs and no captured call produced it: ")
+    if not any(x.kind == _API for x in step.entries if x.rank == e.rank):
+        return (head + f"an API call inside {where} computes it, and these dumps hold module "
+                f"calls only (level module): dump level mix to name that call{ev.why}")
+    return (head + f"a call inside {where} that precdbg does not capture computes it (a "
+            f"custom autograd Function, a C++/CUDA extension op, compiled code){ev.why}")
 
 
 def root_verdict(link: Link, step: StepEntries) -> Tuple[Dict[str, Any], Optional[Entry]]:
@@ -140,12 +169,15 @@ def root_verdict(link: Link, step: StepEntries) -> Tuple[Dict[str, Any], Optiona
     e, ev = link.entry, link.evidence
     if link.cause is Cause.CANDIDATE:
         culprit = _innermost(e, step.timeline(e.rank))
-        return _verdict(culprit, _candidate_reason(culprit, step)), \
-            (culprit if culprit is not e else None)
+        verdict = _verdict(culprit, _candidate_reason(culprit, step))
+        zero = _all_zero_side(culprit) if culprit.direction == _BACKWARD else ""
+        if zero:
+            verdict["evidence"]["all_zero_in"] = zero
+        return verdict, (culprit if culprit is not e else None)
     if link.cause in (Cause.INPUT_DATA, Cause.ARRIVING_GRAD):
         holder = _enclosing_agreeing_module(e, step)
         if holder is not None:
-            return _verdict(holder, _uncaptured_inside_reason(holder, e, ev)), None
+            return _verdict(holder, _uncaptured_inside_reason(holder, e, ev, step)), None
     if link.cause is Cause.INPUT_DATA:
         return _verdict(e, f"input data differs: its {ev.role} {ev.arg_index} was produced by "
                         f"nothing captured in the step (the batch, RNG, the data loader) and "
@@ -179,7 +211,8 @@ def chain(links: List[Link], culprit: Optional[Entry], first: Dict[str, Any]
               "text": link.text} for link in links]
     last = links[-1]
     if culprit is not None:
-        items[-1]["text"] = f"{last.entry.name}'s outputs differ while its inputs agree; inside it"
+        items[-1]["text"] = (f"{last.entry.name}'s outputs differ while its inputs agree; the "
+                              "first record inside it that differs:")
         items.append({"name_a": culprit.name_a, "name_b": culprit.name_b, "step": culprit.step,
                       "rank": culprit.rank, "kind": culprit.kind,
                       "direction": culprit.direction, "module": culprit.module,
@@ -200,7 +233,8 @@ def chain(links: List[Link], culprit: Optional[Entry], first: Dict[str, Any]
 
 
 def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]],
-                      setup: Sequence[str], others: Sequence[str] = ()
+                      setup: Sequence[str], others: Sequence[str] = (),
+                      differed: AbstractSet[Tuple[int, int]] = frozenset()
                       ) -> Optional[Dict[str, Any]]:
     """The parameter inventory's verdict at the start of a step; `matched`: the (step, rank)
     pairs compared before it, which all agreed (the step before on the same rank is then
@@ -225,7 +259,11 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
         reason += f" ({others} more parameter(s) differ)"
     if not previous_matched and not e.trainable_differs and \
             (ev is None or (not ev.only_in and ev.shape_ok)):
-        if e.step > 0 and any(step < e.step for step, _ in matched):
+        if (e.step - 1, e.rank) in differed:
+            reason += (f": the runs entered step {e.step} with different weights, and step "
+                       f"{e.step - 1} (rank {e.rank}), which both dumps hold but this compare "
+                       "left out, already differs: compare without --step to see where")
+        elif e.step > 0 and any(step < e.step for step, _ in matched):
             reason += (f": the runs entered step {e.step} with different weights, and step "
                        f"{e.step - 1} (rank {e.rank}) was not compared: the difference arose "
                        "in a step that is not in both dumps; dump every step from the last "
