@@ -1,12 +1,13 @@
 """Which arguments of a call are recorded, and under which keys: one rule for every framework.
 
 Tensors are found in positional and keyword arguments and in lists, tuples and dicts nested up to
-two levels (`torch.cat([a, b])` -> keys "0.0", "0.1"); each gets an ordinal among the call's
-tensors. Non-tensor arguments worth comparing across runs (numbers, strings, dtypes, short integer
+two levels (`torch.cat([a, b])` -> keys "0.0", "0.1"), and in what a call returns also in dataclass
+instances (a model's output, keys by field name); each gets an ordinal among the call's tensors. Non-tensor arguments worth comparing across runs (numbers, strings, dtypes, short integer
 tuples such as shapes) are recorded as values.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .schema import DtypeName
@@ -26,6 +27,10 @@ def _flatten(value: Any, key: str, out: List[Tuple[str, Any]], is_tensor: Callab
     elif isinstance(value, dict) and depth < _MAX_DEPTH:
         for k, item in value.items():
             _flatten(item, f"{key}.{k}" if key else str(k), out, is_tensor, depth + 1)
+    elif depth < _MAX_DEPTH and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):       # a model's output as a plain dataclass
+            _flatten(getattr(value, field.name, None),
+                     f"{key}.{field.name}" if key else field.name, out, is_tensor, depth + 1)
 
 
 def tensor_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any],

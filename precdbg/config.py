@@ -25,6 +25,9 @@ _SUMMARY_ALIASES = {"statistics": SummaryMode.STATISTICS, "checksum": SummaryMod
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
+_MAX_LISTED = 100_000      # steps (ranks) one list may name: each is kept and written to run.json
+
+
 def _expand_int_list(value: Any, key: str) -> List[int]:
     """[0, 2, "4-6"] -> [0, 2, 4, 5, 6]; an int alone is a one-element list."""
     if value is None:
@@ -46,6 +49,10 @@ def _expand_int_list(value: Any, key: str) -> List[int]:
                 lo, hi = int(match.group(1)), int(match.group(2))
                 if lo > hi:
                     raise ValueError(f"range {item!r} runs backwards")
+                if hi - lo + 1 + len(out) > _MAX_LISTED:
+                    raise ValueError(f"range {item!r} lists {hi - lo + 1:,} values, more than "
+                                     f"the {_MAX_LISTED:,} a {key} list may hold; an empty "
+                                     f"list ([]) selects every {key}")
                 out.extend(range(lo, hi + 1))
                 continue
             if item.strip().isdigit():

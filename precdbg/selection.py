@@ -18,8 +18,9 @@ class StepSelection:
         self.ranks = config.rank
         self.skipped: Optional[Tuple[int, int, int]] = None   # (how many, first, last)
         self.selected: Set[int] = set()          # the listed steps start() ran on
+        self.world: Optional[Tuple[int, int]] = None   # (rank, world size) the config leaves out
 
-    def selects(self, step: int, rank: int) -> bool:
+    def selects(self, step: int, rank: int, world_size: int = 1) -> bool:
         """Whether `start()` on this step and rank dumps; a step left out is remembered."""
         if self.steps and step not in self.steps:
             seen = self.skipped
@@ -27,11 +28,23 @@ class StepSelection:
                 (seen[0] + (step != seen[2]), seen[1], step)
             return False
         self.selected.add(step)
-        return not self.ranks or rank in self.ranks
+        if self.ranks and rank not in self.ranks:
+            self.world = (rank, world_size)
+            return False
+        return True
 
     def nothing_dumped_notice(self, written: bool) -> Optional[str]:
         """Why this run wrote nothing, or not every step the config lists, when start() ran
-        on steps the config leaves out; None otherwise."""
+        on steps the config leaves out, or when no rank of the run is one the config lists;
+        None otherwise (a rank left out of a run whose other ranks dump says nothing)."""
+        if self.world is not None and not written:
+            rank, world_size = self.world
+            if not any(r < world_size for r in self.ranks):
+                return (f"precdbg: nothing was dumped: config rank is {sorted(self.ranks)}, "
+                        f"and this run has rank(s) 0 to {world_size - 1} only (this process "
+                        f"is rank {rank})")
+            if self.selected:
+                return None
         if self.skipped is None:
             return None
         count, first, last = self.skipped

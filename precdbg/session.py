@@ -66,7 +66,7 @@ class Session(CallNaming):
         self.selection = StepSelection(config)
         self._told_no_model = False
         self._told_late_model = False
-        self._window_model = False       # the window being captured was given a model
+        self._window_model: Any = None   # the model the window being captured was given
         self.active = False
         self.phase = Phase.FORWARD.value
         self._failures = FailureLog()
@@ -116,17 +116,24 @@ class Session(CallNaming):
     def start(self, model: Any = None) -> bool:
         """Begin capturing if this step and rank are selected; repeat calls are no-ops."""
         if self.active:
-            if model is not None and not self._window_model and not self._told_late_model:
+            if model is not None and model is not self._window_model \
+                    and not self._told_late_model:
                 self._told_late_model = True
-                log.warning("precdbg: start(model) while step %d is already being captured "
-                            "without a model: the model's modules are not hooked in this "
-                            "step (call start(model) first)", self.current_step)
+                if self._window_model is None:
+                    log.warning("precdbg: start(model) while step %d is already being "
+                                "captured without a model: the model's modules are not hooked "
+                                "in this step (call start(model) first)", self.current_step)
+                else:
+                    log.warning("precdbg: start(model) with another model while step %d is "
+                                "already being captured: its modules are not hooked in this "
+                                "step (give every model to the first start: start([model_a, "
+                                "model_b]))", self.current_step)
             return True
-        self._window_model = model is not None
+        self._window_model = model
         if model is None and self.config.keeps_modules:
             self._without_model()
         self.rank, self.world_size = self.adapter.rank_and_world()
-        if not self.selection.selects(self.current_step, self.rank):
+        if not self.selection.selects(self.current_step, self.rank, self.world_size):
             return False
         self._reset_window()
         if not self.run.written:
@@ -198,6 +205,7 @@ class Session(CallNaming):
         if not self.active:
             return
         self.active = False
+        self._window_model = None            # not kept alive past its window
         if self._calls_seen == 0 and not interrupted and (self.config.keeps_apis
                                                           or self.config.keeps_modules):
             log.warning("precdbg: step %d: no API or module call ran between start() and stop(); "

@@ -5,6 +5,7 @@ the core's); the only state is the handles it must remove.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import platform
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -33,6 +34,26 @@ _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, pre
 
 
 _is_grad_enabled = torch._C.is_grad_enabled
+log = logging.getLogger("precdbg")
+_UNINITIALIZED = torch.nn.parameter.UninitializedTensorMixin
+_told_lazy = False
+
+
+def _initialized(named: Iterable[Tuple[str, Any]]) -> Iterable[Tuple[str, Any]]:
+    """A module's parameters or buffers without the uninitialized ones of a lazy module
+    (`nn.LazyLinear` before its first forward: no shape, no values), said once."""
+    named = list(named)
+    if not any(isinstance(value, _UNINITIALIZED) for _, value in named):
+        return named
+    global _told_lazy
+    if not _told_lazy:
+        _told_lazy = True
+        log.warning("precdbg: a lazy module's parameters are not initialized yet at "
+                    "start(model): they are left out of this step's parameter inventory and "
+                    "weight gradients (the API calls that read them still record them)")
+    return [(name, value) for name, value in named if not isinstance(value, _UNINITIALIZED)]
+
+
 _NAMED_PARAMETERS = torch.nn.Module.named_parameters
 _NAMED_BUFFERS = torch.nn.Module.named_buffers
 
@@ -130,13 +151,13 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         # the module's own dict where `named_parameters` is torch's (what it reads, without
         # its generator layers: asked per module at every start); an override is asked
         if type(module).named_parameters is _NAMED_PARAMETERS:
-            return module._parameters.items()
-        return module.named_parameters(recurse=False)
+            return _initialized(module._parameters.items())
+        return _initialized(module.named_parameters(recurse=False))
 
     def own_buffers(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
         if type(module).named_buffers is _NAMED_BUFFERS:
-            return module._buffers.items()
-        return module.named_buffers(recurse=False)
+            return _initialized(module._buffers.items())
+        return _initialized(module.named_buffers(recurse=False))
 
     def inventory_role(self, leaf: str, value: Any, is_param: bool) -> Tuple[str, bool]:
         return ("param", bool(value.requires_grad)) if is_param else ("buffer", False)

@@ -39,12 +39,16 @@ def input_targets(inputs: Sequence[Tuple[int, str, torch.Tensor]]) -> List[Targe
 
 
 class _DxState:
-    __slots__ = ("expected", "arrived", "partial")
+    __slots__ = ("expected", "arrived", "partial", "flush_queued")
 
     def __init__(self, n: int) -> None:
         self.expected = [0] * n
         self.arrived = [0] * n
         self.partial: List[Optional[torch.Tensor]] = [None] * n
+        self.flush_queued = False     # a flush of what arrived runs when this backward ends
+
+
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 
 
 _ACCUMULATE_GRAD: type = torch._C._functions.AccumulateGrad   # a leaf's node: .variable
@@ -218,11 +222,42 @@ class DxHook(GuardedHook):
                 prev = state.partial[ti]
                 state.partial[ti] = grad if prev is None else prev + grad
             if state.arrived[ti] >= state.expected[ti]:
-                total, state.partial[ti] = state.partial[ti], None
-                state.arrived[ti] = 0                # ready for another backward (retain_graph)
-                if total is not None:
-                    target = self.targets[ti]
-                    session.capture(call, _BACKWARD, _GRAD_INPUT, target[0], target[1], total)
+                _record_dx(session, call, state, self.targets, ti)
+            elif not state.flush_queued:
+                # an edge whose node never runs (an output nothing used, `(h, x.sum())` with
+                # the sum dropped) never arrives: what did arrive is this input's dx, recorded
+                # when the backward ends
+                state.flush_queued = True
+                _queue_callback(DxFlush(self.adapter, call, state, self.targets))
 
     def where(self) -> str:
         return "backward hook of " + self.call.backward_entry
+
+
+def _record_dx(session: Any, call: Any, state: _DxState, targets: Sequence[Target],
+               ti: int) -> None:
+    total, state.partial[ti] = state.partial[ti], None
+    state.arrived[ti] = 0                # ready for another backward (retain_graph)
+    if total is not None:
+        target = targets[ti]
+        session.capture(call, _BACKWARD, _GRAD_INPUT, target[0], target[1], total)
+
+
+class DxFlush(GuardedHook):
+    """At the end of a backward: the dx of inputs some of whose edges never ran."""
+    __slots__ = ("call", "state", "targets")
+
+    def __init__(self, adapter: Any, call: Any, state: _DxState,
+                 targets: Sequence[Target]) -> None:
+        super().__init__(adapter)
+        self.call, self.state, self.targets = call, state, targets
+
+    def record(self, session: Any) -> None:
+        state = self.state
+        state.flush_queued = False
+        for ti, arrived in enumerate(state.arrived):
+            if arrived:
+                _record_dx(session, self.call, state, self.targets, ti)
+
+    def where(self) -> str:
+        return "end of the backward of " + self.call.backward_entry

@@ -477,3 +477,17 @@ def test_measure_cli_startup():
         assert proc.returncode == 0 and "compare" in proc.stdout, proc.stderr
     print(f"\n[measure] `python -m precdbg --help` start-up: median "
           f"{statistics.median(times) * 1e3:.0f} ms (min {min(times) * 1e3:.0f} ms, 5 runs)")
+
+
+def test_stored_complex_tensors_are_compared_in_both_parts():
+    """A complex tensor that differs only in its imaginary part differs (it was cast to float64,
+    which drops the imaginary part with a ComplexWarning, and matched)."""
+    import warnings
+    from precdbg.compare.metrics import tensor_metrics
+    a = np.array([1 + 0j, 2 + 0j, -1 + 0j], dtype=np.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same = tensor_metrics(a, a.copy())
+        apart = tensor_metrics(a, a + 0.5j)
+    assert same["rmse"] == 0.0 and same["cosine"] == pytest.approx(1.0)
+    assert apart["rmse"] > 0.2 and apart["cosine"] < 0.99

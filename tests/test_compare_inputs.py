@@ -235,3 +235,43 @@ def test_a_set_up_difference_is_named_where_parameters_part():
     assert "the optimizer update differs" in alone and "same gradient" in alone
     with_optimizer = param_reason(1, metrics, True, ["lr differs"], others)
     assert "the optimizer update differs" in with_optimizer and "lr differs" in with_optimizer
+
+
+_ENDS_IN_FORWARD = r"""
+import sys, torch, torch.nn as nn
+from precdbg_pt import PrecisionDebugger
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x)) * 2
+        if sys.argv[2] == "exit":
+            sys.exit(3)                       # the process ends inside the model's forward
+        return self.b(h)
+
+torch.manual_seed(0)
+net = Net()
+debugger = PrecisionDebugger(dump_path=sys.argv[1], level="mix")
+debugger.start(net)
+net(torch.ones(2, 8)).sum().backward()
+debugger.stop(); debugger.step()
+"""
+
+
+def test_a_step_the_process_ended_inside_is_compared_as_far_as_it_got(tmp_path):
+    """The candidate's step ended inside the model's forward (sys.exit): the root's calls up to
+    there are those of the complete run, so it matches (the set-up names the interrupted step)
+    instead of "the candidate calls nothing" in the root module."""
+    import subprocess
+    import sys
+    for name, how in (("whole", "run"), ("cut", "exit")):
+        proc = subprocess.run([sys.executable, "-c", _ENDS_IN_FORWARD, str(tmp_path / name),
+                               how], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == (3 if how == "exit" else 0), proc.stderr
+    result = compare_dumps(str(tmp_path / "whole"), str(tmp_path / "cut"))
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert any("interrupted" in f["message"] for f in result["setup"]), result["setup"]
+    assert result["rows"] and result["unmatched_count"] > 0

@@ -105,6 +105,15 @@ def test_bad_step_names_the_key(value):
     assert "step" in message
 
 
+@pytest.mark.parametrize("key", ["step", "rank"])
+def test_a_huge_range_is_a_one_line_error_not_a_list_of_billions(key):
+    """A range of 10^12 steps was expanded into a list (10 GB for 10^8, MemoryError beyond)."""
+    message = _error(load_config, **{key: ["0-999999999999"]})
+    assert f"{key}: range '0-999999999999'" in message and "\n" not in message
+    assert "an empty list ([]) selects every" in message
+    assert len(load_config(**{key: ["1-100000"]}).model_dump()[key]) == 100_000
+
+
 @pytest.mark.parametrize("settings,key", [
     (dict(level="L3"), "level"),
     (dict(task="free_benchmark"), "task"),
@@ -361,3 +370,21 @@ def test_msprobe_unknown_statistic_suggests_the_closest(tmp_path):
     path = _write(tmp_path / "config.json", data)
     assert _error(load_config, path) == \
         f"{path}: statistics.summary_mode: 'mn': unknown statistic — did you mean min?"
+
+
+def test_a_rank_filter_no_rank_of_the_run_passes_is_what_the_notice_names():
+    """rank [1] in a one-process run: start() ran on the listed steps, the rank filter left them
+    out. The notice names the rank filter (not step counting); where another rank of the run
+    is listed, this rank says nothing."""
+    from precdbg.selection import StepSelection
+    alone = StepSelection(load_config(step=[1, 3], rank=[1]))
+    for step in range(5):
+        assert not alone.selects(step, 0, 1)
+    assert alone.nothing_dumped_notice(False) == (
+        "precdbg: nothing was dumped: config rank is [1], and this run has rank(s) 0 to 0 only "
+        "(this process is rank 0)")
+    two = StepSelection(load_config(step=[1, 3], rank=[1]))
+    for step in range(5):
+        assert not two.selects(step, 0, 2)
+    assert two.nothing_dumped_notice(False) is None
+    assert two.selects(1, 1, 2)

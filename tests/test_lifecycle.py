@@ -557,6 +557,23 @@ def test_start_with_a_model_after_start_without_one_says_so(tmp_path, caplog):
     assert dbg.close()
 
 
+def test_start_with_another_model_in_the_same_step_says_how_to_hook_both(tmp_path, caplog):
+    """A GAN loop's start(G); start(D): the second model was silently not hooked. It is said
+    once, with the list form that hooks both; the same model again says nothing."""
+    generator, discriminator = make_model(), make_model()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    with caplog.at_level(logging.WARNING, logger="precdbg"):
+        assert dbg.start(generator) is True
+        assert dbg.start(generator) is True
+        assert dbg.start(discriminator) is True
+        assert dbg.start(discriminator) is True
+    said = [r.getMessage() for r in caplog.records if "already being captured" in r.getMessage()]
+    assert len(said) == 1 and "start([model_a, model_b])" in said[0], said
+    dbg.stop()
+    dbg.step()
+    assert dbg.close()
+
+
 def test_a_capture_left_open_by_an_exception_is_said_once(tmp_path, caplog, batches):
     """An exception caught by the training loop skipped stop(): the capture goes on through
     the next iterations; after three optimizer steps precdbg says so once, without raising."""

@@ -5,6 +5,7 @@ nn.TransformerEncoder in eval (its fused fast path), step an optimizer that take
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import logging
 from typing import Callable, List
@@ -270,3 +271,96 @@ def test_what_a_modules_pre_hooks_compute_runs_inside_the_module(tmp_path):
     for name, inner in (("Module.0.Linear.forward.0", masked), ("Module.2.Linear.forward.0",
                                                                 scaled)):
         assert rows(name, "input")[0]["order"] < inner["order"]   # the module's call began first
+
+
+@dataclasses.dataclass
+class _BlockOutput:
+    hidden: torch.Tensor
+    extra: object = None
+
+
+class _Block(nn.Module):
+    """Returns its hidden state with a second float output (computed straight from its input)
+    that the caller drops, or a plain dataclass."""
+
+    def __init__(self, returns: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.returns = returns
+
+    def forward(self, x: torch.Tensor):
+        h = torch.tanh(self.lin(x))
+        if self.returns == "unused_output":
+            return h, x.sum()
+        return _BlockOutput(h, None)
+
+
+class _Outer(nn.Module):
+    def __init__(self, returns: str) -> None:
+        super().__init__()
+        self.pre = nn.Linear(8, 8)
+        self.blk = _Block(returns)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.blk(self.pre(x))
+        return (out[0] if isinstance(out, tuple) else out.hidden).sum()
+
+
+@pytest.mark.parametrize("returns", ["unused_output", "dataclass"])
+@pytest.mark.parametrize("level", ["mix", "module"])
+def test_a_modules_backward_is_recorded_whatever_its_outputs_are(tmp_path, returns, level):
+    """A module with an output no gradient reaches (its node never runs, so one edge into the
+    input never arrives) still gets its dx: what arrived, recorded when the backward ends. A
+    module returning a plain dataclass gets its outputs, dy and dx as a tuple's would. The dx
+    is the input's true gradient."""
+    torch.manual_seed(0)
+    model = _Outer(returns)
+    seen = {}
+
+    def keep_input(mod: nn.Module, args: tuple) -> None:
+        args[0].retain_grad()               # its .grad: the true gradient of the input
+        seen["input"] = args[0]
+    model.blk.register_forward_pre_hook(keep_input)
+    x = torch.randn(4, 8)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level=level)
+    dbg.start(model)
+    model(x).backward()
+    dbg.stop()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+    rows = [t.row(i) for i in range(len(t)) if t["entry"][i].startswith("Module.blk._Block.")]
+    roles = {(r["direction"], r["role"]) for r in rows}
+    assert roles == {("forward", "input"), ("forward", "output"), ("backward", "grad_output"),
+                     ("backward", "grad_input")}, roles
+    dx = [r for r in rows if r["role"] == "grad_input"]
+    assert len(dx) == 1
+    expected = float(seen["input"].grad.double().norm())
+    assert dx[0]["norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_lazy_modules_first_step_is_dumped(tmp_path, caplog):
+    """nn.LazyLinear has no shape before its first forward: start(model) on that step left the
+    step undumped. Its uninitialized parameters are left out of that step's inventory (said
+    once); the step is dumped, and the next step's inventory has them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.Linear(4, 1))
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    with caplog.at_level(logging.WARNING, logger="precdbg"):
+        for _ in range(2):
+            dbg.start(model)
+            model(torch.randn(2, 3)).sum().backward()
+            dbg.stop()
+            dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    dump = precdbg.open_dump(str(tmp_path / "dump"))
+    assert dump.steps == [0, 1]
+    inventory = []
+    for step in (0, 1):
+        t = dump.records(step=step)
+        inventory.append({t["api"][i] for i in range(len(t)) if t["kind"][i] == "param"
+                          and t["direction"][i] == "none"})
+        assert any(t["entry"][i].startswith("Functional.linear.0.forward")
+                   for i in range(len(t)))
+    assert inventory[0] == {"2.weight", "2.bias"}
+    assert inventory[1] == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert sum("lazy module" in r.getMessage() for r in caplog.records) == 1

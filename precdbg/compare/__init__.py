@@ -50,6 +50,11 @@ def _rel_rmse(tm: Dict[str, Any], floor: float, numel: int) -> float:
     return float(tm["rmse"] / max(rms_b, floor / max(numel, 1) ** 0.5, 1e-300))
 
 
+def _interrupted(dump: Dump, step: int, rank: int) -> bool:
+    """Whether the process ended while this step was being captured (no stop() ran)."""
+    return any(f.attrs.get("interrupted") for f in dump.files(step, rank))
+
+
 def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                   rows: List[Row], unmatched: List[Dict[str, Any]],
                   progress: Progress, files: Tuple[int, int], noise: NoisePolicy,
@@ -62,7 +67,9 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     al = align(ta, tb, same, mapping)
     structural.extend(structural_differences(ta, tb, step, rank, same, mapping,
                                              _setting_differences(a, b, step, rank, mapping),
-                                             unobserved_modules(a) + unobserved_modules(b)))
+                                             unobserved_modules(a) + unobserved_modules(b),
+                                             (_interrupted(a, step, rank),
+                                              _interrupted(b, step, rank))))
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
     apply_floors(ta, tb, al.pairs_a, al.pairs_b, st)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)

@@ -148,12 +148,19 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
     return out
 
 
+def _real_elements(x: np.ndarray) -> np.ndarray:
+    """The elements as float64, a complex element as its real and imaginary parts."""
+    x = np.asarray(x)
+    if np.iscomplexobj(x):
+        x = np.stack([x.real, x.imag], axis=-1)
+    return x.astype(np.float64).ravel()
+
+
 def tensor_metrics(x: np.ndarray, y: np.ndarray) -> Optional[Dict[str, Any]]:
     """Element-wise comparison of two stored tensors (baseline y); None if shapes differ."""
     if x.shape != y.shape:
         return None
-    a = np.asarray(x, dtype=np.float64).ravel()
-    b = np.asarray(y, dtype=np.float64).ravel()
+    a, b = _real_elements(x), _real_elements(y)
     finite = np.isfinite(a) & np.isfinite(b)
     a, b = a[finite], b[finite]
     if a.size == 0:

@@ -150,6 +150,7 @@ class _Module:
     seq: int
     order: int
     calls: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
+    finished: bool = True      # False: the process ended inside it (no output recorded)
 
     @property
     def labels(self) -> List[str]:
@@ -157,12 +158,13 @@ class _Module:
 
 
 def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]],
-          apis: bool = True) -> Dict[str, List[_Module]]:
+          apis: bool = True, interrupted: bool = False) -> Dict[str, List[_Module]]:
     """The forward calls of each module path, in order, each with the calls it made (`apis`:
     API calls among them, else child modules only). A call counts for a module's call only
     between that call's first and last record: the root's path ("") also owns what runs
     outside the model (the loss, hooks in backward, clipping, the optimizer), which is no part
-    of its structure."""
+    of its structure. In a step the process ended inside (`interrupted`), a call with no
+    output recorded had not returned: it runs to the end of what was recorded, unfinished."""
     forward = table["direction"] == _FORWARD
     kind = table["kind"]
     idx = np.nonzero(forward & (((kind == _API) & apis) | (kind == _MODULE)))[0]
@@ -182,6 +184,15 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
         if entry not in calls:
             calls[entry] = _Module(entry, str(api_col[i]), str(op_col[i]), seq,
                                    int(order_col[i]))
+    if interrupted and len(idx):
+        returned = {str(e) for e in entry_col[idx][(kind[idx] == _MODULE)
+                                                   & (table["role"][idx] == _OUTPUT)]}
+        last = int(seq_col[idx].max())
+        for path, calls in found.items():
+            for entry, call in calls.items():
+                if entry not in returned:
+                    call.finished = False
+                    spans[path][entry][1] = last
 
     def running(path: str, seq: int) -> Optional[_Module]:
         """The call of `path` that was running at `seq` (the latest begun, when recursive)."""
@@ -267,11 +278,15 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
                            same_framework: bool,
                            mapping: Optional[Mapping[str, Mapping[str, str]]] = None,
                            settings: Sequence[SettingDifference] = (),
-                           unobserved: Sequence[str] = ()) -> List[StructuralDiff]:
+                           unobserved: Sequence[str] = (),
+                           interrupted: Tuple[bool, bool] = (False, False)
+                           ) -> List[StructuralDiff]:
     """Modules present in both runs whose class (or, within one framework, calls) or numeric
     layer settings (`settings`, from `precdbg.layers.dump_setting_differences`) differ, in the
     baseline's execution order. `unobserved`: module paths whose inside either run could not
-    see (compiled: TorchScript, ms.jit); their calls are not compared."""
+    see (compiled: TorchScript, ms.jit); their calls are not compared. `interrupted`: whether
+    each run's step ended inside its forward: a call it had not finished is compared as far
+    as it got."""
     if not len(ta) or not len(tb):
         return []
     by_module: Dict[str, List[SettingDifference]] = {}
@@ -281,8 +296,8 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
     # API calls count among a module's calls only where both runs captured them (a dump of
     # level module against one of level mix: the calls one run did not record are no change)
     apis = bool((ta["kind"] == _API).any()) and bool((tb["kind"] == _API).any())
-    mods_a = _side(ta, same_framework, None, apis)
-    mods_b = _side(tb, same_framework, modules, apis)
+    mods_a = _side(ta, same_framework, None, apis, interrupted[0])
+    mods_b = _side(tb, same_framework, modules, apis, interrupted[1])
     out: List[StructuralDiff] = []
     for path, calls_a in mods_a.items():
         calls_b = mods_b.get(path)
@@ -290,6 +305,9 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
             continue
         ma, mb, seq_a, seq_b = _calls_compared(calls_a, calls_b)
         hidden = any(path == u or path.startswith(u + ".") or u == "" for u in unobserved)
+        if not all(m.finished for m in calls_a + calls_b):     # as far as both got
+            seq_a = seq_a[:len(seq_b)] if not calls_b[-1].finished else seq_a
+            seq_b = seq_b[:len(seq_a)] if not calls_a[-1].finished else seq_b
         calls_differ = same_framework and seq_a != seq_b and not hidden
         # a layer the op table knows (Linear, GELU, LayerNorm, ...) that became another is a
         # difference by itself; a user's class under another name (GPT2Block vs Block, a
