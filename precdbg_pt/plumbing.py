@@ -1,5 +1,6 @@
-"""Framework plumbing that is not the model's math: nothing it calls is captured, and the
-classes it wraps the model's modules in keep their own names.
+"""Framework plumbing that is not the model's math (FSDP2's communication, data loading):
+nothing it calls is captured, and the classes FSDP2 wraps the model's modules in keep their own
+names.
 
 FSDP2 (`torch.distributed.fsdp.fully_shard`) all-gathers each module's sharded parameters into
 unsharded ones before its forward and backward, frees them after, and reduce-scatters the
@@ -10,7 +11,12 @@ differ between identical runs, and pass for NaN or Inf), and `compare` could nam
 as the first divergence. What the model computes with the gathered parameters is captured as
 usual: its modules' and API calls' records read the unsharded parameters.
 
-Each method is patched (a `ClassPatch`, removed at stop()) only when FSDP2 is imported.
+Data loading is no model math either: a `DataLoader` iterated inside the captured step (a
+validation loader, a batch fetched inside the step function) runs unobserved, so the tensors
+rebuilt as worker processes' batches arrive, at moments that depend on the workers' timing, do
+not shift the order of the calls around them between two runs.
+
+Each method is patched (a `ClassPatch`, removed at stop()) only when its module is imported.
 """
 from __future__ import annotations
 
@@ -25,7 +31,12 @@ __all__ = ["plumbing_patches", "model_class"]
 # module, class, methods: FSDP2's parameter group does every all-gather, free and reduce-scatter
 _PLUMBING = (("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup",
               ("pre_forward", "post_forward", "pre_backward", "post_backward",
-               "finalize_backward", "unshard", "wait_for_unshard", "reshard")),)
+               "finalize_backward", "unshard", "wait_for_unshard", "reshard")),
+             # a batch fetched inside the captured step (a validation loader): its seed draw,
+             # the tensors rebuilt as workers' batches arrive (when depends on the workers'
+             # timing), the dataset and collate of a loader without workers
+             ("torch.utils.data.dataloader", "DataLoader", ("__iter__",)),
+             ("torch.utils.data.dataloader", "_BaseDataLoaderIter", ("__next__",)))
 
 
 def _fsdp2_gradients(adapter: Any, group: Any) -> None:

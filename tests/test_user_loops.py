@@ -364,3 +364,37 @@ def test_a_lazy_modules_first_step_is_dumped(tmp_path, caplog):
     assert inventory[0] == {"2.weight", "2.bias"}
     assert inventory[1] == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert sum("lazy module" in r.getMessage() for r in caplog.records) == 1
+
+
+class _Pairs(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.x = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tanh(self.x[i]) * 2             # torch calls of the data pipeline
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_iterated_inside_the_step_is_not_captured(tmp_path, workers):
+    """A validation loader iterated inside the captured step: its seed draw, its dataset and
+    collate, and the tensors rebuilt as workers' batches arrive (when they arrive depends on
+    the workers' timing, which shifted the calls around them between two runs) are data
+    loading, not captured; the model's calls on each batch are."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    loader = torch.utils.data.DataLoader(_Pairs(), batch_size=4, num_workers=workers)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    dbg.start(model)
+    with torch.no_grad():
+        outputs = [model(batch) for batch in loader]
+    dbg.stop()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+    apis = {str(a) for a, k in zip(t["api"], t["kind"]) if k == "api"}
+    assert not apis & {"empty", "random_", "tanh", "stack", "mul"}, apis
+    linear = {str(e) for e in t["entry"] if str(e).startswith("Functional.linear.")}
+    assert linear == {"Functional.linear.0.forward", "Functional.linear.1.forward"}, linear
+    assert len(outputs) == 2
