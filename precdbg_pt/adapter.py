@@ -163,7 +163,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         return ("param", bool(value.requires_grad)) if is_param else ("buffer", False)
 
     def gradient_hooks(self, path: str, param: torch.Tensor) -> Iterable[Any]:
-        return (param.register_hook(ParamGradHook(self, path)),
+        return (param.register_hook(ParamGradHook(self, path, param)),
                 param.register_post_accumulate_grad_hook(GradHolderHook(self, path)))
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:

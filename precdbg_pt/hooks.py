@@ -3,7 +3,8 @@ under, a module's forward pre-hooks and hook, a parameter's gradient hooks. Each
 arguments into calls to the core session; `TorchAdapter` registers and removes them."""
 from __future__ import annotations
 
-from typing import Any, List, TYPE_CHECKING
+import weakref
+from typing import Any, List, Optional, TYPE_CHECKING
 
 import torch
 
@@ -144,19 +145,43 @@ def is_module_hook(hook: Any) -> bool:
 
 class ParamGradHook(GuardedHook):
     """A trainable parameter's gradient hook: records its dw."""
-    __slots__ = ("path",)
+    __slots__ = ("path", "param")
 
-    def __init__(self, adapter: "TorchAdapter", path: str) -> None:
+    def __init__(self, adapter: "TorchAdapter", path: str,
+                 param: Optional[torch.Tensor] = None) -> None:
         super().__init__(adapter)
         self.path = path
+        # the parameter whose backward hook this is (weakly: the hook is held by it), or None
+        # for a gradient handed over outside autograd's hooks
+        self.param = weakref.ref(param) if param is not None else None
 
     def record(self, session: Any, grad: torch.Tensor) -> None:
+        param = self.param() if self.param is not None else None
+        if param is not None and not _accumulates(param):
+            return
         call = session.param_call(self.path)
         if call is not None:
             session.capture(call, _BACKWARD, _PARAM_GRAD, 0, "", grad)
 
     def where(self) -> str:
         return f"gradient hook of {self.path}"
+
+
+_gradient_edge = getattr(torch.autograd.graph, "get_gradient_edge", None)
+_will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+
+
+def _accumulates(param: torch.Tensor) -> bool:
+    """Whether the running backward accumulates `param`'s gradient (`.backward()`), not
+    `torch.autograd.grad` (a MAML inner step, a gradient penalty), whose gradient goes back to
+    its caller and never into `.grad`: that is no dw of the step (what is computed from it is
+    captured as API calls). torch refuses the question for a leaf while autograd.grad runs."""
+    if _gradient_edge is None or _will_execute is None:
+        return True
+    try:
+        return bool(_will_execute(_gradient_edge(param).node))
+    except RuntimeError:
+        return False            # "... we are currently running autograd.grad()"
 
 
 class GradHolderHook(GuardedHook):

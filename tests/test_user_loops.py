@@ -398,3 +398,28 @@ def test_a_loader_iterated_inside_the_step_is_not_captured(tmp_path, workers):
     linear = {str(e) for e in t["entry"] if str(e).startswith("Functional.linear.")}
     assert linear == {"Functional.linear.0.forward", "Functional.linear.1.forward"}, linear
     assert len(outputs) == 2
+
+
+def test_a_gradient_torch_autograd_grad_returns_is_no_dw(tmp_path):
+    """MAML: an inner `torch.autograd.grad` gives the parameters' gradients back to the caller
+    (never into .grad); the outer backward accumulates the step's dw. Only the latter is the
+    parameter's dw record (the inner one took its name, and the true dw became `.grad.1`)."""
+    from torch.func import functional_call
+    torch.manual_seed(0)
+    net = nn.Linear(4, 1)
+    x = torch.randn(8, 4)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    dbg.start(net)
+    params = dict(net.named_parameters())
+    inner = torch.autograd.grad((net(x) ** 2).mean(), list(params.values()), create_graph=True)
+    fast = {k: p - 0.1 * g for (k, p), g in zip(params.items(), inner)}
+    (functional_call(net, fast, (x,)) ** 2).mean().backward()
+    dbg.stop()
+    assert dbg.close() and dbg.failures == 0
+    t = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+    dw = {str(t["entry"][i]): float(t["norm"][i]) for i in range(len(t))
+          if t["kind"][i] == "param_grad"}
+    assert set(dw) == {"Param.weight.grad", "Param.bias.grad"}, dw
+    assert dw["Param.weight.grad"] == pytest.approx(float(net.weight.grad.double().norm()),
+                                                    rel=1e-6)
+    assert dw["Param.bias.grad"] == pytest.approx(float(net.bias.grad.double().norm()), rel=1e-6)
