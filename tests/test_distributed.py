@@ -38,6 +38,19 @@ for name, ranks in (("all", []), ("only1", [1])):
     dbg.close()
     result[name] = dbg.failures
 result["weight_sum"] = float(model.module.lm_head.weight.double().sum())
+for name in ("plain", "tanh1"):       # one step of a fresh model; rank 1's GELU tanh in one
+    torch.manual_seed(0)
+    variant = GPT(cfg)
+    if name == "tanh1" and rank == 1:
+        for block in variant.blocks:
+            block.mlp.act.approximate = "tanh"
+    variant = DDP(variant)
+    dbg = PrecisionDebugger(dump_path=os.path.join(OUT, name), level="mix")
+    dbg.start(variant)
+    train_step(variant, torch.optim.SGD(variant.parameters(), lr=0.0), *batches[0])
+    dbg.stop()
+    dbg.step()
+    dbg.close()
 with open(os.path.join(OUT, f"result{rank}.json"), "w") as f:
     json.dump(result, f)
 dist.barrier()
@@ -105,3 +118,18 @@ def test_rank_filter_keeps_only_that_rank(two_ranks):
     assert len(dump.records(step=1, rank=1)) > 0
     with pytest.raises(precdbg.DumpError):
         dump.records(step=0, rank=0)
+
+
+def test_check_finds_a_difference_on_another_rank_than_the_first(two_ranks):
+    """A layer setting that differs on rank 1 only (its GELU's approximation): check looked at
+    rank 0 alone and found nothing; every rank both dumps hold is checked, and the finding
+    names its rank."""
+    from precdbg.check import check_dumps
+    out, _ = two_ranks
+    result = check_dumps(str(out / "plain"), str(out / "tanh1"))
+    found = [f for f in result["findings"] if f["kind"] == "layer_settings"]
+    assert len(found) == 1 and found[0]["message"].startswith("rank 1: gelu approximate"), \
+        result["findings"]
+    assert found[0]["rank"] == 1
+    assert any("checked on ranks 0, 1" in n for n in result["notes"]), result["notes"]
+    assert not check_dumps(str(out / "plain"), str(out / "plain"))["findings"]

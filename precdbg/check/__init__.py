@@ -42,8 +42,10 @@ def _choose(a: Dump, b: Dump, step: Optional[int], rank: Optional[int], labels: 
     notes: List[str] = []
     if common:
         (sa, ra), (sb, rb) = common[0], common[0]
-        if len({r for _, r in in_a} | {r for _, r in in_b}) > 1:
-            notes.append(f"parameters and batch checked on rank {ra} only")
+        checked = [r for s, r in common if s == sa]
+        if len(checked) > 1:
+            notes.append(f"step {sa} checked on ranks {', '.join(map(str, checked))}; a "
+                         "difference found on one rank only names it")
     else:
         if not in_a or not in_b:
             raise DumpError(f"no step {step if step is not None else '*'} rank "
@@ -53,6 +55,27 @@ def _choose(a: Dump, b: Dump, step: Optional[int], rank: Optional[int], labels: 
         notes.append(f"no step and rank in both dumps: step {sa} rank {ra} of {la} checked "
                      f"against step {sb} rank {rb} of {lb}")
     return sa, sb, ra, rb, notes
+
+
+def _other_ranks(a: Dump, b: Dump, step: int, rank: int) -> List[int]:
+    """The ranks besides `rank` both dumps hold at `step`."""
+    return [r for r in sorted(set(a.ranks) & set(b.ranks))
+            if r != rank and a.files(step, r) and b.files(step, r)]
+
+
+def _merge_rank(checker: _Checker, other: _Checker, rank: int) -> None:
+    """The findings and layer-setting differences of another rank's check that the first
+    rank's did not find, named by that rank."""
+    other.run()
+    known = {(f["kind"], f["message"]) for f in checker.findings}
+    for finding in other.findings:
+        if (finding["kind"], finding["message"]) not in known:
+            known.add((finding["kind"], finding["message"]))
+            checker.findings.append({**finding, "message": f"rank {rank}: {finding['message']}",
+                                     "rank": rank})
+    settings = {str(d.as_dict()) for d in checker.setting_diffs}
+    checker.setting_diffs.extend(d for d in other.setting_diffs
+                                 if str(d.as_dict()) not in settings)
 
 
 def _open(path_or_dump: Any) -> Tuple[Dump, bool]:
@@ -86,8 +109,14 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
         run_a, run_b = _Run(da, labels[0], sa, ra), _Run(db, labels[1], sb, rb)
         checker = _Checker(run_a, run_b)
         checker.run()
-        checker.findings.extend(incomplete_findings(((labels[0], da, {(sa, ra)}),
-                                                     (labels[1], db, {(sb, rb)}))))
+        ranks = [ra] + (_other_ranks(da, db, sa, ra) if rank is None and (sa, ra) == (sb, rb)
+                        else [])
+        for other in ranks[1:]:        # what differs on another rank only (its batch, a layer)
+            _merge_rank(checker, _Checker(_Run(da, labels[0], sa, other),
+                                          _Run(db, labels[1], sb, other)), other)
+        checker.findings.extend(incomplete_findings(
+            ((labels[0], da, {(sa, r) for r in ranks} | {(sa, ra)}),
+             (labels[1], db, {(sb, r) for r in ranks} | {(sb, rb)}))))
         order = {kind: i for i, kind in enumerate(_KIND_ORDER)}
         findings = sorted(checker.findings, key=lambda f: (SEVERITIES.index(f["severity"])
                                                            if f["severity"] in SEVERITIES else 1,
