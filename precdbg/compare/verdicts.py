@@ -107,8 +107,10 @@ def _candidate_reason(culprit: Entry, step: StepEntries) -> str:
         more = sum(1 for e in step.entries if e.kind == _PARAM_GRAD and e.rank == culprit.rank
                    and e.diverged and e is not culprit)
         more_text = f" ({more} more)" if more else ""
-        dx_differs = any(e.direction == _BACKWARD and e.kind != _PARAM_GRAD and e.diverged
-                         and e.rank == culprit.rank for e in step.entries)
+        # a module holding it whose dx differs (its backward's outputs): not dw-only
+        dx_differs = any(e.direction == _BACKWARD and e.kind == _MODULE and e.outputs_bad
+                         and e.rank == culprit.rank and _descends(culprit, e)
+                         for e in step.entries)
         zero = _all_zero_side(culprit)
         zero_text = f"; it is all zero in the {zero}" if zero else ""
         if dx_differs:
