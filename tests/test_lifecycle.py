@@ -544,31 +544,21 @@ def test_debuggers_of_one_process_share_a_folder_and_never_overwrite(tmp_path, c
     assert foreign.read_bytes() == b"another job's file"
 
 
-def test_start_with_a_model_after_start_without_one_says_so(tmp_path, caplog):
-    model = make_model()
-    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
-    with caplog.at_level(logging.WARNING, logger="precdbg"):
-        assert dbg.start() is True
-        assert dbg.start(model) is True
-    said = [r.getMessage() for r in caplog.records if "already being captured" in r.getMessage()]
-    assert len(said) == 1 and "start(model) first" in said[0], said
-    dbg.stop()
-    dbg.step()
-    assert dbg.close()
-
-
-def test_start_with_another_model_in_the_same_step_says_how_to_hook_both(tmp_path, caplog):
-    """A GAN loop's start(G); start(D): the second model was silently not hooked. It is said
-    once, with the list form that hooks both; the same model again says nothing."""
+@pytest.mark.parametrize("first, said_words", [(None, "start(model) first"),
+                                              ("generator", "start([model_a, model_b])")])
+def test_a_later_start_with_another_model_says_how_to_hook_it(tmp_path, caplog, first,
+                                                              said_words):
+    """start() then start(model), or a GAN loop's start(G); start(D): the later model was not
+    hooked in this step. It is said once, with how to hook it; the same model again says
+    nothing."""
     generator, discriminator = make_model(), make_model()
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
     with caplog.at_level(logging.WARNING, logger="precdbg"):
-        assert dbg.start(generator) is True
-        assert dbg.start(generator) is True
-        assert dbg.start(discriminator) is True
-        assert dbg.start(discriminator) is True
+        for model in (generator if first else None, generator if first else None,
+                      discriminator, discriminator):
+            assert dbg.start(model) is True
     said = [r.getMessage() for r in caplog.records if "already being captured" in r.getMessage()]
-    assert len(said) == 1 and "start([model_a, model_b])" in said[0], said
+    assert len(said) == 1 and said_words in said[0], said
     dbg.stop()
     dbg.step()
     assert dbg.close()
