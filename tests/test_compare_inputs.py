@@ -38,8 +38,9 @@ class _MLP(nn.Module):
 def _dump(path: Any, *, steps: int = 2, dumped: Optional[Sequence[int]] = None,
           level: str = "mix", task: str = "statistics", approximate: str = "none",
           data_change_at: Optional[int] = None, loss_scale: float = 1.0,
-          bf16: bool = False) -> str:
-    """A seeded MLP trained `steps` steps with AdamW, the guides' four lines dumping `dumped`."""
+          bf16: bool = False, grad_scaler: bool = False) -> str:
+    """A seeded MLP trained `steps` steps with AdamW, the guides' four lines dumping `dumped`;
+    `grad_scaler`: the loss scaled by torch.amp.GradScaler (2^10)."""
     torch.manual_seed(0)
     net = _MLP(approximate)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
@@ -48,14 +49,20 @@ def _dump(path: Any, *, steps: int = 2, dumped: Optional[Sequence[int]] = None,
                for _ in range(steps)]
     dbg = PrecisionDebugger(dump_path=str(path), level=level, task=task,
                             step=list(range(steps)) if dumped is None else list(dumped))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if grad_scaler else None
     for step, (x, y) in enumerate(batches):
         if step == data_change_at:
             x = x * 1.05
         dbg.start(net)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = F.cross_entropy(net(x), y)
-        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
-        opt.step()
+        if grad_scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+            opt.step()
         opt.zero_grad(set_to_none=True)
         dbg.stop()
         dbg.step()
@@ -212,6 +219,16 @@ def test_a_loss_scaled_outside_the_model_is_named_itself(base, tmp_path):
     first = compare_dumps(base, scaled)["first_divergence"]
     assert first is not None and first["step"] == 0 and first["direction"] == "backward"
     assert first["name_b"] == "Tensor.mul.0.backward" and first["name_a"] == "", first
+
+
+def test_a_grad_scaler_in_one_run_is_named_as_the_loss_scale(base, tmp_path):
+    """GradScaler in the candidate only: the verdict is its scaling in the root module's
+    backward, and says it is the loss scale check finds, which scales every gradient after."""
+    scaled = _dump(tmp_path / "scaled", grad_scaler=True)
+    first = compare_dumps(base, scaled)["first_divergence"]
+    assert first is not None and first["step"] == 0 and first["direction"] == "backward"
+    assert first["module"] == "" and "loss scale differs" in first["reason"], first
+    assert "scales every gradient computed from it" in first["reason"], first["reason"]
 
 
 def test_a_set_up_difference_is_named_where_parameters_part():

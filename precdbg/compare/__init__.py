@@ -291,6 +291,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         consequences = _consequences(steps, first, involved)
         if first is not None and "structure" not in first:
             _note_extra_calls(first, unmatched, rows)
+            _note_loss_scale(first, setup["findings"])
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched), "notes": notes,
@@ -313,6 +314,16 @@ def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tupl
     chosen = set(pairs)
     return sorted({(s - 1, r) for s, r in pairs if (s - 1, r) not in chosen
                    and a.files(s - 1, r) and b.files(s - 1, r)})
+
+
+def _note_loss_scale(first: Dict[str, Any], findings: List[Dict[str, Any]]) -> None:
+    """A verdict in the root module's backward where the loss scale differs: the calls one
+    run makes there are most likely its loss scaling, which scales every gradient after it."""
+    scale = next((f for f in findings if f["kind"] == "loss_scale"), None)
+    if scale is not None and first["module"] == "" and first["direction"] == "backward":
+        first["reason"] += (f"; {scale['message']}: a loss scaled in one run only scales every "
+                            "gradient computed from it, so the backward differs from here on "
+                            "by that factor (compare runs that scale alike, or both unscaled)")
 
 
 _GRADIENT_STOPS = frozenset({"detach", "stop_gradient"})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -123,6 +123,12 @@ def rename_module(path: str, modules: Mapping[str, str]) -> str:
     return target + rest if rest else target
 
 
+def _shape_of(table: RecordTable) -> Any:
+    """row -> the record's shape (its dimensions only)."""
+    shape, ndim = table["shape"], table["ndim"]
+    return lambda i: shape[i][:int(ndim[i])]
+
+
 def _occurrences(keys: List[Tuple], order: np.ndarray, rows: Optional[List[int]] = None
                  ) -> Dict[Tuple, List[int]]:
     groups: Dict[Tuple, List[int]] = {}
@@ -151,17 +157,48 @@ def _calls(table: RecordTable) -> Tuple[List[Tuple], List[bool]]:
     return calls, backward
 
 
+_CAST = "cast"
+_KEY_OP = 4          # where a key (_keys) holds the op
+
+
+def _casts_by_shape(rows_a: List[int], rows_b: List[int], shape_a: Any, shape_b: Any
+                    ) -> Tuple[List[int], List[int], List[int], List[int]]:
+    """Casts across frameworks, in order, each with the next one of the same shape: the casts
+    an AMP level puts around cells (MindSpore O2) have no counterpart in the other run, and
+    pairing them k-th with k-th pairs a cast of the logits with one of a hidden state."""
+    pa, pb, oa = [], [], []
+    at = 0
+    for i in rows_a:
+        j = next((k for k in range(at, len(rows_b))
+                  if np.array_equal(shape_a(i), shape_b(rows_b[k]))), None)
+        if j is None:
+            oa.append(i)
+            continue
+        pa.append(i)
+        pb.append(rows_b[j])
+        at = j + 1
+    used = set(pb)
+    return pa, pb, oa, [r for r in rows_b if r not in used]
+
+
 def _pair_groups(ga: Dict[Tuple, List[int]], gb: Dict[Tuple, List[int]],
-                 tensor_a: np.ndarray, tensor_b: np.ndarray, by_name: bool
+                 tensor_a: np.ndarray, tensor_b: np.ndarray, by_name: bool,
+                 shapes: Optional[Tuple[Any, Any]] = None
                  ) -> Tuple[List[int], List[int], List[int], List[int]]:
     """The k-th row of a key in a with the k-th of the same key in b: (pairs a, pairs b,
-    only a, only b); across frameworks only tensor records pair."""
+    only a, only b); across frameworks only tensor records pair, and casts by shape
+    (`shapes`: each side's row -> its shape)."""
     pa, pb, oa, ob = [], [], [], []
     for key, rows_a in ga.items():
         rows_b = gb.get(key, [])
         if not by_name:
             rows_a = [r for r in rows_a if tensor_a[r]]
             rows_b = [r for r in rows_b if tensor_b[r]]
+        if shapes is not None and not by_name and key[_KEY_OP] == _CAST:
+            found = _casts_by_shape(rows_a, rows_b, *shapes)
+            for out, part in zip((pa, pb, oa, ob), found):
+                out.extend(part)
+            continue
         k = min(len(rows_a), len(rows_b))
         pa.extend(rows_a[:k])
         pb.extend(rows_b[:k])
@@ -189,9 +226,10 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
     calls_b, backward_b = _calls(b)
     rest_a = [i for i, bw in enumerate(backward_a) if not bw]
     rest_b = [i for i, bw in enumerate(backward_b) if not bw]
+    shapes = (_shape_of(a), _shape_of(b))
     pa, pb, oa, ob = _pair_groups(_occurrences(keys_a, a["seq"], rest_a),
                                   _occurrences(keys_b, b["seq"], rest_b),
-                                  tensor_a, tensor_b, by_name)
+                                  tensor_a, tensor_b, by_name, shapes)
     # the calls whose forward records paired (the first pair of a call, in a's order, decides)
     seq_a = a["seq"]
     call_of: Dict[Tuple, Tuple] = {}
@@ -216,7 +254,7 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
     left_b = [i for rows in within_b.values() for i in rows]
     fa, fb, foa, fob = _pair_groups(_occurrences(keys_a, a["seq"], left_a),
                                     _occurrences(keys_b, b["seq"], left_b),
-                                    tensor_a, tensor_b, by_name)
+                                    tensor_a, tensor_b, by_name, shapes)
     pa += fa
     pb += fb
     oa += foa
