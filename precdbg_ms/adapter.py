@@ -38,7 +38,7 @@ from .backward import replace_arguments, top_level
 from .cells import CellHooks
 from .calls import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
                     tensor_outputs)
-from .optimizer import patch_optimizer
+from .optimizer import patch_loss_scalers, patch_optimizer
 from .patches import PatchRegistry
 from .recompute import Replay, model_cells, patch_recompute
 from .returned_grads import GradientLinks, patch_grad_executor
@@ -153,6 +153,8 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
             for patch in self._registry.apply(self._make_wrapper):
                 self.hold(patch)
         self.hold(patch_optimizer(self))
+        for patch in patch_loss_scalers(self):
+            self.hold(patch)
         self.hold(patch_grad_executor(self))
         for patch in patch_recompute(self._replayed, self._detached):
             self.hold(patch)

@@ -1,9 +1,10 @@
 """MindSpore optimizers: their calls run as phase `optimizer` (the core's rule, see
 `BaseInstrumentor.optimizer_begins`), and each one seen is recorded in the run manifest (class,
-hyperparameters, parameter names in PyTorch style)."""
+hyperparameters, parameter names in PyTorch style); so is the scale of an `ms.amp` loss scaler
+(`DynamicLossScaler`, `StaticLossScaler`), as PyTorch's GradScaler's is."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from mindspore import nn
 
@@ -13,7 +14,7 @@ from precdbg.naming import param_alias
 
 from . import tensors
 
-__all__ = ["optimizer_manifest", "patch_optimizer"]
+__all__ = ["optimizer_manifest", "patch_optimizer", "patch_loss_scalers"]
 
 _HYPER = ("learning_rate", "weight_decay", "beta1", "beta2", "eps", "momentum", "loss_scale",
           "use_nesterov", "dampening")
@@ -60,3 +61,31 @@ def patch_optimizer(adapter: Any) -> ClassPatch:
                     tensors.note_write(param)
         return call
     return ClassPatch(nn.Optimizer, "__call__", make)
+
+
+def patch_loss_scalers(adapter: Any) -> List[ClassPatch]:
+    """Wrap `unscale` of the `ms.amp` loss scalers: the scale the step's gradients were scaled
+    by goes to the manifest's `loss_scale` (one host read per unscale, after it)."""
+    import mindspore as ms
+    amp = getattr(ms, "amp", None)
+
+    def make(original: Any) -> Any:
+        def unscale(scaler: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(scaler, *args, **kwargs)
+            if adapter.installed:
+                adapter.run_guarded(_note_scale, f"recording {type(scaler).__name__}", adapter,
+                                    scaler)
+            return result
+        return unscale
+    return [ClassPatch(cls, "unscale", make)
+            for cls in (getattr(amp, "DynamicLossScaler", None),
+                        getattr(amp, "StaticLossScaler", None))
+            if isinstance(cls, type) and callable(getattr(cls, "unscale", None))]
+
+
+def _note_scale(adapter: Any, scaler: Any) -> None:
+    value = getattr(scaler, "scale_value", None)
+    if value is not None:
+        adapter.session.note_manifest("loss_scale", {
+            "class": type(scaler).__name__,
+            "scale": float(value.asnumpy() if hasattr(value, "asnumpy") else value)})

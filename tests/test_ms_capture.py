@@ -833,3 +833,26 @@ def test_calls_of_other_threads_are_not_recorded(tmp_path):
     assert muls == ["Functional.mul.0.forward"], muls
     scalar = one_row(table, entry="Functional.mul.0.forward", role="input", arg_index=1)
     assert scalar["mean"] == 2.0
+
+
+def test_an_amp_loss_scalers_scale_is_in_the_manifest(tmp_path):
+    """`ms.amp.DynamicLossScaler`: the scale the gradients were unscaled by is the manifest's
+    `loss_scale` (PyTorch's GradScaler's is), so check compares the runs' scales; stop() puts
+    the scaler's own `unscale` back."""
+    import json
+    from mindspore import nn
+    original = ms.amp.DynamicLossScaler.unscale
+    net = nn.Dense(4, 1)
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    scaler = ms.amp.DynamicLossScaler(1024.0, 2, 1000)
+    grad_fn = ms.value_and_grad(lambda x: scaler.scale(net(x).sum()), None, opt.parameters)
+
+    def step() -> None:
+        _, grads = grad_fn(ms.Tensor(np.ones((2, 4), np.float32)))
+        opt(scaler.unscale(grads))
+    _, dbg, _ = capture(tmp_path, step, model=net, level="mix")
+    assert dbg.failures == 0
+    assert ms.amp.DynamicLossScaler.unscale is original
+    with open(tmp_path / "dump" / "run.json", encoding="utf-8") as handle:
+        manifest = json.load(handle)["manifest"]
+    assert manifest["loss_scale"] == {"class": "DynamicLossScaler", "scale": 1024.0}

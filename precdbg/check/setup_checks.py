@@ -61,11 +61,15 @@ def _counts(calls: List[Tuple[int, str, str]]) -> Dict[str, int]:
 def _first_apart(a: List[Tuple[int, str, str]], b: List[Tuple[int, str, str]]
                  ) -> Tuple[int, str]:
     """(seq, module) in run a of the first call of an op whose dtype is not the one of the
-    other run's call at the same position (the last call when only the numbers differ)."""
+    other run's call at the same position; where they all agree and one run calls it more
+    often, its first call beyond the other's (a loss scaler's float32 unscale after the
+    float16 model), in that run."""
     for (seq, dtype_a, module), (_, dtype_b, _) in zip(a, b):
         if dtype_a != dtype_b:
             return seq, module
-    return a[-1][0], a[-1][2]
+    longer = a if len(a) > len(b) else b
+    extra = longer[min(len(a), len(b), len(longer) - 1)]
+    return extra[0], extra[2]
 
 
 def _dtype_mix(counts: Dict[str, int]) -> str:
@@ -163,7 +167,10 @@ class SetupChecks:
             self.add("medium", "execution_mode", f"execution mode differs: {la} {mode_a}, {lb} "
                      f"{mode_b}", mode_a, mode_b)
         lsa, lsb = ma.get("loss_scale"), mb.get("loss_scale")
-        if (lsa is not None or lsb is not None) and not _same(lsa, lsb):
+        # the scale decides the numbers, not the class holding it (GradScaler, MindSpore's
+        # DynamicLossScaler)
+        scale_a, scale_b = (v.get("scale") if isinstance(v, dict) else v for v in (lsa, lsb))
+        if (lsa is not None or lsb is not None) and not _same(scale_a, scale_b):
             self.add("medium", "loss_scale", f"loss scale differs: {la} {_fmt(lsa)}, {lb} "
                      f"{_fmt(lsb)}", lsa, lsb)
 
