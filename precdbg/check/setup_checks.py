@@ -4,78 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-import numpy as np
-
 from ..layers import SettingDifference, format_value, same_setting
-from ..precision import is_floating
-
+from .ops import RANDOM_OPS, compute_dtypes, dtype_counts, dtype_mix, first_apart
 from .values import (_CONDITIONS, _DEVICE_KIND, _ENV_LOW, _ENV_MINDSPORE_ONLY,
                      _ENV_PYTORCH_ONLY, _Run, _deterministic, _fmt, _names, _nonzero, _same,
                      semantics)
-
-# ops whose output dtype is their input's or the one they are asked for: they follow the
-# compute dtype and would only repeat it (casts are the point of their call)
-_FOLLOWING_OPS = frozenset({
-    "cast", "copy", "contiguous", "clone", "detach", "view", "view_as", "reshape", "expand",
-    "expand_as", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "t",
-    "getitem", "setitem", "cat", "stack", "split", "chunk", "unbind", "narrow", "select",
-    "index_select", "gather", "repeat", "neg", "zeros_like", "ones_like", "empty_like",
-    "full_like", "zeros", "ones", "empty", "full", "arange", "tensor", "pad"})
-
-
-# canonical ops that draw random numbers (a seed changes what they compute)
-_RANDOM_OPS = frozenset({
-    "dropout", "alpha_dropout", "feature_alpha_dropout", "drop_path", "rand", "randn",
-    "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli", "multinomial",
-    "normal", "uniform", "exponential", "geometric", "cauchy", "log_normal", "random", "rrelu",
-    "gumbel_softmax", "poisson", "standard_normal", "standard_laplace", "gamma", "random_gamma",
-    "random_categorical", "uniform_int", "uniform_real", "dropout_gen_mask", "dropout_do_mask",
-    "fused_dropout", "native_dropout"})
-
-
-def _compute_dtypes(run: _Run) -> Dict[str, List[Tuple[int, str, str]]]:
-    """op -> [(seq, float dtype, module)] of one run's forward API outputs in floating point,
-    in execution order."""
-    t = run.table
-    out: Dict[str, List[Tuple[int, str, str]]] = {}
-    if not len(t):
-        return out
-    mask = (t["kind"] == "api") & (t["direction"] == "forward") & (t["role"] == "output")
-    idx = np.nonzero(mask)[0]
-    idx = idx[np.argsort(t["seq"][idx], kind="stable")]
-    ops, dtypes, modules, seqs = t["op"], t["dtype"], t["module"], t["seq"]
-    for i in idx.tolist():
-        op, dtype = str(ops[i]), str(dtypes[i])
-        if op not in _FOLLOWING_OPS and is_floating(dtype):
-            out.setdefault(op, []).append((int(seqs[i]), dtype, str(modules[i])))
-    return out
-
-
-def _counts(calls: List[Tuple[int, str, str]]) -> Dict[str, int]:
-    counts: Dict[str, int] = {}
-    for _, dtype, _ in calls:
-        counts[dtype] = counts.get(dtype, 0) + 1
-    return counts
-
-
-def _first_apart(a: List[Tuple[int, str, str]], b: List[Tuple[int, str, str]]
-                 ) -> Tuple[int, str]:
-    """(seq, module) in run a of the first call of an op whose dtype is not the one of the
-    other run's call at the same position; where they all agree and one run calls it more
-    often, its first call beyond the other's (a loss scaler's float32 unscale after the
-    float16 model), in that run."""
-    for (seq, dtype_a, module), (_, dtype_b, _) in zip(a, b):
-        if dtype_a != dtype_b:
-            return seq, module
-    longer = a if len(a) > len(b) else b
-    extra = longer[min(len(a), len(b), len(longer) - 1)]
-    return extra[0], extra[2]
-
-
-def _dtype_mix(counts: Dict[str, int]) -> str:
-    if len(counts) == 1:
-        return next(iter(counts))
-    return " + ".join(f"{n} {dtype}" for dtype, n in sorted(counts.items(), key=lambda x: -x[1]))
 
 
 class SetupChecks:
@@ -141,7 +74,7 @@ class SetupChecks:
             if run.dump.setting("level") not in ("mix", "api") or any(
                     config.get(key) for key in ("scope", "scope_range", "list")):
                 return False
-        return not (self.a.ops | self.b.ops) & _RANDOM_OPS
+        return not (self.a.ops | self.b.ops) & RANDOM_OPS
 
     # ------------------------------------------------------------------ platform
     def platform(self) -> None:
@@ -317,18 +250,18 @@ class SetupChecks:
     def compute_dtypes(self) -> None:
         """Ops whose forward outputs are computed in other float dtypes in the two runs:
         autocast on one side only, another AMP level (O1 / O2 lists), a model cast to half."""
-        da, db = _compute_dtypes(self.a), _compute_dtypes(self.b)
+        da, db = compute_dtypes(self.a), compute_dtypes(self.b)
         differ = []
         for op, calls_a in da.items():
             calls_b = db.get(op)
-            if calls_b and set(_counts(calls_a)) != set(_counts(calls_b)):
-                seq, module = _first_apart(calls_a, calls_b)
-                differ.append((seq, op, _counts(calls_a), _counts(calls_b), module))
+            if calls_b and set(dtype_counts(calls_a)) != set(dtype_counts(calls_b)):
+                seq, module = first_apart(calls_a, calls_b)
+                differ.append((seq, op, dtype_counts(calls_a), dtype_counts(calls_b), module))
         if not differ:
             return
         differ.sort()
         la, lb = self.a.label, self.b.label
-        shown = [f"{op} {_dtype_mix(ca)} vs {_dtype_mix(cb)}" for _, op, ca, cb, _ in differ]
+        shown = [f"{op} {dtype_mix(ca)} vs {dtype_mix(cb)}" for _, op, ca, cb, _ in differ]
         _, op, _, _, module = differ[0]
         where = f"module '{module}'" if module else "the root module"
         self.add("high", "compute_dtype",

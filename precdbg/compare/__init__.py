@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import DumpError
 from ..reader import Dump, open_dump
-from ..schema import READ_ROLES, WRITE_ROLES, RecordKind, Role
+from ..schema import RecordKind, Role
 from .align import align, load_mapping, rename_module
 from .entries import Entry, StepCompare, StepEntries, pair_row
 from .localize import contains, locate
@@ -25,6 +25,8 @@ from .structure import StructuralDiff, structural_differences
 from .floors import apply_floors
 from .metrics import stat_errors, tensor_metrics
 from .multistep import NoisePolicy, optimizer_setup, other_setup
+from .notes import (level_note, note_extra_calls, note_loss_scale, uncompared,
+                    unobserved_modules, unobserved_note)
 from .progress import CompareProgress
 from .rows import Row
 
@@ -34,7 +36,6 @@ Progress = Optional[Callable[[CompareProgress], None]]
 
 _MAX_CONSEQUENCES = 20
 _PARAM = RecordKind.PARAM.value
-_FORWARD_ROLES = frozenset({Role.INPUT.value, Role.OUTPUT.value})
 
 
 def _framework(dump: Dump) -> str:
@@ -150,77 +151,6 @@ def _refuse_overflow_dumps(a: Dump, b: Dump, baseline: str, candidate: str) -> N
                             "for its first non-finite value, or dump task 'statistics'")
 
 
-def unobserved_modules(dump: Dump) -> List[str]:
-    """The module paths a run could not see inside (run.json's manifest `unobserved`: modules
-    that ran compiled, TorchScript or ms.jit)."""
-    section = (dump.run.get("manifest") or {}).get("unobserved") if isinstance(
-        dump.run.get("manifest"), dict) else None
-    return [str(p) for p in section.get("modules", [])] if isinstance(section, dict) else []
-
-
-def _unobserved_note(a: Dump, b: Dump) -> List[str]:
-    notes = []
-    for label, dump in (("baseline", a), ("candidate", b)):
-        paths = unobserved_modules(dump)
-        if paths:
-            compiler = str(((dump.run.get("manifest") or {}).get("unobserved") or {})
-                           .get("compiler", "compiled"))
-            shown = ", ".join(p or "(the model)" for p in paths[:5])
-            notes.append(f"the {label} ran module(s) {shown} compiled ({compiler}): the calls "
-                         "inside them were not captured, and are not compared")
-    return notes
-
-
-# the kinds of call records each level captures (parameters and their gradients: every level)
-_LEVEL_CALLS = {"mix": {"api", "module"}, "api": {"api"}, "module": {"module"}}
-
-
-def _level_note(a: Dump, b: Dump, unmatched: List[Dict[str, Any]]) -> List[str]:
-    """Where the levels differ, the records of calls the other dump's level never captures
-    leave `unmatched` (they have no counterpart to miss), counted in the note instead."""
-    la, lb = a.setting("level"), b.setting("level")
-    if not la or not lb or la == lb or la not in _LEVEL_CALLS or lb not in _LEVEL_CALLS:
-        return []
-    other = {"a": _LEVEL_CALLS[lb], "b": _LEVEL_CALLS[la]}
-    kinds = _LEVEL_CALLS[la] | _LEVEL_CALLS[lb]
-    left: Dict[str, int] = {}
-    kept = []
-    for u in unmatched:
-        if u["kind"] in kinds and u["kind"] not in other[u["side"]]:
-            left[u["side"]] = left.get(u["side"], 0) + 1
-        else:
-            kept.append(u)
-    unmatched[:] = kept
-    said = [f"{left[side]} {' and '.join(sorted(_LEVEL_CALLS[level] - _LEVEL_CALLS[o]))}-call "
-            f"record(s) of the {label}" for side, label, level, o in
-            (("a", "baseline", la, lb), ("b", "candidate", lb, la)) if left.get(side)]
-    return [f"levels differ (baseline {la}, candidate {lb}): only the calls both levels "
-            f"capture are compared" + (f"; left out: {', '.join(said)}, which the other level "
-                                       "does not record" if said else "")]
-
-
-def _uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
-                pairs: List[Tuple[int, int]]) -> List[str]:
-    """Notes on what the compare left out: the steps and ranks (of those asked) that only one
-    dump holds, and incomplete files (`.partial`) skipped in either."""
-    chosen = set(pairs)
-    notes = []
-    for label, have, other in (("baseline", a, "candidate"), ("candidate", b, "baseline")):
-        left = [(s, r) for s in have.steps for r in have.ranks if have.files(s, r)
-                and (s, r) not in chosen and (step is None or s == step)
-                and (rank is None or r == rank)]
-        if left:
-            shown = ", ".join(f"step {s} rank {r}" for s, r in left[:6])
-            more = f" and {len(left) - 6} more" if len(left) > 6 else ""
-            notes.append(f"not compared: the {label}'s {shown}{more} (the {other} has no such "
-                         "file)")
-        if have.partial:
-            notes.append(f"the {label} has {len(have.partial)} incomplete step file(s), "
-                         f"skipped (the run stopped while writing them): "
-                         f"{', '.join(have.partial[:3])}")
-    return notes
-
-
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
                   progress: Progress = None) -> Dict[str, Any]:
@@ -258,8 +188,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before)
-        notes = _uncompared(a, b, step, rank, pairs) + _level_note(a, b, unmatched) + \
-            _unobserved_note(a, b)
+        notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
+            unobserved_note(a, b)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
                          f"the candidate's step {own_b[0][0]} rank {own_b[0][1]} (the one step "
@@ -290,8 +220,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          "to confirm a match bit for bit")
         consequences = _consequences(steps, first, involved)
         if first is not None and "structure" not in first:
-            _note_extra_calls(first, unmatched, rows)
-            _note_loss_scale(first, setup["findings"])
+            note_extra_calls(first, unmatched, rows)
+            note_loss_scale(first, setup["findings"])
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched), "notes": notes,
@@ -314,61 +244,6 @@ def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tupl
     chosen = set(pairs)
     return sorted({(s - 1, r) for s, r in pairs if (s - 1, r) not in chosen
                    and a.files(s - 1, r) and b.files(s - 1, r)})
-
-
-def _note_loss_scale(first: Dict[str, Any], findings: List[Dict[str, Any]]) -> None:
-    """A verdict in the root module's backward where the loss scale differs: the calls one
-    run makes there are most likely its loss scaling, which scales every gradient after it."""
-    scale = next((f for f in findings if f["kind"] == "loss_scale"), None)
-    if scale is not None and first["module"] == "" and first["direction"] == "backward":
-        first["reason"] += (f"; {scale['message']}: a loss scaled in one run only scales every "
-                            "gradient computed from it, so the backward differs from here on "
-                            "by that factor (compare runs that scale alike, or both unscaled)")
-
-
-_GRADIENT_STOPS = frozenset({"detach", "stop_gradient"})
-
-
-def _note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]],
-                      rows: List[Row]) -> None:
-    """Calls inside the culprit's module that only one run made are part of the evidence (not
-    a call with a counterpart, one of whose records the other run lacks: a gradient that never
-    arrived)."""
-    if first["kind"] not in ("module", "api"):
-        return
-    paired = {("a", row.step, row.rank, row.name_a) for row in rows} | \
-        {("b", row.step, row.rank, row.name_b) for row in rows}
-    unmatched = [u for u in unmatched
-                 if (u["side"], u["step"], u["rank"], u["name"]) not in paired]
-    inside = lambda m: first["module"] == "" or m == first["module"] or \
-        m.startswith(first["module"] + ".")  # noqa: E731
-    # a forward verdict: the calls made in one run only (their forward records); a backward
-    # only in one run (a cast that is an identity in the other) is no other call
-    roles = READ_ROLES | WRITE_ROLES if first["direction"] == "backward" else _FORWARD_ROLES
-    extra = {}
-    for u in unmatched:
-        if u["step"] == first["step"] and u["kind"] == "api" and inside(u["module"]) \
-                and u["role"] in roles:
-            extra.setdefault(u["side"], []).append(u["name"])
-    zero = first["evidence"].get("all_zero_in")
-    if zero:                  # what stops the gradient in that run only
-        side = "a" if zero == "baseline" else "b"
-        stops = sorted({f"{u['name']} (module '{u['module']}')" for u in unmatched
-                        if u["side"] == side and u["step"] == first["step"]
-                        and u["rank"] == first["rank"] and u["op"] in _GRADIENT_STOPS
-                        and u["role"] in _FORWARD_ROLES})
-        if stops:
-            first["evidence"]["gradient_stopped_by"] = stops[:10]
-            first["reason"] += (f"; only the {zero} calls {', '.join(stops[:3])}, which stops "
-                                "the gradient")
-    if extra:
-        first["evidence"]["calls_in_one_run_only"] = {
-            ("baseline" if side == "a" else "candidate"): sorted(set(names))[:10]
-            for side, names in extra.items()}
-        for side, names in extra.items():
-            who = "baseline" if side == "a" else "candidate"
-            first["reason"] += (f"; only the {who} calls {', '.join(sorted(set(names))[:4])} "
-                                "inside it")
 
 
 def _consequences(steps: List[StepEntries], first: Optional[Dict[str, Any]],

@@ -1,0 +1,142 @@
+"""The notes and the additions to a verdict's reason that say what a compare left out or what
+explains it: unobserved modules, levels that capture other calls, steps and ranks one dump
+holds, calls only one run makes inside the culprit's module, what stops a gradient, a loss
+scale that differs."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..reader import Dump
+from ..schema import READ_ROLES, WRITE_ROLES, Role
+from .rows import Row
+
+__all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
+           "note_loss_scale", "note_extra_calls"]
+
+_FORWARD_ROLES = frozenset({Role.INPUT.value, Role.OUTPUT.value})
+
+
+def unobserved_modules(dump: Dump) -> List[str]:
+    """The module paths a run could not see inside (run.json's manifest `unobserved`: modules
+    that ran compiled, TorchScript or ms.jit)."""
+    section = (dump.run.get("manifest") or {}).get("unobserved") if isinstance(
+        dump.run.get("manifest"), dict) else None
+    return [str(p) for p in section.get("modules", [])] if isinstance(section, dict) else []
+
+
+def unobserved_note(a: Dump, b: Dump) -> List[str]:
+    notes = []
+    for label, dump in (("baseline", a), ("candidate", b)):
+        paths = unobserved_modules(dump)
+        if paths:
+            compiler = str(((dump.run.get("manifest") or {}).get("unobserved") or {})
+                           .get("compiler", "compiled"))
+            shown = ", ".join(p or "(the model)" for p in paths[:5])
+            notes.append(f"the {label} ran module(s) {shown} compiled ({compiler}): the calls "
+                         "inside them were not captured, and are not compared")
+    return notes
+
+
+# the kinds of call records each level captures (parameters and their gradients: every level)
+_LEVEL_CALLS = {"mix": {"api", "module"}, "api": {"api"}, "module": {"module"}}
+
+
+def level_note(a: Dump, b: Dump, unmatched: List[Dict[str, Any]]) -> List[str]:
+    """Where the levels differ, the records of calls the other dump's level never captures
+    leave `unmatched` (they have no counterpart to miss), counted in the note instead."""
+    la, lb = a.setting("level"), b.setting("level")
+    if not la or not lb or la == lb or la not in _LEVEL_CALLS or lb not in _LEVEL_CALLS:
+        return []
+    other = {"a": _LEVEL_CALLS[lb], "b": _LEVEL_CALLS[la]}
+    kinds = _LEVEL_CALLS[la] | _LEVEL_CALLS[lb]
+    left: Dict[str, int] = {}
+    kept = []
+    for u in unmatched:
+        if u["kind"] in kinds and u["kind"] not in other[u["side"]]:
+            left[u["side"]] = left.get(u["side"], 0) + 1
+        else:
+            kept.append(u)
+    unmatched[:] = kept
+    said = [f"{left[side]} {' and '.join(sorted(_LEVEL_CALLS[level] - _LEVEL_CALLS[o]))}-call "
+            f"record(s) of the {label}" for side, label, level, o in
+            (("a", "baseline", la, lb), ("b", "candidate", lb, la)) if left.get(side)]
+    return [f"levels differ (baseline {la}, candidate {lb}): only the calls both levels "
+            f"capture are compared" + (f"; left out: {', '.join(said)}, which the other level "
+                                       "does not record" if said else "")]
+
+
+def uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
+                pairs: List[Tuple[int, int]]) -> List[str]:
+    """Notes on what the compare left out: the steps and ranks (of those asked) that only one
+    dump holds, and incomplete files (`.partial`) skipped in either."""
+    chosen = set(pairs)
+    notes = []
+    for label, have, other in (("baseline", a, "candidate"), ("candidate", b, "baseline")):
+        left = [(s, r) for s in have.steps for r in have.ranks if have.files(s, r)
+                and (s, r) not in chosen and (step is None or s == step)
+                and (rank is None or r == rank)]
+        if left:
+            shown = ", ".join(f"step {s} rank {r}" for s, r in left[:6])
+            more = f" and {len(left) - 6} more" if len(left) > 6 else ""
+            notes.append(f"not compared: the {label}'s {shown}{more} (the {other} has no such "
+                         "file)")
+        if have.partial:
+            notes.append(f"the {label} has {len(have.partial)} incomplete step file(s), "
+                         f"skipped (the run stopped while writing them): "
+                         f"{', '.join(have.partial[:3])}")
+    return notes
+
+
+def note_loss_scale(first: Dict[str, Any], findings: List[Dict[str, Any]]) -> None:
+    """A verdict in the root module's backward where the loss scale differs: the calls one
+    run makes there are most likely its loss scaling, which scales every gradient after it."""
+    scale = next((f for f in findings if f["kind"] == "loss_scale"), None)
+    if scale is not None and first["module"] == "" and first["direction"] == "backward":
+        first["reason"] += (f"; {scale['message']}: a loss scaled in one run only scales every "
+                            "gradient computed from it, so the backward differs from here on "
+                            "by that factor (compare runs that scale alike, or both unscaled)")
+
+
+_GRADIENT_STOPS = frozenset({"detach", "stop_gradient"})
+
+
+def note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]],
+                      rows: List[Row]) -> None:
+    """Calls inside the culprit's module that only one run made are part of the evidence (not
+    a call with a counterpart, one of whose records the other run lacks: a gradient that never
+    arrived)."""
+    if first["kind"] not in ("module", "api"):
+        return
+    paired = {("a", row.step, row.rank, row.name_a) for row in rows} | \
+        {("b", row.step, row.rank, row.name_b) for row in rows}
+    unmatched = [u for u in unmatched
+                 if (u["side"], u["step"], u["rank"], u["name"]) not in paired]
+    inside = lambda m: first["module"] == "" or m == first["module"] or \
+        m.startswith(first["module"] + ".")  # noqa: E731
+    # a forward verdict: the calls made in one run only (their forward records); a backward
+    # only in one run (a cast that is an identity in the other) is no other call
+    roles = READ_ROLES | WRITE_ROLES if first["direction"] == "backward" else _FORWARD_ROLES
+    extra = {}
+    for u in unmatched:
+        if u["step"] == first["step"] and u["kind"] == "api" and inside(u["module"]) \
+                and u["role"] in roles:
+            extra.setdefault(u["side"], []).append(u["name"])
+    zero = first["evidence"].get("all_zero_in")
+    if zero:                  # what stops the gradient in that run only
+        side = "a" if zero == "baseline" else "b"
+        stops = sorted({f"{u['name']} (module '{u['module']}')" for u in unmatched
+                        if u["side"] == side and u["step"] == first["step"]
+                        and u["rank"] == first["rank"] and u["op"] in _GRADIENT_STOPS
+                        and u["role"] in _FORWARD_ROLES})
+        if stops:
+            first["evidence"]["gradient_stopped_by"] = stops[:10]
+            first["reason"] += (f"; only the {zero} calls {', '.join(stops[:3])}, which stops "
+                                "the gradient")
+    if extra:
+        first["evidence"]["calls_in_one_run_only"] = {
+            ("baseline" if side == "a" else "candidate"): sorted(set(names))[:10]
+            for side, names in extra.items()}
+        for side, names in extra.items():
+            who = "baseline" if side == "a" else "candidate"
+            first["reason"] += (f"; only the {who} calls {', '.join(sorted(set(names))[:4])} "
+                                "inside it")
