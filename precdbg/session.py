@@ -10,8 +10,6 @@ Statistics stay on the device until `resolve` is called once per batch of record
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import __version__, lifetime
@@ -34,7 +32,7 @@ from .call_naming import CallNaming
 from .naming import save_entry, uninitialized_output
 from .schema import (NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task,
                      scalar_dtype)
-from .writer import DumpWriter, earlier_dump
+from .writer import DumpWriter, check_writable, earlier_dump
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
 
@@ -137,7 +135,7 @@ class Session(CallNaming):
             return False
         self._reset_window()
         if not self.run.written:
-            self._check_dump_path()
+            check_writable(self.config.dump_path)
             earlier = self.writer.existing_files(self.rank)
             if earlier:          # appeared since the constructor looked: never into training
                 if not self._refused:
@@ -177,18 +175,6 @@ class Session(CallNaming):
             log.warning("precdbg: level 'mix' and start() without a model: API calls are "
                         "recorded; module calls, parameter gradients and parameters are not "
                         "(call debugger.start(model) for them)")
-
-    def _check_dump_path(self) -> None:
-        """One clear error at the first start() when the dump folder cannot be written."""
-        path = self.config.dump_path
-        try:
-            os.makedirs(path, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".precdbg-probe-", dir=path)
-            os.close(fd)
-            os.remove(probe)
-        except OSError as exc:
-            raise ConfigError(f"dump_path: {path} is not a writable folder "
-                              f"({exc.strerror or exc})") from None
 
     def stop_at_exit(self) -> None:
         """The interpreter is exiting while this session still captures (no stop() ran: an

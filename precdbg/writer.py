@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import tempfile
 import threading
 import time
 from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
@@ -20,10 +21,12 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from . import lifetime
+from .errors import ConfigError
 from .schema import SCHEMA_VERSION, Record
 from .stepfile import OpenStep, Payload, free_space, step_file_path, write_json_atomic
 
-__all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic", "earlier_dump"]
+__all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic", "earlier_dump",
+           "check_writable"]
 
 log = logging.getLogger("precdbg")
 
@@ -45,6 +48,19 @@ def _process_started() -> Optional[float]:
     if age < 0:                     # clocks of different boots (a sandbox): nothing to go by
         return None
     return time.time() - age
+
+
+def check_writable(path: str) -> None:
+    """One clear error (ConfigError) at the first start() when the dump folder cannot be
+    created or written."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".precdbg-probe-", dir=path)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        raise ConfigError(f"dump_path: {path} is not a writable folder "
+                          f"({exc.strerror or exc})") from None
 
 
 def earlier_dump(dump_path: str) -> Optional[str]:
