@@ -85,6 +85,7 @@ class _Buffer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.on_host = device.type == "cpu"       # testing: CPU tensors through this path
         self.chunks: List[torch.Tensor] = []
         self.current = -1                   # chunk rows are taken from (-1: none yet)
         self.used = _CHUNK_ROWS             # rows used in the current chunk
@@ -116,7 +117,7 @@ class _Buffer:
                                     device=self.device)
                 self._reset(chunk)
                 self.chunks.append(chunk)
-        if self.device.type != "cpu":
+        if not self.on_host:
             self.streams.add(self.stream_of())
         if given is None:
             handles = [DeviceHandle(self, self.current, self.used + k, n)
@@ -205,6 +206,19 @@ def _buffer(device: torch.device) -> _Buffer:
     return buf
 
 
+# the buffer of a tensor's device by its index (`get_device()`: -1 for host memory), asked per
+# launch: a torch.device object and its hash cost more than the launch's own arithmetic. One
+# kind of accelerator runs in a process, so the index names the device.
+_BY_INDEX: Dict[int, _Buffer] = {}
+
+
+def _buffer_of(t: torch.Tensor) -> _Buffer:
+    buf = _BY_INDEX.get(t.get_device())
+    if buf is None:
+        buf = _BY_INDEX[t.get_device()] = _buffer(t.device)
+    return buf
+
+
 # ------------------------------------------------------------------ triton backend
 triton_available = stats_kernel.triton_available
 
@@ -279,13 +293,15 @@ def _kernel_takes(t: torch.Tensor) -> bool:
 def _enqueue(backend: str, tensors: Sequence[torch.Tensor],
              given: Optional[Sequence[DeviceHandle]] = None) -> List[DeviceHandle]:
     """Rows for `tensors` (all on one device, non-empty) and the kernels that fill them."""
-    handles = _buffer(tensors[0].device).take([t.numel() for t in tensors], given)
+    handles = _buffer_of(tensors[0]).take([t.numel() for t in tensors], given)
     if backend == "torch":
         _launch_torch(tensors, handles)
         return handles
-    interpret = tensors[0].device.type == "cpu"
-    for start in range(0, len(tensors), stats_kernel.SLOTS):
-        group, rows = tensors[start:start + stats_kernel.SLOTS], handles[start:start + stats_kernel.SLOTS]
+    interpret = tensors[0].is_cpu
+    slots = stats_kernel.SLOTS
+    for start in range(0, len(tensors), slots):
+        group, rows = (tensors, handles) if len(tensors) <= slots else \
+            (tensors[start:start + slots], handles[start:start + slots])
         try:
             _launch_triton(group, rows, interpret)
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built or launched
@@ -296,8 +312,14 @@ def _enqueue(backend: str, tensors: Sequence[torch.Tensor],
     return handles
 
 
+_KERNEL_DTYPES = frozenset(stats_kernel.KERNEL_DTYPES)
+_STRIDED = torch.strided
+
+
 def _backend_for(t: torch.Tensor) -> str:
-    if t.device.type == "cuda" and _kernel_takes(t) and stats_kernel.triton_available():
+    # flag reads, not `t.device.type` (a device object per tensor)
+    if t.is_cuda and t.dtype in _KERNEL_DTYPES and t.layout is _STRIDED \
+            and stats_kernel.triton_available():
         return "triton"
     return "torch"
 
@@ -330,16 +352,18 @@ def _queue() -> _Queue:
 
 def summarize(t: torch.Tensor, backend: Optional[str] = None) -> DeviceHandle:
     """The statistics of one non-empty device tensor: queued for the fused kernel (launched by
-    `launch_queued`), or enqueued now through torch ops. Returns where they will be."""
-    t = t.detach()
+    `launch_queued`), or enqueued now through torch ops. Returns where they will be. Called
+    with gradients disabled (the adapter's guard): the tensor itself is queued, not a detached
+    alias of it (the kernel reads its memory, nothing builds a graph)."""
     backend = backend or _backend_for(t)
     if backend != "triton":
-        return _enqueue(backend, [t])[0]
+        return _enqueue(backend, [t.detach()])[0]
     handle = DeviceHandle(None, -1, -1, t.numel())      # rows are taken at launch
     _EVER_QUEUED[0] = True
-    queue = _queue()
-    queue.items.append((t, handle))
-    if len(queue.items) >= _QUEUE_LIMIT:
+    queue = getattr(_LOCAL, "queue", None) or _queue()
+    items = queue.items
+    items.append((t, handle))
+    if len(items) >= _QUEUE_LIMIT:
         launch_queued()
     return handle
 
@@ -356,12 +380,19 @@ def launch_queued() -> None:
 
 def _launch_items(queue: _Queue) -> None:
     items, queue.items = queue.items, []
-    groups: Dict[Tuple[torch.device, torch.dtype], List[Tuple[torch.Tensor, DeviceHandle]]] = {}
+    first = items[0][0]
+    if len(items) == 1:                 # most hooks queue one tensor, or tensors of one kind
+        _enqueue("triton", [first], [items[0][1]])
+        return
+    device, dtype = first.get_device(), first.dtype
+    if all(t.get_device() == device and t.dtype is dtype for t, _ in items):
+        _enqueue("triton", [t for t, _ in items], [h for _, h in items])
+        return
+    groups: Dict[Tuple[int, torch.dtype], List[Tuple[torch.Tensor, DeviceHandle]]] = {}
     for item in items:
-        groups.setdefault((item[0].device, item[0].dtype), []).append(item)
-    for (device, _), group in groups.items():
-        tensors = [t for t, _ in group]
-        _enqueue("triton", tensors, [h for _, h in group])
+        groups.setdefault((item[0].get_device(), item[0].dtype), []).append(item)
+    for group in groups.values():
+        _enqueue("triton", [t for t, _ in group], [h for _, h in group])
 
 
 def summarize_many(tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:

@@ -132,30 +132,59 @@ def flat_view(t: torch.Tensor) -> torch.Tensor:
 
 def launch(tensors: Sequence[torch.Tensor], chunk: torch.Tensor, row0: int,
            interpret: bool) -> None:
-    """One launch for up to SLOTS tensors of one dtype and device, into rows row0.. of chunk."""
-    flats = [flat_view(t) for t in tensors]
-    numels = [t.numel() for t in flats]
+    """One launch for up to SLOTS tensors of one dtype and device, into rows row0.. of chunk.
+    Runs once per captured call on the training thread: plain arithmetic on a few ints."""
     # the span of a program: enough programs to keep the memory system busy (a few per SM:
     # each reads one block of BLOCK elements at a time), few enough that the atomics that
     # combine them stay cheap
-    span = -(-sum(numels) // (_BLOCK * _programs_wanted(chunk))) * _BLOCK
-    programs = [-(-n // span) for n in numels]
-    pad = SLOTS - len(flats)
-    ptrs = flats + [flats[0]] * pad
-    ns = numels + [0] * pad
-    bounds = list(itertools.accumulate(programs + [0] * pad))   # a few ints: no numpy call
-    grid = (int(bounds[-1]),)
-    args = (*ptrs, *ns, int(bounds[0]), int(bounds[1]), int(bounds[2]), chunk, row0, span)
-    f64 = flats[0].dtype is torch.float64
+    wanted = _WANTED.get(chunk.get_device()) or _programs_wanted(chunk)
+    if len(tensors) == 1:                       # most launches: one hook, one new tensor
+        first = tensors[0]
+        if not first.is_contiguous():
+            first = flat_view(first)
+        total = first.numel()
+        span = -(-total // (_BLOCK * wanted)) * _BLOCK
+        programs = -(-total // span)
+        ptrs: Sequence[torch.Tensor] = (first,) * SLOTS
+        args: Tuple[Any, ...] = (first, first, first, first, total, 0, 0, 0, programs,
+                                 programs, programs, chunk, row0, span)
+        grid = (programs,)
+    else:
+        flats = [t if t.is_contiguous() else flat_view(t) for t in tensors]
+        numels = [t.numel() for t in flats]
+        total = sum(numels)
+        span = -(-total // (_BLOCK * wanted)) * _BLOCK
+        pad = SLOTS - len(flats)
+        first = flats[0]
+        ptrs = flats + [first] * pad if pad else flats
+        ns = numels + [0] * pad if pad else numels
+        bounds = list(itertools.accumulate([-(-n // span) for n in ns]))   # a few ints
+        grid = (bounds[-1],)
+        args = (*ptrs, *ns, bounds[0], bounds[1], bounds[2], chunk, row0, span)
+    dtype = first.dtype
+    f64 = dtype is torch.float64
     if interpret:
         _interpreted()[grid](*args, BLOCK=_BLOCK, F64=f64, **_OPTIONS)
         return
     # the compiled kernel Triton chose for this device, dtype, pointer alignments and integer
     # widths (pointers are specialised on 16-byte alignment; integers are not specialised, but
-    # typed int32 or int64 by their value)
-    key = (flats[0].dtype, chunk.device.index, *[p.data_ptr() % 16 == 0 for p in ptrs],
-           chunk.data_ptr() % 16 == 0, *[v >= _INT32 for v in args[4:11]], row0 >= _INT32,
-           span >= _INT32)
+    # typed int32 or int64 by their value: all int32 unless an element count or the span
+    # reaches 2**31, when every width is part of the key)
+    aligned = 0
+    if len(tensors) == 1:
+        if not first.data_ptr() & 15:
+            aligned = (1 << SLOTS) - 1
+    else:
+        for i, p in enumerate(ptrs):
+            if not p.data_ptr() & 15:
+                aligned |= 1 << i
+    if chunk.data_ptr() & 15:
+        aligned |= 1 << SLOTS
+    if total < _INT32 and span < _INT32 and row0 < _INT32:
+        key: Tuple[Any, ...] = (dtype, chunk.get_device(), aligned)
+    else:
+        key = (dtype, chunk.get_device(), aligned, *[v >= _INT32 for v in args[SLOTS:SLOTS + 7]],
+               row0 >= _INT32, span >= _INT32)
     compiled = _COMPILED.get(key)
     if compiled is not None:
         try:
@@ -208,20 +237,20 @@ def _launch_compiled(compiled: Any, grid: Tuple[int], values: Tuple[Any, ...]) -
                  hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
 
 
-_WANTED: Dict[Any, int] = {}
+_WANTED: Dict[int, int] = {}
 
 
 def _programs_wanted(chunk: torch.Tensor) -> int:
     """How many programs one launch on the chunk's device aims at (multiprocessors x a few)."""
     device = chunk.device
-    wanted = _WANTED.get(device)
+    wanted = _WANTED.get(chunk.get_device())
     if wanted is None:
         if device.type == "cuda":
             count = torch.cuda.get_device_properties(device).multi_processor_count
             wanted = _PROGRAMS_PER_SM * count
         else:
             wanted = _INTERPRETED_PROGRAMS
-        _WANTED[device] = wanted
+        _WANTED[chunk.get_device()] = wanted      # by index: one kind of device per process
     return wanted
 
 

@@ -118,6 +118,32 @@ def test_one_launch_covers_several_tensors_of_mixed_sizes(backend):
         check_raw(row, x, bound_for(backend, torch.float16))
 
 
+def _queued_one_by_one(tensors: List[torch.Tensor], backend: str) -> np.ndarray:
+    """What a hook does: each tensor queued, then the queue launched (one tensor per launch),
+    and a last queue of several tensors of two dtypes (one launch per dtype)."""
+    handles = []
+    with torch.no_grad():
+        for t in tensors:
+            handles.append(device_stats.summarize(t, backend))
+            device_stats.launch_queued()
+        mixed = [tensors[0], tensors[1].double(), tensors[2], tensors[3].double()]
+        handles += [device_stats.summarize(t, backend) for t in mixed]
+        device_stats.launch_queued()
+    return device_stats.resolve(handles), tensors + mixed
+
+
+@pytest.mark.skipif(not (HAS_TRITON and RUNS_ON_CPU), reason="triton (interpreter) not available")
+def test_tensors_queued_one_per_launch_match_numpy():
+    """The launch of a single queued tensor (the common hook) has its own argument path: views at
+    every offset, non-contiguous views, a tensor that requires grad, each against numpy."""
+    base = sample(4099, torch.float32, seed=11)
+    leaf = sample(300, torch.float32, seed=12).requires_grad_()
+    views = [base[k:] for k in range(5)] + [base[:4096].reshape(64, 64).t(), base[::3], leaf]
+    raw, tensors = _queued_one_by_one(views, "triton")
+    for row, t in zip(raw, tensors):
+        check_raw(row, t, bound_for("triton", t.dtype))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_all_nan_overflow_and_extremes(backend):
     all_nan = torch.full((2000,), math.nan)
@@ -241,6 +267,19 @@ def test_cuda_compiled_kernel_launched_directly_matches_numpy(dtype):
             check_raw(row, x, bound_for("triton", dtype))
     if stats_kernel.triton_available():
         assert stats_kernel._direct_launch_supported() == bool(stats_kernel._COMPILED)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_cuda_tensors_queued_one_per_launch_match_numpy(dtype):
+    """Single-tensor launches through the compiled kernel (Triton's binder skipped after the
+    first of each alignment): views at every offset, several rounds, each against numpy."""
+    base = sample(40_003, dtype, seed=9).cuda()
+    views = [base[k:] for k in range(5)] + [base[:40_000].reshape(200, 200).t(), base[1::3]]
+    for _ in range(3):
+        raw, tensors = _queued_one_by_one(views, "triton")
+        for row, t in zip(raw, tensors):
+            check_raw(row, t, bound_for("triton", t.dtype))
 
 
 def _gpu_step(dbg: "PrecisionDebugger | None", model, opt, batch) -> List[str]:
