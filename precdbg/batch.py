@@ -87,6 +87,33 @@ class TensorBatch:
         self._firsts: List[_Stats] = []    # every _Stats whose `first` is set (see release)
         self._pending: List[Tuple[Record, Optional[Seen]]] = []
         self._copies: List[Tuple[Seen, Any, bool]] = []
+        # tensor objects captured in this window: id -> (weak reference, state, facts, Seen)
+        self._objects: Dict[int, Tuple[Any, Hashable, Any, Seen]] = {}
+        self.object_state = getattr(tensors, "object_state", None)
+
+    def known_object(self, tensor: Any) -> Optional[Tuple[Any, Seen]]:
+        """(facts, Seen) of a tensor object captured earlier in this window whose state (the
+        framework's `object_state`: PyTorch's version and data pointer) has not changed since:
+        the same bytes, so what was learnt then holds (60 % of a GPT step's records reread an
+        object already captured, as the output of one call and the input of the next)."""
+        entry = self._objects.get(id(tensor))
+        if entry is None or entry[0]() is not tensor or entry[1] != self.object_state(tensor):
+            return None
+        return entry[2], entry[3]
+
+    def remember_object(self, tensor: Any, facts: Any, seen: Seen) -> None:
+        state = self.object_state(tensor)
+        if state is not None:
+            try:
+                self._objects[id(tensor)] = (weakref.ref(tensor), state, facts, seen)
+            except TypeError:
+                pass
+
+    def forget_objects(self) -> None:
+        """Something wrote tensors without a new version (a collective, a write through
+        another object over the same memory): no object's earlier facts are trusted."""
+        if self._objects:
+            self._objects = {}
 
     def seen_tensor(self, tensor: Any, written: bool = False, keys: Any = False,
                     values: bool = True, store: Optional[Hashable] = None) -> Seen:
@@ -148,6 +175,7 @@ class TensorBatch:
         for stats in self._firsts:
             stats.first = None
         self._firsts = []
+        self._objects = {}
 
     def _holds(self, entry: Any, first: Optional[Seen], key: Hashable,
                store: Optional[Hashable], ref: Any) -> bool:
@@ -216,5 +244,6 @@ class TensorBatch:
     def _forget_stats(self, lost: Sequence[_Stats]) -> None:
         """Statistics that could not be computed: later records of the same tensors retry."""
         dead = {id(stats) for stats in lost}
+        self._objects = {}
         self._stats_seen = {k: v for k, v in self._stats_seen.items() if id(v) not in dead}
         self._seen = {k: v for k, v in self._seen.items() if id(v.stats) not in dead}

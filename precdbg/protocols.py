@@ -35,6 +35,9 @@ class TensorOps(Protocol):
     def facts(self, tensor: Any) -> Tuple[str, Tuple[int, ...], int,
                                           Optional[Tuple[Hashable, Hashable]],
                                           Optional[Tuple[Hashable, Hashable, int]]]: ...
+    # Optional: `object_state(tensor)`, a value that changes whenever the elements a tensor
+    # object shows may have changed (None: unknown); where it is given, an object recorded again
+    # unchanged in a window reuses its facts and distinct-tensor entry (precdbg.batch)
     # Statistics of a tensor: the finished row (a tuple: min, max, mean, norm, NaN count, Inf
     # count) when computed at once, or a handle that `resolve` turns into rows, once per batch
     def summarize(self, tensor: Any) -> Any: ...

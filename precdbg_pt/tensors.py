@@ -13,7 +13,7 @@ from .statistics import (deferrable, element_layout, launch_queued, nbytes, reso
                          retained_bytes, summarize, version_of)
 
 __all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref",
-           "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host", "hand_over", "nbytes",
+           "object_state", "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host", "hand_over", "nbytes",
            "launch_queued", "retained_bytes", "deferrable"]
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
@@ -154,3 +154,14 @@ STORAGE_REF_FOLLOWS_MEMORY = True    # a weak reference of the storage itself, n
 def storage_ref(t: torch.Tensor) -> Callable[[], bool]:
     """Whether the tensor's storage still exists (a freed one's key may come back)."""
     return _StorageAlive(t.untyped_storage())
+
+
+def object_state(t: torch.Tensor) -> Optional[Tuple[int, int, torch.Size]]:
+    """What changes whenever the elements a tensor object shows may have: its version (every
+    in-place write, in-place view changes too), its data pointer (`.data =`, a storage resized
+    and refilled) and its shape. The core reuses what it learnt of an object at its last record
+    while this stays the same. None: no version to trust (an inference tensor counts none)."""
+    try:
+        return t._version, t.data_ptr(), t.shape
+    except Exception:  # noqa: BLE001 - inference tensors, tensors without storage
+        return None

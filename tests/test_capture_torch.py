@@ -1226,6 +1226,43 @@ def test_memory_a_live_tensor_gave_up_is_not_taken_for_it(tmp_path):
     assert table["tensor_id"][rows["Save.y.0"]] != table["tensor_id"][rows["Save.x.0"]]
 
 
+def test_an_object_recorded_again_is_read_afresh_once_it_changed(tmp_path):
+    """A tensor object recorded again in a window reuses what its last record learnt only while
+    its version, data pointer and shape are unchanged: `.data` swapped (same version), an
+    in-place view change (`t_`), an in-place write under no_grad each give a new distinct tensor
+    with its own statistics; an unchanged object and an inference tensor are recorded as
+    before."""
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), task="statistics", level="L1")
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    with torch.inference_mode():
+        frozen = torch.full((3,), 4.0)
+    dbg.start()
+    dbg.save("a", x)
+    dbg.save("b", x)                       # unchanged: the same distinct tensor
+    x.data = torch.full((2, 3), 9.0)       # same object, same version, other memory
+    dbg.save("c", x)
+    x.t_()                                 # in place: other shape, new version
+    dbg.save("d", x)
+    with torch.no_grad():
+        x.mul_(2.0)                        # an uncaptured in-place write (level L1 sees it not)
+    dbg.save("e", x)
+    dbg.save("f", frozen)
+    dbg.save("g", frozen)
+    dbg.stop()
+    dbg.close()
+    assert dbg.failures == 0
+    table = precdbg.open_dump(str(tmp_path / "dump")).records(step=0)
+    row = {str(e).split(".")[1]: i for i, e in enumerate(table["entry"])}
+    ids = {name: int(table["tensor_id"][i]) for name, i in row.items()}
+    assert ids["a"] == ids["b"]
+    assert len({ids["b"], ids["c"], ids["d"], ids["e"]}) == 4
+    maxima = {name: float(table["max"][i]) for name, i in row.items()}
+    assert (maxima["a"], maxima["b"], maxima["c"], maxima["d"], maxima["e"]) == \
+        (5.0, 5.0, 9.0, 9.0, 18.0)
+    assert table.row(row["c"])["shape"] == (2, 3) and table.row(row["d"])["shape"] == (3, 2)
+    assert maxima["f"] == maxima["g"] == 4.0
+
+
 def test_bytes_seen_through_a_gone_object_keep_their_tensor(tmp_path):
     """A gradient is seen first through the object a backward hook receives, which is gone by
     the time `clip_grad_norm_` reads it again as `.grad`: the same bytes in the same live
