@@ -13,8 +13,8 @@ from .statistics import (deferrable, element_layout, launch_queued, nbytes, reso
                          retained_bytes, summarize, version_of)
 
 __all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref",
-           "object_state", "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host", "hand_over", "nbytes",
-           "launch_queued", "retained_bytes", "deferrable"]
+           "object_state", "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve", "to_host",
+           "hand_over", "nbytes", "launch_queued", "retained_bytes", "deferrable"]
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
 
