@@ -32,6 +32,8 @@ import time
 import weakref
 from typing import Any, Callable, Set
 
+from .stepfile import disown_after_fork
+
 __all__ = ["track_writer", "untrack_writer", "track_session", "shutting_down",
            "drain_at_exit"]
 
@@ -68,8 +70,10 @@ def _install() -> None:
 
 
 def _forget_after_fork() -> None:
-    """A forked child (a DataLoader worker) has none of its parent's threads: drain nothing."""
+    """A forked child (a DataLoader worker) has none of its parent's threads: drain nothing,
+    and never write the parent's step files (precdbg.stepfile.disown_after_fork)."""
     global _lock
+    disown_after_fork()
     _lock = threading.Lock()
     _writers.clear()
     _unwrap_exit()

@@ -76,6 +76,34 @@ def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+# The descriptors of the step files this process has open for writing. A child forked while
+# one is open inherits HDF5's open file with it, and when the child ends, HDF5 closes that
+# file: it flushes the child's copy of the file's state, taken at the fork, into the parent's
+# file, over what the parent wrote since (a stopped step turned unreadable). A plain dict read
+# in the child without a lock: a lock held by the parent's writer thread at the fork would
+# never be released there.
+_WRITING: Dict[int, str] = {}
+
+
+def disown_after_fork() -> None:
+    """In a forked child: point every inherited descriptor of a step file being written at
+    /dev/null, so whatever the child's HDF5 flushes there when it ends goes nowhere. Only OS
+    calls (HDF5's own lock may be held by the parent's writer thread at the fork)."""
+    if not _WRITING:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    for fd in list(_WRITING):
+        try:
+            os.dup2(null, fd)
+        except OSError:
+            pass
+    os.close(null)
+    _WRITING.clear()
+
+
 class OpenStep:
     """State of the step file being written (owned by the writer thread)."""
 
@@ -84,6 +112,7 @@ class OpenStep:
         self.partial_path = final_path + ".partial"
         self.attrs = attrs
         self._file: Any = None
+        self._fd = -1
         self.compression = compression
         self.records: List[Record] = []
         self.data = None
@@ -104,6 +133,8 @@ class OpenStep:
             os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
             self._file = h5py.File(self.partial_path, "w", libver="latest")
             try:
+                self._fd = self._file.id.get_vfd_handle()
+                _WRITING[self._fd] = self.partial_path
                 for key, value in self.attrs.items():
                     self._file.attrs[key] = value if not isinstance(value, (dict, list)) \
                         else json.dumps(value)
@@ -187,6 +218,7 @@ class OpenStep:
         self.file.flush()
         fd = self.file.id.get_vfd_handle()
         os.fsync(fd)
+        _WRITING.pop(self._fd, None)       # before the close, whose descriptor may be reused
         self.file.close()
         os.replace(self.partial_path, self.final_path)
         _fsync_dir(os.path.dirname(self.final_path))
@@ -222,6 +254,7 @@ class OpenStep:
         """Close and delete the unfinished file: a step is either complete or absent."""
         if self._file is None:
             return                    # never written to: nothing on disk
+        _WRITING.pop(self._fd, None)
         try:
             self._file.close()
         except Exception:  # noqa: BLE001 - already failing

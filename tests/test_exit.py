@@ -296,6 +296,45 @@ def test_multiprocessing_children_write_every_step(tmp_path, method):
         check_dump(run, steps=[0, 1, 2])
 
 
+FORKED_CHILDREN = """
+import os, sys
+import torch
+from precdbg_pt import PrecisionDebugger
+
+model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
+debugger = PrecisionDebugger(task="tensor", dump_path=sys.argv[1], step=[])
+for _ in range(3):
+    debugger.start(model)
+    model(torch.randn(128, 1024)).sum().backward()
+    debugger.stop(); debugger.step()
+    pid = os.fork()          # while the writer still writes the step (~30 MB): the child ends
+    if pid == 0:             # normally, and HDF5 closes the file it inherited open
+        sys.exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_ending_normally_leaves_the_parents_steps_intact(tmp_path):
+    """A child forked while a step file is being written ends through Python's normal exit,
+    where HDF5 closes the file the child inherited open: what it flushes must not reach the
+    parent's file (it did: a stopped step unreadable, one run in three)."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_CHILDREN)
+    for attempt in range(2):
+        path = tmp_path / f"dump{attempt}"
+        proc = subprocess.run([PYTHON, str(script), str(path)], cwd=REPO, env=_env(),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert not partial_files(str(path)), proc.stderr[-3000:]
+        with precdbg.open_dump(str(path)) as dump:
+            assert dump.steps == [0, 1, 2] and not dump.warnings(), proc.stderr[-3000:]
+            for step in dump.steps:
+                table = dump.records(step=step)
+                assert "param_grad" in set(table["kind"].tolist()), (step, proc.stderr[-3000:])
+                assert (table["data_offset"] >= 0).sum() > 10
+
+
 NOTHING_DUMPED = """
 import json, os, sys
 import torch
