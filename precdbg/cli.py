@@ -74,7 +74,9 @@ def _inspect(args: argparse.Namespace) -> int:
     out.write(f"steps     {dump.steps}\nranks     {dump.ranks}\n")
     if dump.partial:
         out.write(f"incomplete (skipped): {', '.join(dump.partial)}\n")
-    for warning in dump.warnings():
+    shown = {(s, r) for s in dump.steps for r in dump.ranks
+             if (args.step is None or s == args.step) and (args.rank is None or r == args.rank)}
+    for warning in dump.warnings(shown):      # only the files shown are read
         out.write(f"warning   {warning}\n")
     for step in dump.steps:
         if args.step is not None and step != args.step:

@@ -2,6 +2,8 @@
 
 `open_dump(path)` takes a dump root (with run.json and step<S>/ folders), one step folder, or one
 step file. Incomplete files (`*.partial`, left by a crash) are skipped and listed in `.partial`.
+A dump's step files are known by their names and opened when first read, so a damaged one stops
+only what reads it (one line naming it), never a command asked for another step.
 """
 from __future__ import annotations
 
@@ -94,35 +96,65 @@ def _concat(tables: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
 
 
 class _StepFile:
-    def __init__(self, path: str) -> None:
-        import h5py
+    """One step file, opened when first read: a dump's files are known by their names
+    (`step<S>/rank<R>[.part<K>].h5`), so a damaged file stops only what reads it (a command
+    asked for another step never opens it). A file outside that layout is opened at once and
+    known by what it holds."""
+
+    def __init__(self, path: str, step: Optional[int] = None, rank: Optional[int] = None,
+                 part: int = 0) -> None:
         self.path = path
-        try:
-            self.file = h5py.File(path, "r")
-        except PermissionError:
-            raise DumpError(f"{path}: permission denied") from None
-        except OSError as exc:
-            raise DumpError(f"{path}: not a readable HDF5 step file ({exc})") from None
-        try:
-            self._read_attrs()
-        except BaseException:
-            self.file.close()
-            raise
+        self._file: Any = None
+        self._attrs: Optional[Dict[str, Any]] = None
         self._blobs: Optional[List[Tuple[int, Any]]] = None
+        self.step, self.rank, self.part = step if step is not None else -1, rank or 0, part
+        self._named = step is not None and rank is not None
+        if not self._named:
+            self._open()
+
+    @property
+    def file(self) -> Any:
+        if self._file is None:
+            self._open()
+        return self._file
+
+    @property
+    def attrs(self) -> Dict[str, Any]:
+        if self._attrs is None:
+            self._open()
+        return self._attrs  # type: ignore[return-value]
+
+    def _open(self) -> None:
+        import h5py
+        try:
+            handle = h5py.File(self.path, "r")
+        except PermissionError:
+            raise DumpError(f"{self.path}: permission denied") from None
+        except OSError as exc:
+            raise DumpError(f"{self.path}: not a readable HDF5 step file ({exc})") from None
+        try:
+            self._read_attrs(handle)
+        except BaseException:
+            handle.close()
+            raise
+        self._file = handle
 
     @_readable
-    def _read_attrs(self) -> None:
-        attrs = self.file.attrs
-        if "schema_version" not in attrs or "records" not in self.file:
+    def _read_attrs(self, handle: Any) -> None:
+        attrs = handle.attrs
+        if "schema_version" not in attrs or "records" not in handle:
             raise DumpError(f"{self.path}: an HDF5 file, but not a precdbg step file")
         version = int(attrs["schema_version"])
         if version not in READ_SCHEMA_VERSIONS:
             raise DumpError(f"{self.path}: schema version {version}, this precdbg reads "
                             f"{', '.join(map(str, READ_SCHEMA_VERSIONS))}")
-        self.step = int(attrs["step"])
-        self.rank = int(attrs["rank"])
-        self.part = int(attrs.get("part", 0))
-        self.attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
+        held = (int(attrs["step"]), int(attrs["rank"]), int(attrs.get("part", 0)))
+        if self._named and held != (self.step, self.rank, self.part):
+            raise DumpError(f"{self.path}: holds step {held[0]} rank {held[1]} part {held[2]}, "
+                            "not the step, rank and part its name says")
+        self.step, self.rank, self.part = held
+        self._attrs = {k: (v.item() if isinstance(v, np.generic) else v)
+                       for k, v in attrs.items()}
 
     @_readable
     def columns(self) -> Dict[str, np.ndarray]:
@@ -170,7 +202,8 @@ class _StepFile:
                 for s in self.file[group][column][()]]
 
     def close(self) -> None:
-        self.file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def _as_array(raw: np.ndarray, dtype: str, shape: Tuple[int, ...]) -> np.ndarray:
@@ -192,7 +225,13 @@ class Dump:
         self._files: Dict[Tuple[int, int], List[_StepFile]] = {}
         paths = self._discover(path)
         for file_path in paths:
-            sf = _StepFile(file_path)
+            step_dir = _STEP_DIR.match(os.path.basename(os.path.dirname(file_path)))
+            name = _RANK_FILE.match(os.path.basename(file_path))
+            if len(paths) > 1 and step_dir and name:
+                sf = _StepFile(file_path, int(step_dir.group(1)), int(name.group(1)),
+                               int(name.group(2) or 0))
+            else:                     # one file, or a name outside the layout: opened now
+                sf = _StepFile(file_path)
             self._files.setdefault((sf.step, sf.rank), []).append(sf)
         for parts in self._files.values():
             parts.sort(key=lambda f: f.part)

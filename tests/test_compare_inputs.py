@@ -98,6 +98,23 @@ def test_a_damaged_step_file_is_a_one_line_error_in_every_command(base, tmp_path
         _one_line_error(run_cli(*command), target)
 
 
+def test_a_damaged_step_file_leaves_the_other_steps_to_commands_asked_for_them(base, tmp_path):
+    """Step files are opened when read: a command asked for step 0 reads step 0, whatever became
+    of step 1's file; the whole dump still fails in one line naming the damaged file."""
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(base, damaged)
+    target = os.path.join(damaged, "step1", "rank0.h5")
+    os.truncate(target, 2000)
+    for command in (("inspect", damaged), ("scan", damaged), ("compare", base, damaged),
+                    ("check", base, damaged)):
+        result = run_cli(*command, "--step", "0")
+        assert result.returncode in (0, 1), (command, result.stderr)
+        assert "Traceback" not in result.stderr and target not in result.stderr, command
+    assert "verdict: MATCH" in run_cli("compare", base, damaged, "--step", "0").stdout
+    _one_line_error(run_cli("compare", base, damaged), target, "truncated")
+    _one_line_error(run_cli("inspect", damaged, "--step", "1"), target)
+
+
 def test_a_manifest_that_is_no_object_and_an_hdf5_file_of_another_tool(base, tmp_path):
     listed = str(tmp_path / "listed")
     shutil.copytree(base, listed)
