@@ -5,7 +5,7 @@ import argparse
 import os
 import re
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .errors import DumpError, PrecdbgError
 
@@ -13,6 +13,7 @@ __all__ = ["main"]
 
 
 _STEP_DIR = re.compile(r"^step\d+$")
+_RANK_NAME = re.compile(r"^rank\d+(\.part\d+)?\.h5(\.partial)?$")
 
 
 def _dump_root(path: str) -> str:
@@ -25,6 +26,23 @@ def _dump_root(path: str) -> str:
     return path
 
 
+def _in_a_dump(target: str) -> bool:
+    """Whether a file would overwrite part of a dump: a dump's run.json (beside its step
+    folders), or anything in a step folder that holds step files."""
+    folder = os.path.dirname(target)
+    if _STEP_DIR.match(os.path.basename(folder)):
+        return any(_RANK_NAME.match(name) for name in _names(folder))
+    return os.path.basename(target) == "run.json" and any(
+        _STEP_DIR.match(name) for name in _names(folder))
+
+
+def _names(folder: str) -> List[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> None:
     """Before any work: every output file can be written, and none would overwrite what is
     being read (a dump's run.json, its step folders, an input file itself)."""
@@ -34,6 +52,7 @@ def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> N
         guarded.add(os.path.abspath(given))
         guarded.add(os.path.join(root, "run.json"))
     roots = {_dump_root(given) for given in inputs}
+    chosen: Dict[str, str] = {}
     for out in outputs:
         if not out:
             continue
@@ -42,6 +61,13 @@ def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> N
             os.path.dirname(os.path.dirname(target)) in roots
         if target in guarded or inside_step:
             raise DumpError(f"{out}: is part of a dump being read; write the output elsewhere")
+        if _in_a_dump(target):
+            raise DumpError(f"{out}: is part of a dump (its run.json or step files); write the "
+                            "output elsewhere")
+        if target in chosen:
+            raise DumpError(f"{out}: given for two outputs ({chosen[target]} and this one); "
+                            "give each its own file")
+        chosen[target] = out
         if os.path.isdir(target):
             raise DumpError(f"{out}: is a directory; give a file name")
         folder = os.path.dirname(target)
@@ -132,12 +158,15 @@ def _compare(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     sys.stdout.write(summary_text(result))
-    if args.json:
-        write_json(result, args.json)
-    if args.csv:
-        write_csv(result, args.csv)
+    for path, write, what in ((args.json, write_json, "JSON"), (args.csv, write_csv, "CSV"),
+                              (args.html, write_html, "HTML report")):
+        if path:
+            try:
+                write(result, path)
+            except OSError as exc:
+                raise DumpError(f"{path}: cannot write the {what} "
+                                f"({exc.strerror or exc})") from None
     if args.html:
-        write_html(result, args.html)
         sys.stdout.write(f"html report: {args.html}\n")
     return 1 if result["first_divergence"] else 0
 

@@ -90,7 +90,7 @@ class DumpConfig(BaseModel):
     overflow_nums: int = Field(default=-1, ge=-1,
                                description="overflow task: keep the first N non-finite ops; -1 all")
     compression: Optional[str] = None
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(default=None, ge=0, le=2 ** 32 - 1)   # numpy's seed range
     deterministic: bool = False
 
     @field_validator("level", mode="before")
@@ -301,6 +301,9 @@ def _msprobe_scope(value: Any, flat: Dict[str, Any], where: str, path: str) -> N
     """msprobe's scope is [first, last] full entry names; precdbg also takes glob patterns."""
     if not value:
         return
+    if not isinstance(value, (str, list, tuple)):
+        raise ConfigError(f"{where}: {path}: a scope is a list of names or patterns, got "
+                          f"{type(value).__name__}")
     names = [value] if isinstance(value, str) else list(value)
     if all(isinstance(n, str) and _ENTRY_NAME.match(n) for n in names):
         if len(names) == 1:
@@ -334,6 +337,9 @@ def _read_file(path: str) -> Dict[str, Any]:
             text = handle.read()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
+                          ) from None
     lower = path.lower()
     try:
         if lower.endswith((".yaml", ".yml")):
@@ -374,6 +380,9 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
     where = config_path or "arguments"
     raw: Dict[str, Any] = {}
     if config_path is not None:
+        if not isinstance(config_path, (str, os.PathLike)):
+            raise ConfigError(f"config_path: a path to a JSON or YAML file, got "
+                              f"{type(config_path).__name__}")
         raw = _read_file(os.fspath(config_path))
         if _is_msprobe(raw):
             raw = _from_msprobe(raw, where)

@@ -227,24 +227,39 @@ class BaseInstrumentor:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ model walk
+    def check_model(self, model: Any) -> None:
+        """Refuse what `start(model)` cannot hook, before anything is written or installed:
+        one module, a non-empty list/tuple of distinct modules, or None (no module hooks)."""
+        if model is None or isinstance(model, self.module_type):
+            return
+        if not isinstance(model, (list, tuple)):
+            raise PrecdbgError(f"start(model): expected a {self.module_type_name} or a list of "
+                               f"them, got {type(model).__name__}")
+        if not model:
+            raise PrecdbgError(f"start(model): an empty {type(model).__name__}; give the model "
+                               "(or a list of its parts), or call start() for no module hooks")
+        seen: Dict[int, int] = {}
+        for i, item in enumerate(model):
+            if not isinstance(item, self.module_type):
+                raise PrecdbgError(f"start(model): item {i} is {type(item).__name__}, "
+                                   f"not a {self.module_type_name}")
+            if id(item) in seen:
+                raise PrecdbgError(f"start(model): item {i} is item {seen[id(item)]} again; "
+                                   "give each model once")
+            seen[id(item)] = i
+
     def walk(self, model: Any) -> List[Tuple[str, Any]]:
         """(path, module) of every module of `model`: one module, a list/tuple of them (paths
         prefixed `"{i}."`, the item itself `"{i}"`), or None (no module hooks)."""
+        self.check_model(model)
         if model is None:
             return []
         if isinstance(model, self.module_type):
             return list(self.named_submodules(model))
-        if isinstance(model, (list, tuple)):
-            out: List[Tuple[str, Any]] = []
-            for i, item in enumerate(model):
-                if not isinstance(item, self.module_type):
-                    raise PrecdbgError(f"start(model): item {i} is {type(item).__name__}, "
-                                       f"not a {self.module_type_name}")
-                out.extend((f"{i}.{p}" if p else str(i), sub)
-                           for p, sub in self.named_submodules(item))
-            return out
-        raise PrecdbgError(f"start(model): expected a {self.module_type_name} or a list of them, "
-                           f"got {type(model).__name__}")
+        out: List[Tuple[str, Any]] = []
+        for i, item in enumerate(model):
+            out.extend((f"{i}.{p}" if p else str(i), sub) for p, sub in self.named_submodules(item))
+        return out
 
     # ------------------------------------------------------------------ parameters
     def named_tensors(self, modules: List[Tuple[str, Any]],

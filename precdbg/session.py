@@ -127,6 +127,7 @@ class Session(CallNaming):
                                 "step (give every model to the first start: start([model_a, "
                                 "model_b]))", self.current_step)
             return True
+        self.adapter.check_model(model)       # before run.json: a corrected rerun may follow
         self._window_model = model
         if model is None and self.config.keeps_modules:
             self._without_model()

@@ -147,6 +147,32 @@ def test_outputs_are_checked_before_the_compare_and_never_overwrite_a_dump(base,
     assert json.load(open(tmp_path / "result.json", encoding="utf-8"))["verdict"] == "match"
 
 
+def test_outputs_never_overwrite_another_dump_nor_each_other(base, tmp_path):
+    """Not only the dumps being read: no output replaces another dump's run.json or step file,
+    two outputs never share a file, and a failed write names its file."""
+    other = str(tmp_path / "other")
+    shutil.copytree(base, other)
+    manifest, step_file = os.path.join(other, "run.json"), os.path.join(other, "step1", "rank0.h5")
+    before = (open(manifest, "rb").read(), open(step_file, "rb").read())
+    _one_line_error(run_cli("scan", base, "--json", manifest), "part of a dump")
+    _one_line_error(run_cli("compare", base, base, "--csv", step_file), "part of a dump")
+    assert (open(manifest, "rb").read(), open(step_file, "rb").read()) == before
+    same = str(tmp_path / "same.json")
+    _one_line_error(run_cli("compare", base, other, "--json", same, "--csv", same), "two outputs")
+    if os.path.exists("/dev/full"):
+        result = run_cli("compare", base, other, "--html", "/dev/full")
+        assert result.returncode == 2 and result.stderr.startswith("precdbg: /dev/full: "), \
+            result.stderr
+
+
+def test_compare_weights_refuses_a_tolerance_that_is_no_tolerance(tmp_path):
+    weights = str(tmp_path / "w.pt")
+    torch.save({"w": torch.ones(3)}, weights)
+    for flag, value in (("--rtol", "-1"), ("--atol", "nan"), ("--atol", "inf")):
+        _one_line_error(run_cli("compare-weights", weights, weights, flag, value), flag)
+    assert run_cli("compare-weights", weights, weights).returncode == 0
+
+
 def test_inspect_refuses_a_step_the_dump_lacks_and_a_negative_top(base):
     _one_line_error(run_cli("inspect", base, "--step", "7"), "no step 7", "[0, 1]")
     result = run_cli("inspect", base, "--top", "-1")

@@ -388,3 +388,22 @@ def test_a_rank_filter_no_rank_of_the_run_passes_is_what_the_notice_names():
         assert not two.selects(step, 0, 2)
     assert two.nothing_dumped_notice(False) is None
     assert two.selects(1, 1, 2)
+
+
+def test_values_python_would_reject_later_are_one_line_config_errors(tmp_path):
+    """Refused while the config is read, naming the key or the file, not deep inside numpy or
+    the file reader: a seed outside numpy's range, a file that is no UTF-8 text, a config path
+    that is no path, an msprobe scope that is no list."""
+    undecodable = tmp_path / "bad.json"
+    undecodable.write_bytes(b"\xff\xfe{")
+    scoped = tmp_path / "msprobe.json"
+    scoped.write_text(json.dumps({"task": "statistics", "level": "L1",
+                                  "statistics": {"scope": 5}}))
+    for kwargs, words in ((dict(seed=-1), "seed"), (dict(seed=2 ** 40), "seed"),
+                          (dict(config_path=str(undecodable)), "bad.json: not a UTF-8"),
+                          (dict(config_path=5), "config_path"),
+                          (dict(config_path=str(scoped)), "scope")):
+        with pytest.raises(ConfigError, match=words) as caught:
+            load_config(**kwargs)
+        assert "\n" not in str(caught.value)
+    assert load_config(seed=2 ** 32 - 1).seed == 2 ** 32 - 1

@@ -3,6 +3,7 @@ manager, failures that never reach training, both call patterns, and a torch-fre
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -334,9 +335,15 @@ def test_unwritable_dump_path_is_one_clear_error_at_start(tmp_path, gpt, optimiz
 
 def test_start_rejects_what_is_not_a_model(tmp_path):
     dbg = PrecisionDebugger(dump_path=str(tmp_path))
-    with pytest.raises(precdbg.PrecdbgError, match="nn.Module"):
-        dbg.start("not a model")
+    linear = nn.Linear(2, 2)
+    for given, words in (("not a model", "nn.Module"), ([], "an empty list"),
+                         ([linear, linear], "item 1 is item 0 again"),
+                         ((linear, 3), "item 1 is int")):
+        with pytest.raises(precdbg.PrecdbgError, match=words):
+            dbg.start(given)
     assert not dbg.capturing
+    # nothing written before the refusal: a rerun in another process finds no earlier dump
+    assert not os.listdir(tmp_path)
     assert torch._C._len_torch_function_stack() == 0
     dbg.close()
     # the refused start left nothing behind: the corrected script can use the same folder

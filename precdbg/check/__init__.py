@@ -161,6 +161,9 @@ def check_main(args: Any) -> int:
                          rank=getattr(args, "rank", None))
     sys.stdout.write(format_check(result))
     if getattr(args, "json", None):
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1, default=str)
+        try:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump(result, handle, indent=1, default=str)
+        except OSError as exc:
+            raise DumpError(f"{args.json}: cannot write JSON ({exc.strerror or exc})") from None
     return 1 if result["findings"] else 0

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..errors import DumpError
+from ..errors import ConfigError, DumpError
 from ..manifest import jsonable
 
 __all__ = ["compare_weights", "format_weights", "weights_main", "load_weights",
@@ -197,6 +197,9 @@ def _diff(a: np.ndarray, b: np.ndarray, atol: float, rtol: float
 
 def compare_weights(a: str, b: str, atol: float = 0.0, rtol: float = 1e-5) -> Dict[str, Any]:
     """Compare two checkpoints by (PyTorch-convention) name; see the module docstring."""
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ConfigError(f"--{name}: a tolerance is a finite number >= 0, got {value!r}")
     wa, info_a = load_weights(a)
     wb, info_b = load_weights(b)
     only_a = sorted(set(wa) - set(wb))
