@@ -331,12 +331,17 @@ class Dump:
                 out.extend(parts)
         return out
 
-    def records(self, step: Optional[int] = None, rank: Optional[int] = None) -> RecordTable:
+    def _asked(self, step: Optional[int], rank: Optional[int]) -> List[_StepFile]:
+        """The files of a step and rank asked for by number: a DumpError when there are none."""
         files = self.files(step, rank)
         if not files and (step is not None or rank is not None):
             raise DumpError(f"{self.path}: no step {step if step is not None else '*'} rank "
                             f"{rank if rank is not None else '*'} (steps {self.steps}, "
                             f"ranks {self.ranks})")
+        return files
+
+    def records(self, step: Optional[int] = None, rank: Optional[int] = None) -> RecordTable:
+        files = self._asked(step, rank)
         return RecordTable(_concat([f.columns() for f in files]))
 
     def tensor(self, key: str, step: Optional[int] = None, rank: Optional[int] = None
@@ -382,7 +387,7 @@ class Dump:
 
     def modules(self, step: Optional[int] = None, rank: Optional[int] = None
                 ) -> List[Tuple[str, str, str]]:
-        for sf in self.files(step, rank):
+        for sf in self._asked(step, rank):
             paths = sf.strings("modules", "path")
             if paths:
                 return list(zip(paths, sf.strings("modules", "cls"), sf.strings("modules", "parent")))
@@ -394,7 +399,7 @@ class Dump:
         e.g. `{"blocks.0.ln_1": ("LayerNorm", {"eps": 1e-05})}` (see precdbg.layers; a file
         written before settings were recorded gives empty settings)."""
         from .layers import parse_settings
-        for sf in self.files(step, rank):
+        for sf in self._asked(step, rank):
             paths = sf.strings("modules", "path")
             if paths:
                 texts = sf.strings("modules", "settings") if sf.has("modules", "settings") \

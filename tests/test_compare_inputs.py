@@ -165,6 +165,17 @@ def test_outputs_never_overwrite_another_dump_nor_each_other(base, tmp_path):
             result.stderr
 
 
+def test_a_step_or_rank_the_dump_lacks_is_refused_by_every_reader_call(base):
+    import precdbg
+    with precdbg.open_dump(base) as dump:
+        assert dump.modules(step=0) and dump.module_settings(step=0)
+        for call in (dump.records, dump.modules, dump.module_settings):
+            with pytest.raises(precdbg.PrecdbgError, match="no step 42"):
+                call(42)
+            with pytest.raises(precdbg.PrecdbgError, match="rank 7"):
+                call(0, 7)
+
+
 def test_compare_weights_refuses_a_tolerance_that_is_no_tolerance(tmp_path):
     weights = str(tmp_path / "w.pt")
     torch.save({"w": torch.ones(3)}, weights)

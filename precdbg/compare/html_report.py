@@ -136,7 +136,10 @@ def module_trees(result: Dict[str, Any]) -> Dict[str, Dict[Tuple[int, int], Tree
             continue
         try:
             for step, rank in pairs:
-                tree = dump.modules(step=step, rank=rank)
+                try:
+                    tree = dump.modules(step=step, rank=rank)
+                except PrecdbgError:     # a named file compared under another step's number
+                    continue
                 if tree:
                     trees[side][(step, rank)] = [tuple(map(str, node)) for node in tree]
         finally:
