@@ -31,6 +31,11 @@ __all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic", "earl
 log = logging.getLogger("precdbg")
 
 _CLAIMED: Set[str] = set()         # dump folders this process writes into (any debugger)
+# step files any debugger of this process has opened: two debuggers capturing into one folder
+# at once (their windows overlapping) each get a part of their own, never the same file (whose
+# `.partial` exists only once the writer thread first writes to it)
+_TAKEN: Set[str] = set()
+_TAKEN_LOCK = threading.Lock()
 
 
 def _process_started() -> Optional[float]:
@@ -162,9 +167,12 @@ class DumpWriter:
         """Queue a new step file; a second capture window in the same step gets `.partN`, and
         so does a step another debugger of this process wrote already."""
         part = self._parts.get((step, rank), 0)
-        while any(os.path.exists(step_file_path(self.dump_path, step, rank, part) + suffix)
-                  for suffix in ("", ".partial")):
-            part += 1
+        with _TAKEN_LOCK:
+            while os.path.abspath(step_file_path(self.dump_path, step, rank, part)) in _TAKEN \
+                    or any(os.path.exists(step_file_path(self.dump_path, step, rank, part)
+                                          + suffix) for suffix in ("", ".partial")):
+                part += 1
+            _TAKEN.add(os.path.abspath(step_file_path(self.dump_path, step, rank, part)))
         self._parts[(step, rank)] = part + 1
         attrs = dict(attrs, step=step, rank=rank, part=part, schema_version=SCHEMA_VERSION)
         self._put("open", (step_file_path(self.dump_path, step, rank, part), attrs))

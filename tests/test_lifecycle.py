@@ -594,3 +594,21 @@ def test_a_capture_left_open_by_an_exception_is_said_once(tmp_path, caplog, batc
     dbg.stop()
     dbg.step()
     assert dbg.close() and not dbg.failures
+
+
+def test_two_debuggers_capturing_into_one_folder_at_once_write_a_part_each(tmp_path):
+    """Windows of two debuggers over the same folder that overlap: each writes a part of its
+    own (the step file is created by the writer thread, after both windows opened), no file is
+    written twice and nothing is dropped."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    first = PrecisionDebugger(dump_path=str(tmp_path), step=[], level="module")
+    second = PrecisionDebugger(dump_path=str(tmp_path), step=[], level="api")
+    first.start(model)
+    second.start(model)
+    model(torch.randn(3, 4)).sum().backward()
+    first.stop(); first.step()
+    second.stop(); second.step()
+    assert first.close() and second.close() and first.failures == second.failures == 0
+    assert sorted(os.listdir(tmp_path / "step0")) == ["rank0.h5", "rank0.part1.h5"]
+    kinds = set(precdbg.open_dump(str(tmp_path)).records(step=0)["kind"].tolist())
+    assert {"module", "api"} <= kinds
