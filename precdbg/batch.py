@@ -91,6 +91,32 @@ class TensorBatch:
         self._objects: Dict[int, Tuple[Any, Hashable, Any, Seen]] = {}
         self.object_state = getattr(tensors, "object_state", None)
 
+    def distinct(self, tensor: Any, written: bool, values: bool,
+                 epochs: Dict[Hashable, int]) -> Tuple[Any, Seen]:
+        """((dtype, shape, numel, storage), Seen) of a tensor being recorded: what an earlier
+        record of the same unchanged object learnt, or its facts read now and its distinct
+        tensor found (`seen_tensor`). `epochs`: writes captured per storage (precdbg.provenance)
+        that made its bytes a state of their own."""
+        known = self.known_object(tensor) if self.object_state is not None and not written \
+            else None
+        if known is not None:
+            return known
+        dtype, shape, numel, keys, where = self.tensors.facts(tensor)
+        if numel == 0:
+            keys = None          # no elements, no unique address: every empty tensor is its own
+        elif epochs and keys is not None and where is not None:
+            epoch = epochs.get(where[0])
+            if epoch:            # written in place through another object: a state of its own
+                keys = ((keys[0], epoch), (keys[1], epoch))
+        seen = self.seen_tensor(tensor, written, keys, values,
+                                where[0] if where is not None else None)
+        facts = (dtype, shape, numel, where)
+        if written:
+            self.forget_objects()        # these bytes changed under every object over them
+        elif keys is not None and self.object_state is not None:
+            self.remember_object(tensor, facts, seen)
+        return facts, seen
+
     def known_object(self, tensor: Any) -> Optional[Tuple[Any, Seen]]:
         """(facts, Seen) of a tensor object captured earlier in this window whose state (the
         framework's `object_state`: PyTorch's version and data pointer) has not changed since:

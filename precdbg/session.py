@@ -301,26 +301,10 @@ class Session(CallNaming):
             return
         tensor = self.tensors.local(tensor)
         batch = self._batch
-        known = batch.known_object(tensor) if batch.object_state is not None and not written \
-            else None
-        if known is not None:                  # the same object, unchanged since its last record
-            (dtype, shape, numel, where), seen = known
-        else:
-            dtype, shape, numel, keys, where = self.tensors.facts(tensor)
-            if numel == 0:
-                keys = None      # no elements, no unique address: every empty tensor is its own
-            elif self.provenance.epochs and keys is not None and where is not None:
-                epoch = self.provenance.epochs.get(where[0])
-                if epoch:        # written in place through another object: a state of its own
-                    keys = ((keys[0], epoch), (keys[1], epoch))
-            values = not (role == _OUTPUT and call.kind == _API
-                          and uninitialized_output(call.api, arg_index))
-            seen = batch.seen_tensor(tensor, written, keys, values,
-                                     where[0] if where is not None else None)
-            if written:
-                batch.forget_objects()         # these bytes changed under every object over them
-            elif keys is not None and batch.object_state is not None:
-                batch.remember_object(tensor, (dtype, shape, numel, where), seen)
+        values = not (role == _OUTPUT and call.kind == _API
+                      and uninitialized_output(call.api, arg_index))
+        (dtype, shape, numel, where), seen = batch.distinct(tensor, written, values,
+                                                            self.provenance.epochs)
         if entry is None:
             entry = call.forward_entry if direction == "forward" else call.backward_entry
         self._seq += 1
