@@ -196,9 +196,18 @@ def _count(text: str) -> int:
     return value
 
 
+class _UsageError(PrecdbgError):
+    """A command line argparse refuses: one line, as every other error of the command."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(f"{message} (see {self.prog} --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
-    parser = argparse.ArgumentParser(prog="precdbg", description="precision debugger for training")
+    parser = _Parser(prog="precdbg", description="precision debugger for training")
     parser.add_argument("--version", action="version", version=f"precdbg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     inspect = sub.add_parser("inspect", help="summarise a dump: steps, ranks, counts, extremes")
@@ -245,8 +254,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = _parser().parse_args(argv)
     try:
+        args = _parser().parse_args(argv)
         return args.func(args)
     except PrecdbgError as exc:    # one line, without a library's terminal colour codes
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))

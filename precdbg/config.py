@@ -93,6 +93,11 @@ class DumpConfig(BaseModel):
     seed: Optional[int] = Field(default=None, ge=0, le=2 ** 32 - 1)   # numpy's seed range
     deterministic: bool = False
 
+    @field_validator("dump_path", mode="after")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        return os.path.expanduser(value)     # "~/dumps" in a config file: the user's home
+
     @field_validator("level", mode="before")
     @classmethod
     def _level(cls, value: Any) -> Any:
@@ -330,6 +335,8 @@ def _msprobe_summary(value: Any, where: str, path: str) -> str:
 
 # ----------------------------------------------------------------------------- loading
 def _read_file(path: str) -> Dict[str, Any]:
+    if os.path.isdir(path):
+        raise ConfigError(f"{path}: is a directory, not a config file")
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: config file not found")
     try:

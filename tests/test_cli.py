@@ -118,6 +118,11 @@ def test_inspect_runs_where_torch_cannot_be_imported(dump_dir, tmp_path):
 def test_usage_error_is_exit_2():
     result = run_python(["-m", "precdbg"], timeout=60)
     assert result.returncode == 2
+    for argv in (["compare", "only-one"], ["inspect", "x", "--step", "two"], ["nosuch"]):
+        result = run_python(["-m", "precdbg", *argv], timeout=60)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr   # one line, as all
+        assert lines[0].startswith("precdbg: ") and "--help" in lines[0], lines[0]
     result = run_python(["-m", "precdbg", "inspect", "--help"], timeout=60)
     assert result.returncode == 0 and "dump" in result.stdout
 

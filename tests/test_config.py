@@ -407,3 +407,6 @@ def test_values_python_would_reject_later_are_one_line_config_errors(tmp_path):
             load_config(**kwargs)
         assert "\n" not in str(caught.value)
     assert load_config(seed=2 ** 32 - 1).seed == 2 ** 32 - 1
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(config_path=str(tmp_path))
+    assert load_config(dump_path="~/dumps").dump_path == os.path.expanduser("~/dumps")
