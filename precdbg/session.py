@@ -138,15 +138,15 @@ class Session(CallNaming):
         if not self.run.written:
             check_writable(self.config.dump_path)
             earlier = self.writer.existing_files(self.rank)
-            if earlier:          # appeared since the constructor looked: never into training
+            taken = self.writer.claim(self.rank) if not earlier else None
+            if earlier or taken:  # appeared since the constructor looked: never into training
                 if not self._refused:
                     self._refused = True
-                    log.error("precdbg: dump_path %s already holds a dump of rank %d (%s) "
-                              "that this run did not write: nothing is dumped, so that it is "
-                              "not overwritten; choose an empty folder", self.config.dump_path,
-                              self.rank, earlier[0])
+                    log.error("precdbg: dump_path %s %s: nothing is dumped, so that nothing is "
+                              "overwritten; choose an empty folder", self.config.dump_path,
+                              taken or f"already holds a dump of rank {self.rank} "
+                              f"({earlier[0]}) that this run did not write")
                 return False
-            self.writer.claim()
             self.run.write(self.adapter, self.rank, self.world_size)
         self.writer.open_step(self.current_step, self.rank, {
             "framework": self.adapter.framework, "task": self.config.task.value,

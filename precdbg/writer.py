@@ -35,6 +35,7 @@ _CLAIMED: Set[str] = set()         # dump folders this process writes into (any 
 # at once (their windows overlapping) each get a part of their own, never the same file (whose
 # `.partial` exists only once the writer thread first writes to it)
 _TAKEN: Set[str] = set()
+_LOCKS: Dict[Tuple[str, int], int] = {}      # (folder, rank) -> descriptor holding its lock
 _TAKEN_LOCK = threading.Lock()
 
 
@@ -159,9 +160,32 @@ class DumpWriter:
         pattern = os.path.join(self.dump_path, "step*", f"rank{rank}.*h5*")
         return sorted(glob.glob(pattern))
 
-    def claim(self) -> None:
-        """This process writes into the dump folder: its other debuggers may add steps."""
-        _CLAIMED.add(os.path.abspath(self.dump_path))
+    def claim(self, rank: int) -> Optional[str]:
+        """This process writes rank `rank` into the dump folder (its other debuggers may add
+        steps): None, or what refuses it. A lock on `.rank<R>.lock` in the folder, held until
+        the process ends, keeps a second job writing the same rank into the same folder at the
+        same time out (two runs started together, before either wrote a file to be seen); the
+        ranks of one job lock files of their own."""
+        folder = os.path.abspath(self.dump_path)
+        key = (folder, rank)
+        if key not in _LOCKS:
+            path = os.path.join(folder, f".rank{rank}.lock")
+            try:
+                import fcntl
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except (ImportError, OSError):
+                fd = -1                       # no locks here (Windows, a read-only share)
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    return f"another process is writing rank {rank} into it ({path} is locked)"
+                except OSError:
+                    pass                      # a file system without flock: not checked
+            _LOCKS[key] = fd
+        _CLAIMED.add(folder)
+        return None
 
     def open_step(self, step: int, rank: int, attrs: Dict[str, Any]) -> None:
         """Queue a new step file; a second capture window in the same step gets `.partN`, and

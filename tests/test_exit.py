@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -333,6 +334,51 @@ def test_a_forked_child_ending_normally_leaves_the_parents_steps_intact(tmp_path
                 table = dump.records(step=step)
                 assert "param_grad" in set(table["kind"].tolist()), (step, proc.stderr[-3000:])
                 assert (table["data_offset"] >= 0).sum() > 10
+
+
+TWO_JOBS = """
+import sys, time
+import torch
+from precdbg_pt import PrecisionDebugger
+
+width = int(sys.argv[2])                 # the two jobs train models of different widths
+model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
+debugger = PrecisionDebugger(dump_path=sys.argv[1], step=[])
+while time.time() < float(sys.argv[3]):  # both constructed before either starts
+    time.sleep(0.005)
+for _ in range(3):
+    debugger.start(model)
+    model(torch.randn(4, 8)).sum().backward()
+    debugger.stop(); debugger.step()
+debugger.close()
+print("failures", debugger.failures)
+"""
+
+
+def test_two_jobs_started_together_into_one_folder_never_mix_their_steps(tmp_path):
+    """Two single-process runs writing rank 0 into one folder at the same moment, before either
+    wrote a file the other could see: one dumps, the other dumps nothing and says why in one
+    line; no step holds records of both models, nothing is corrupt."""
+    script = tmp_path / "job.py"
+    script.write_text(TWO_JOBS)
+    folder = str(tmp_path / "shared")
+    for attempt in range(3):
+        shutil.rmtree(folder, ignore_errors=True)
+        at = str(time.time() + 6.0)
+        jobs = [subprocess.Popen([PYTHON, str(script), folder, width, at], cwd=REPO, env=_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for width in ("16", "32")]
+        outs = [job.communicate(timeout=TIMEOUT) for job in jobs]
+        assert [job.returncode for job in jobs] == [0, 0], outs
+        refused = [err for _, err in outs if "another process is writing rank 0" in err]
+        assert len(refused) == 1, outs
+        with precdbg.open_dump(folder) as dump:
+            assert dump.steps == [0, 1, 2] and not dump.warnings()
+            for step in dump.steps:
+                assert len(dump.files(step=step)) == 1
+                widths = {shape[0] for shape in dump.records(step=step)["shape"][:, :1].tolist()
+                          if shape[0] in (16, 32)}
+                assert len(widths) == 1, (step, widths)
 
 
 NOTHING_DUMPED = """
