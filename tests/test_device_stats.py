@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import precdbg
-from precdbg_pt import PrecisionDebugger, device_stats
+from precdbg_pt import PrecisionDebugger, device_stats, torch_stats
 from precdbg_pt import statistics as pt_statistics
 
 from conftest import make_batch_list, make_model, make_optimizer, run_steps
@@ -384,7 +384,7 @@ def test_host_copies_of_the_tensor_task_bound_a_batch_by_their_bytes(tmp_path, m
 def test_torch_ops_in_pieces_match_numpy(monkeypatch):
     """The torch-ops backend bounds its temporaries: a tensor of several pieces (and a
     transposed one, read in memory order without a copy) gives the one-piece statistics."""
-    monkeypatch.setattr(device_stats, "_PIECE", 1000)
+    monkeypatch.setattr(torch_stats, "_PIECE", 1000)
     for t in (sample(4567, torch.float32), sample(3001, torch.bfloat16),
               sample(60 * 70, torch.float16).reshape(60, 70).t(),
               torch.arange(-2500, 2500, dtype=torch.int32)):
