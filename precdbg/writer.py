@@ -162,14 +162,17 @@ class DumpWriter:
 
     def claim(self, rank: int) -> Optional[str]:
         """This process writes rank `rank` into the dump folder (its other debuggers may add
-        steps): None, or what refuses it. A lock on `.rank<R>.lock` in the folder, held until
-        the process ends, keeps a second job writing the same rank into the same folder at the
-        same time out (two runs started together, before either wrote a file to be seen); the
-        ranks of one job lock files of their own."""
+        steps): None, or what refuses it. A lock held until the process ends keeps a second job
+        of this machine writing the same rank into the same folder at the same time out (two
+        runs started together, before either wrote a file to be seen); the ranks of one job
+        lock files of their own. The lock files live in the temporary folder, named by the
+        dump folder's path, so the dump holds only run.json and its steps."""
         folder = os.path.abspath(self.dump_path)
         key = (folder, rank)
         if key not in _LOCKS:
-            path = os.path.join(folder, f".rank{rank}.lock")
+            import hashlib
+            digest = hashlib.sha1(folder.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+            path = os.path.join(tempfile.gettempdir(), f"precdbg-{digest}.rank{rank}.lock")
             try:
                 import fcntl
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -180,7 +183,7 @@ class DumpWriter:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     os.close(fd)
-                    return f"another process is writing rank {rank} into it ({path} is locked)"
+                    return f"another process is writing rank {rank} into it (lock {path})"
                 except OSError:
                     pass                      # a file system without flock: not checked
             _LOCKS[key] = fd
