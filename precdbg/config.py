@@ -9,7 +9,7 @@ import difflib
 import json
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -84,14 +84,15 @@ class DumpConfig(BaseModel):
                                    description="statistics task: also store full tensors of these")
     data_mode: List[DataMode] = Field(default_factory=lambda: [DataMode.ALL])
     summary_mode: SummaryMode = SummaryMode.STATISTICS
-    include_optimizer: bool = False
-    stack: bool = True
+    # true or false only: a string ("yes", "false") is refused, as msprobe refuses it
+    include_optimizer: bool = Field(default=False, strict=True)
+    stack: bool = Field(default=True, strict=True)
     queue_mb: int = Field(default=256, ge=1, le=1 << 20)
     overflow_nums: int = Field(default=-1, ge=-1,
                                description="overflow task: keep the first N non-finite ops; -1 all")
     compression: Optional[str] = None
     seed: Optional[int] = Field(default=None, ge=0, le=2 ** 32 - 1)   # numpy's seed range
-    deterministic: bool = False
+    deterministic: bool = Field(default=False, strict=True)
 
     @field_validator("dump_path", mode="after")
     @classmethod
@@ -334,6 +335,44 @@ def _msprobe_summary(value: Any, where: str, path: str) -> str:
 
 
 # ----------------------------------------------------------------------------- loading
+class _RepeatedKey(ValueError):
+    """A key given twice in one mapping of a config file (JSON and YAML parsers keep the last
+    silently: the setting a user reads first would not be the one used)."""
+
+    def __init__(self, key: Any, line: Optional[int] = None) -> None:
+        where = f" (line {line})" if line is not None else ""
+        super().__init__(f"{key}: key given twice in one mapping{where}; keep one")
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    repeated = key in seen
+                except TypeError:            # an unhashable key: yaml's own error follows
+                    break
+                if repeated:
+                    raise _RepeatedKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _read_file(path: str) -> Dict[str, Any]:
     if os.path.isdir(path):
         raise ConfigError(f"{path}: is a directory, not a config file")
@@ -350,10 +389,11 @@ def _read_file(path: str) -> Dict[str, Any]:
     lower = path.lower()
     try:
         if lower.endswith((".yaml", ".yml")):
-            import yaml
-            data = yaml.safe_load(text)
+            data = _load_yaml(text)
         else:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: "
                           f"{exc.msg}") from None
@@ -376,6 +416,8 @@ def _pydantic_message(exc: ValidationError, where: str) -> str:
     if err.get("type") == "extra_forbidden":
         msg = unknown_key_message(key, {f.alias or n for n, f in
                                          DumpConfig.model_fields.items()})
+    elif err.get("type") == "bool_type":
+        msg = f"expected true or false, got {err.get('input')!r}"
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""

@@ -27,10 +27,20 @@ class RunInfo:
         self.info: Optional[Dict[str, Any]] = None
         self.dirty = False
         self.first_batch_done = False
+        self._written = False        # run.json written (a full disk may have refused it)
 
     @property
     def written(self) -> bool:
-        return self.info is not None
+        return self._written
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.config.dump_path, "run.json")
+
+    def gone(self) -> bool:
+        """run.json was written and is not there any more (the dump folder was deleted or
+        emptied while the job ran): the steps written from now on need it to be read."""
+        return self._written and not os.path.exists(self.path)
 
     def write(self, adapter: Any, rank: int, world_size: int) -> None:
         if self.info is None:
@@ -51,8 +61,9 @@ class RunInfo:
             info["manifest"] = manifest
             self.info = info
         self.info["manifest"]["seed_all"] = seed_record(self.framework)
-        write_json_atomic(os.path.join(self.config.dump_path, "run.json"), self.info)
+        write_json_atomic(self.path, self.info)
         self.dirty = False
+        self._written = True
 
     def note(self, section: str, item: Dict[str, Any]) -> None:
         """Add or update an item of a manifest section: a list of items told apart by "id"

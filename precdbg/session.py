@@ -63,6 +63,7 @@ class Session(CallNaming):
         self.current_step = 0
         self.selection = StepSelection(config)
         self._told_no_model = False
+        self._told_other_thread = False
         self._told_late_model = False
         self._window_model: Any = None   # the model the window being captured was given
         self.active = False
@@ -148,6 +149,11 @@ class Session(CallNaming):
                               f"({earlier[0]}) that this run did not write")
                 return False
             self.run.write(self.adapter, self.rank, self.world_size)
+        elif self.run.gone():
+            log.warning("precdbg: %s was deleted while the job ran; it is written again, so "
+                        "the steps from step %d on can be read", self.run.path,
+                        self.current_step)
+            self.run.write(self.adapter, self.rank, self.world_size)
         self.writer.open_step(self.current_step, self.rank, {
             "framework": self.adapter.framework, "task": self.config.task.value,
             "level": self.config.level.value, "world_size": self.world_size,
@@ -176,6 +182,18 @@ class Session(CallNaming):
             log.warning("precdbg: level 'mix' and start() without a model: API calls are "
                         "recorded; module calls, parameter gradients and parameters are not "
                         "(call debugger.start(model) for them)")
+
+    def api_calls_missed_in_thread(self, where: str, thread: str, start_thread: str) -> None:
+        """A captured module ran in a thread whose framework API calls the adapter cannot see
+        (its capture is per thread, and start() ran in another): said once per debugger, as
+        the step's module records are there and its API records are not."""
+        if self._told_other_thread:
+            return
+        self._told_other_thread = True
+        log.warning("precdbg: step %d: %s ran in thread %r, not in %r where start() was "
+                    "called: its module calls are recorded, the API calls of that thread are "
+                    "not (call start() and stop() in the thread that trains)",
+                    self.current_step, where, thread, start_thread)
 
     def stop_at_exit(self) -> None:
         """The interpreter is exiting while this session still captures (no stop() ran: an

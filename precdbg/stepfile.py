@@ -69,11 +69,22 @@ def _fsync_dir(path: str) -> None:
 def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, default=str)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)         # a disk full half-way leaves no stray temporary file
+        raise
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 # The descriptors of the step files this process has open for writing. A child forked while
@@ -131,7 +142,13 @@ class OpenStep:
         if self._file is None:
             import h5py
             os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
-            self._file = h5py.File(self.partial_path, "w", libver="latest")
+            try:
+                self._file = h5py.File(self.partial_path, "w", libver="latest")
+            except BaseException:
+                # HDF5 made the file before its first write failed (a full disk): a step is
+                # complete or absent, never an empty `.partial`
+                _remove_quietly(self.partial_path)
+                raise
             try:
                 self._fd = self._file.id.get_vfd_handle()
                 _WRITING[self._fd] = self.partial_path
@@ -259,10 +276,7 @@ class OpenStep:
             self._file.close()
         except Exception:  # noqa: BLE001 - already failing
             pass
-        try:
-            os.remove(self.partial_path)
-        except OSError:
-            pass
+        _remove_quietly(self.partial_path)
 
 
 _ALL_COLUMNS = operator.attrgetter(*(column for column, _ in RECORD_COLUMNS))

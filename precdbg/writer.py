@@ -311,6 +311,10 @@ class DumpWriter:
         if isinstance(exc, OSError) and exc.errno and isinstance(exc.strerror, str) \
                 and exc.strerror.startswith(os.strerror(exc.errno)):
             self.last_error = exc.strerror          # our own room check: already one line
+        elif isinstance(exc, OSError) and exc.errno and isinstance(exc.strerror, str):
+            # HDF5's own (h5py: "Unable to create file (file write failed: time = ..., buf =
+            # 0x..., ...)"): the system's reason and HDF5's first words
+            self.last_error = f"{os.strerror(exc.errno)}: {exc.strerror.split(' (')[0]}"
         else:
             self.last_error = f"{type(exc).__name__}: {one_line(exc, 300)}"
         step, self._open = self._open, None

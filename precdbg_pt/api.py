@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -167,12 +168,14 @@ class ModeHandle:
     this mode off (modes pushed above it stay). While a phase that is not captured runs (an
     optimizer step) it is taken off the stack, so that phase's torch calls (thousands per step
     in an optimizer) do not each pass through a Python handler that only forwards them."""
-    __slots__ = ("mode", "suspended", "replaying")
+    __slots__ = ("mode", "suspended", "replaying", "thread")
 
     def __init__(self, mode: CaptureMode) -> None:
         self.mode = mode
         self.suspended = False
         self.replaying = False
+        # torch's function-mode stack is per thread: only this thread's API calls are seen
+        self.thread = threading.get_ident()
         mode.__enter__()
 
     def suspend(self) -> None:

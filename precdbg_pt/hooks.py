@@ -3,6 +3,7 @@ under, a module's forward pre-hooks and hook, a parameter's gradient hooks. Each
 arguments into calls to the core session; `TorchAdapter` registers and removes them."""
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, List, Optional, TYPE_CHECKING
 
@@ -25,6 +26,7 @@ __all__ = ["Guard", "ModuleHooks", "ParamGradHook", "GradHolderHook", "is_module
 MODULE_NODE_LIMIT = 200_000   # nodes one module call's backward watch may create
 
 _is_grad_enabled = torch._C.is_grad_enabled
+_get_ident = threading.get_ident
 _set_grad_enabled = torch._C._set_grad_enabled
 _DisableTorchFunction = torch._C.DisableTorchFunction
 _BACKWARD, _PARAM_GRAD = Direction.BACKWARD.value, Role.PARAM_GRAD.value
@@ -60,6 +62,13 @@ class Guard:
         self.adapter.busy -= 1
 
 
+def _thread_name(ident: int) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return f"thread {ident}"
+
+
 class ModuleHooks:
     """The forward pre-hooks and hook of one module (one object, its bound methods; no
     closures). `open`, put before every other pre-hook, begins the module's call, so what the
@@ -81,6 +90,11 @@ class ModuleHooks:
         session = adapter.session
         grad_on = _is_grad_enabled() and session.filter.keeps_backward
         replay = adapter._recompute.where() == REPLAY     # activation recompute
+        mode = adapter._mode
+        if mode is not None and mode.thread != _get_ident() and not replay:
+            session.api_calls_missed_in_thread(self.path or self.cls,
+                                               threading.current_thread().name,
+                                               _thread_name(mode.thread))
         try:
             with Guard(adapter):
                 grad_on, replayable = adapter.forward_watch(grad_on)

@@ -410,3 +410,27 @@ def test_values_python_would_reject_later_are_one_line_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(config_path=str(tmp_path))
     assert load_config(dump_path="~/dumps").dump_path == os.path.expanduser("~/dumps")
+
+
+def test_a_key_given_twice_or_a_switch_that_is_no_boolean_is_refused(tmp_path):
+    """JSON and YAML parsers keep the last of two equal keys silently, so the setting a user
+    reads first in the file would not be the one used; and "stack": "yes" (or "false", which
+    Python reads as true) is not a switch. Both are one-line errors naming the key."""
+    twice = _write(tmp_path / "twice.json", '{"task": "statistics", "step": [1], "step": [2]}')
+    assert _error(load_config, twice) == f"{twice}: step: key given twice in one mapping; keep one"
+    nested = _write(tmp_path / "msprobe.json", '{"task": "statistics", "level": "L1", '
+                    '"statistics": {"scope": [], "list": ["linear"], "list": []}}')
+    assert "list: key given twice" in _error(load_config, nested)
+    yaml_twice = _write(tmp_path / "twice.yaml", "task: statistics\nlevel: mix\nlevel: api\n")
+    assert _error(load_config, yaml_twice) == (
+        f"{yaml_twice}: level: key given twice in one mapping (line 3); keep one")
+    for key in ("stack", "include_optimizer", "deterministic"):
+        for value in ("yes", "false", 1):
+            path = _write(tmp_path / f"{key}.json", {key: value})
+            assert _error(load_config, path) == (
+                f"{path}: {key}: expected true or false, got {value!r}")
+    msprobe = _write(tmp_path / "deterministic.json", dict(MSPROBE, is_deterministic="true"))
+    assert "deterministic: expected true or false" in _error(load_config, msprobe)
+    yes = _write(tmp_path / "yes.yaml", "stack: no\ninclude_optimizer: yes\n")   # YAML booleans
+    config = load_config(yes)
+    assert config.stack is False and config.include_optimizer is True

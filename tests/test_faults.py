@@ -309,6 +309,109 @@ def test_full_tmpfs_drops_one_step_and_training_continues(tmp_path):
         _unmount(mount)
 
 
+FULL_FROM_THE_START = r"""
+import json, os
+import torch
+from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
+from precdbg_pt import PrecisionDebugger
+
+torch.manual_seed(0)
+cfg = GPTConfig(n_layer=2, d_model=64, n_head=2, seq_len=16, vocab_size=128)
+model = GPT(cfg)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+debugger = PrecisionDebugger(config_path=CONFIG)
+losses = []
+for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=3, seed=0)):
+    if i == 2:
+        debugger.flush()
+        LEFT.append(sorted(os.path.relpath(os.path.join(d, f), DUMP)
+                           for d, _, files in os.walk(DUMP) for f in files))
+        os.remove(FILLER)                 # room again for the last step
+    debugger.start(model)
+    losses.append(float(train_step(model, opt, x, y)))
+    debugger.stop(); debugger.step()
+print(json.dumps({"failures": debugger.failures, "losses": losses, "left": LEFT[0]}))
+"""
+
+
+@pytest.mark.parametrize("level", ["mix", "api"])
+def test_a_disk_full_from_the_first_start_leaves_no_stray_file(tmp_path, level):
+    """The disk is full before the first start(): neither run.json's temporary file nor an
+    empty `.partial` stays behind (HDF5 makes its file before the first write fails), every
+    line says why in words, and the step after room is made again is written whole, with its
+    run.json (at level api nothing else rewrites run.json later)."""
+    mount = str(tmp_path / "full")
+    if not _mount_tmpfs(mount, "size=2m"):
+        pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
+    try:
+        filler = os.path.join(mount, "filler")
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"0" * 4096):
+                pass
+        except OSError:                     # ENOSPC: full
+            pass
+        finally:
+            os.close(fd)
+        dump_path = os.path.join(mount, "dump")
+        config = _write_config(str(tmp_path), task="statistics", level=level,
+                               dump_path=dump_path)
+        prelude = f"FILLER, DUMP, LEFT = {filler!r}, {dump_path!r}, []\n"
+        proc = _run_script(str(tmp_path), prelude + FULL_FROM_THE_START, config)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(proc.stdout.splitlines()[-1])
+        assert len(result["losses"]) == 3 and result["failures"] >= 2
+        assert result["left"] == [], result["left"]        # nothing while the disk was full
+        lines = precdbg_lines(proc.stderr)
+        assert lines and all("No space left on device" in line for line in lines), lines
+        assert not any("buf = 0x" in line or "time = " in line for line in lines), lines
+        assert not partial_files(dump_path)
+        assert not [f for f in os.listdir(dump_path) if f.endswith(".tmp")]
+        with precdbg.open_dump(dump_path) as dump:
+            assert dump.steps == [2]
+            assert len(dump.records(step=2)) > 100
+    finally:
+        _unmount(mount)
+
+
+DELETED_MID_RUN = r"""
+import json, shutil
+import torch
+from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
+from precdbg_pt import PrecisionDebugger
+
+torch.manual_seed(0)
+cfg = GPTConfig(n_layer=2, d_model=64, n_head=2, seq_len=16, vocab_size=128)
+model = GPT(cfg)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+debugger = PrecisionDebugger(config_path=CONFIG)
+for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=4, seed=0)):
+    if i == 2:
+        debugger.flush()
+        shutil.rmtree(DUMP)              # someone cleans up the folder while the job runs
+    debugger.start(model)
+    train_step(model, opt, x, y)
+    debugger.stop(); debugger.step()
+print(json.dumps({"failures": debugger.failures}))
+"""
+
+
+def test_a_dump_folder_deleted_while_the_job_runs_is_readable_again(tmp_path):
+    """The folder (run.json and the steps so far) deleted between two steps: the next start()
+    writes run.json again, says so in one line, and the later steps are a readable dump."""
+    dump_path = str(tmp_path / "dump")
+    config = _write_config(str(tmp_path), task="statistics", level="api")
+    proc = _run_script(str(tmp_path), f"DUMP = {dump_path!r}\n" + DELETED_MID_RUN, config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["failures"] == 0
+    lines = precdbg_lines(proc.stderr)
+    assert lines == [f"precdbg: {os.path.join(dump_path, 'run.json')} was deleted while the "
+                     "job ran; it is written again, so the steps from step 2 on can be read"]
+    with precdbg.open_dump(dump_path) as dump:
+        assert dump.steps == [2, 3]
+        assert len(dump.records(step=3)) > 100
+
+
 def test_read_only_dump_path_is_one_clear_error_at_start(tmp_path):
     target = str(tmp_path / "readonly")
     if os.geteuid() != 0:

@@ -612,3 +612,39 @@ def test_two_debuggers_capturing_into_one_folder_at_once_write_a_part_each(tmp_p
     assert sorted(os.listdir(tmp_path / "step0")) == ["rank0.h5", "rank0.part1.h5"]
     kinds = set(precdbg.open_dump(str(tmp_path)).records(step=0)["kind"].tolist())
     assert {"module", "api"} <= kinds
+
+
+def test_training_in_another_thread_than_start_is_said_once(tmp_path, caplog):
+    """torch's function-mode stack is per thread: with start() in the main thread and the
+    step run in a worker thread (an app that trains in a thread of its own), the module
+    records are there and the API records are not. That is said once, in one line naming the
+    module and both threads, not left for the user to find in a thinner dump; a step run in
+    start()'s own thread says nothing."""
+    import threading
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    dump_path = str(tmp_path / "dump")
+    dbg = PrecisionDebugger(dump_path=dump_path, level="mix", step=[])
+
+    def train() -> None:
+        model(torch.randn(3, 4)).sum().backward()
+
+    for step in range(3):
+        dbg.start(model)
+        if step < 2:
+            worker = threading.Thread(target=train, name="trainer")
+            worker.start()
+            worker.join()
+        else:
+            train()
+        dbg.stop()
+        dbg.step()
+    dbg.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "precdbg"]
+    assert said == [f"precdbg: step 0: Sequential ran in thread 'trainer', not in "
+                    f"'{threading.current_thread().name}' where start() was called: its module "
+                    "calls are recorded, the API calls of that thread are not (call start() "
+                    "and stop() in the thread that trains)"], said
+    with precdbg.open_dump(dump_path) as dump:
+        assert "api" not in set(dump.records(step=1)["kind"].tolist())
+        assert {"api", "module"} <= set(dump.records(step=2)["kind"].tolist())
