@@ -360,6 +360,8 @@ def _load_yaml(text: str) -> Any:
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":    # `<<: *defaults`
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
                     repeated = key in seen

@@ -431,6 +431,10 @@ def test_a_key_given_twice_or_a_switch_that_is_no_boolean_is_refused(tmp_path):
                 f"{path}: {key}: expected true or false, got {value!r}")
     msprobe = _write(tmp_path / "deterministic.json", dict(MSPROBE, is_deterministic="true"))
     assert "deterministic: expected true or false" in _error(load_config, msprobe)
+    merged = _write(tmp_path / "merged.yaml",       # YAML merge keys still merge
+                    "<<: {task: tensor, level: api}\nlevel: mix\n")
+    config = load_config(merged)
+    assert config.task == Task.TENSOR and config.level == Level.MIX
     yes = _write(tmp_path / "yes.yaml", "stack: no\ninclude_optimizer: yes\n")   # YAML booleans
     config = load_config(yes)
     assert config.stack is False and config.include_optimizer is True
