@@ -9,10 +9,11 @@ import difflib
 import json
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .config_file import read_config_file
 from .errors import ConfigError
 from .schema import DataMode, Level, SummaryMode, Task
 
@@ -87,11 +88,12 @@ class DumpConfig(BaseModel):
     # true or false only: a string ("yes", "false") is refused, as msprobe refuses it
     include_optimizer: bool = Field(default=False, strict=True)
     stack: bool = Field(default=True, strict=True)
-    queue_mb: int = Field(default=256, ge=1, le=1 << 20)
-    overflow_nums: int = Field(default=-1, ge=-1,
+    queue_mb: int = Field(default=256, ge=1, le=1 << 20, strict=True)
+    overflow_nums: int = Field(default=-1, ge=-1, strict=True,
                                description="overflow task: keep the first N non-finite ops; -1 all")
     compression: Optional[str] = None
-    seed: Optional[int] = Field(default=None, ge=0, le=2 ** 32 - 1)   # numpy's seed range
+    seed: Optional[int] = Field(default=None, ge=0, le=2 ** 32 - 1,   # numpy's seed range
+                                strict=True)
     deterministic: bool = Field(default=False, strict=True)
 
     @field_validator("dump_path", mode="after")
@@ -246,6 +248,8 @@ def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
             flat[key] = value
         elif key in _MSPROBE_TOP_RENAMED:
             flat[_MSPROBE_TOP_RENAMED[key]] = value
+        elif key in ("enable_dataloader", "dump_enable") and not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key}: expected true or false, got {value!r}")
         elif key == "enable_dataloader":
             if value:
                 raise ConfigError(f"{where}: enable_dataloader: dataloader-driven steps are not "
@@ -335,80 +339,6 @@ def _msprobe_summary(value: Any, where: str, path: str) -> str:
 
 
 # ----------------------------------------------------------------------------- loading
-class _RepeatedKey(ValueError):
-    """A key given twice in one mapping of a config file (JSON and YAML parsers keep the last
-    silently: the setting a user reads first would not be the one used)."""
-
-    def __init__(self, key: Any, line: Optional[int] = None) -> None:
-        where = f" (line {line})" if line is not None else ""
-        super().__init__(f"{key}: key given twice in one mapping{where}; keep one")
-
-
-def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _RepeatedKey(key)
-        out[key] = value
-    return out
-
-
-def _load_yaml(text: str) -> Any:
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":    # `<<: *defaults`
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    repeated = key in seen
-                except TypeError:            # an unhashable key: yaml's own error follows
-                    break
-                if repeated:
-                    raise _RepeatedKey(key, key_node.start_mark.line + 1)
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-
-
-def _read_file(path: str) -> Dict[str, Any]:
-    if os.path.isdir(path):
-        raise ConfigError(f"{path}: is a directory, not a config file")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
-                          ) from None
-    lower = path.lower()
-    try:
-        if lower.endswith((".yaml", ".yml")):
-            data = _load_yaml(text)
-        else:
-            data = json.loads(text, object_pairs_hook=_unique_keys)
-    except _RepeatedKey as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: "
-                          f"{exc.msg}") from None
-    except Exception as exc:  # yaml.YAMLError and friends
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{path}: invalid YAML: {reason}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
-    return data
-
-
 def _pydantic_message(exc: ValidationError, where: str) -> str:
     err = exc.errors()[0]
     key = ".".join(str(p) for p in err.get("loc", ())) or "config"
@@ -418,8 +348,12 @@ def _pydantic_message(exc: ValidationError, where: str) -> str:
     if err.get("type") == "extra_forbidden":
         msg = unknown_key_message(key, {f.alias or n for n, f in
                                          DumpConfig.model_fields.items()})
-    elif err.get("type") == "bool_type":
-        msg = f"expected true or false, got {err.get('input')!r}"
+    elif err.get("type") in ("bool_type", "int_type"):
+        given = err.get("input")
+        kind = f" ({type(given).__module__}.{type(given).__name__})" \
+            if type(given) not in (str, int, float, bool, type(None), list, dict) else ""
+        msg = (f"expected {'true or false' if err['type'] == 'bool_type' else 'an integer'}, "
+               f"got {given!r}{kind}")
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
@@ -434,7 +368,9 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
         if not isinstance(config_path, (str, os.PathLike)):
             raise ConfigError(f"config_path: a path to a JSON or YAML file, got "
                               f"{type(config_path).__name__}")
-        raw = _read_file(os.fspath(config_path))
+        raw = read_config_file(os.fspath(config_path))
+        if "list" in raw and "api_list" in raw:
+            raise ConfigError(f"{where}: list and api_list name the same setting; keep one")
         if _is_msprobe(raw):
             raw = _from_msprobe(raw, where)
     for key, value in overrides.items():

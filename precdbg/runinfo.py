@@ -2,6 +2,7 @@
 set up), written at the first dumped start() and rewritten when the manifest learns more."""
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import time
@@ -13,9 +14,11 @@ from . import __version__
 from .config import DumpConfig
 from .manifest import base_manifest, jsonable, seed_record
 from .schema import SCHEMA_VERSION, Record
-from .writer import write_json_atomic
+from .writer import DumpWriter, check_writable, write_json_atomic
 
 __all__ = ["RunInfo"]
+
+log = logging.getLogger("precdbg")
 
 
 class RunInfo:
@@ -28,6 +31,7 @@ class RunInfo:
         self.dirty = False
         self.first_batch_done = False
         self._written = False        # run.json written (a full disk may have refused it)
+        self._refused = False        # start() found files of another run (said once)
 
     @property
     def written(self) -> bool:
@@ -37,10 +41,31 @@ class RunInfo:
     def path(self) -> str:
         return os.path.join(self.config.dump_path, "run.json")
 
-    def gone(self) -> bool:
-        """run.json was written and is not there any more (the dump folder was deleted or
-        emptied while the job ran): the steps written from now on need it to be read."""
-        return self._written and not os.path.exists(self.path)
+    def ready(self, writer: DumpWriter, adapter: Any, rank: int, world_size: int,
+              step: int) -> bool:
+        """Before a step is captured: run.json is on disk, written at the first dumped start()
+        into a folder this process may write (False: another run's files or another job are
+        there, said once, and nothing is dumped), and written again when it was deleted while
+        the job ran (the folder cleaned up), so the steps from this one on can be read."""
+        if not self._written:
+            check_writable(self.config.dump_path)
+            earlier = writer.existing_files(rank)
+            taken = writer.claim(rank) if not earlier else None
+            if earlier or taken:  # appeared since the constructor looked: never into training
+                if not self._refused:
+                    self._refused = True
+                    log.error("precdbg: dump_path %s %s: nothing is dumped, so that nothing is "
+                              "overwritten; choose an empty folder", self.config.dump_path,
+                              taken or f"already holds a dump of rank {rank} "
+                              f"({earlier[0]}) that this run did not write")
+                return False
+        elif os.path.exists(self.path):
+            return True
+        else:
+            log.warning("precdbg: %s was deleted while the job ran; it is written again at "
+                        "step %d, so the steps written since can be read", self.path, step)
+        self.write(adapter, rank, world_size)
+        return True
 
     def write(self, adapter: Any, rank: int, world_size: int) -> None:
         if self.info is None:

@@ -32,7 +32,7 @@ from .call_naming import CallNaming
 from .naming import save_entry, uninitialized_output
 from .schema import (NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task,
                      scalar_dtype)
-from .writer import DumpWriter, check_writable, earlier_dump
+from .writer import DumpWriter, earlier_dump
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
 
@@ -58,7 +58,6 @@ class Session(CallNaming):
         if earlier is not None:
             raise ConfigError(f"dump_path: {config.dump_path} already holds a dump of an earlier "
                               f"run ({earlier}); choose an empty folder or move that dump away")
-        self._refused = False         # start() found files of another run since (said once)
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = 0
         self.selection = StepSelection(config)
@@ -136,24 +135,9 @@ class Session(CallNaming):
         if not self.selection.selects(self.current_step, self.rank, self.world_size):
             return False
         self._reset_window()
-        if not self.run.written:
-            check_writable(self.config.dump_path)
-            earlier = self.writer.existing_files(self.rank)
-            taken = self.writer.claim(self.rank) if not earlier else None
-            if earlier or taken:  # appeared since the constructor looked: never into training
-                if not self._refused:
-                    self._refused = True
-                    log.error("precdbg: dump_path %s %s: nothing is dumped, so that nothing is "
-                              "overwritten; choose an empty folder", self.config.dump_path,
-                              taken or f"already holds a dump of rank {self.rank} "
-                              f"({earlier[0]}) that this run did not write")
-                return False
-            self.run.write(self.adapter, self.rank, self.world_size)
-        elif self.run.gone():
-            log.warning("precdbg: %s was deleted while the job ran; it is written again, so "
-                        "the steps from step %d on can be read", self.run.path,
-                        self.current_step)
-            self.run.write(self.adapter, self.rank, self.world_size)
+        if not self.run.ready(self.writer, self.adapter, self.rank, self.world_size,
+                              self.current_step):
+            return False
         self.writer.open_step(self.current_step, self.rank, {
             "framework": self.adapter.framework, "task": self.config.task.value,
             "level": self.config.level.value, "world_size": self.world_size,
@@ -230,6 +214,10 @@ class Session(CallNaming):
         if self.run.dirty:
             self._guarded(lambda: self.run.write(self.adapter, self.rank, self.world_size),
                           "stop(): updating run.json")
+        else:           # deleted during this step: its file needs run.json as much
+            self._guarded(lambda: self.run.ready(self.writer, self.adapter, self.rank,
+                                                 self.world_size, self.current_step),
+                          "stop(): writing run.json again")
 
     def _guarded(self, stage: Any, where: str) -> None:
         try:

@@ -13,26 +13,21 @@ Inside a step file:
 """
 from __future__ import annotations
 
-import errno
 import json
 import operator
 import os
-import shutil
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .disk_room import check_room, free_space, margin_for, reserve, trim_to_hdf5_end
 from .schema import MAX_NDIM, RECORD_COLUMNS, Record
 
 __all__ = ["Payload", "OpenStep", "step_file_path", "write_json_atomic", "free_space"]
 
 _STAGE_BYTES = 32 << 20      # stored tensors are packed into contiguous blobs of about this size
 _CHUNK_BYTES = 1 << 20
-# room kept for HDF5's own metadata (object headers, chunk indexes, string heaps) when checking
-# that a write fits: a base, and a share of what is written (its chunks need index entries)
-_ROOM_BASE = 128 << 10
-_ROOM_SHARE = 16
 _RECORD_BYTES = 512           # upper estimate of one record's bytes in the record table
 
 
@@ -237,35 +232,26 @@ class OpenStep:
         os.fsync(fd)
         _WRITING.pop(self._fd, None)       # before the close, whose descriptor may be reused
         self.file.close()
+        trim_to_hdf5_end(self.partial_path)   # the blocks reserved past HDF5's data
         os.replace(self.partial_path, self.final_path)
         _fsync_dir(os.path.dirname(self.final_path))
         return self.final_path
 
     def check_room(self, nbytes: int) -> None:
-        """Refuse a write that cannot fit (disk full, quota, file-size limit) before HDF5 meets
-        it: an HDF5 file whose write failed half-way cannot even be closed cleanly."""
-        margin = _ROOM_BASE + nbytes // _ROOM_SHARE
-        try:            # what the file holds so far (staged bytes are not in it yet)
-            written = os.path.getsize(self.partial_path) if self._file is not None else 0
-        except OSError:
-            written = 0
-        end = written + nbytes + margin
-        limit = _file_size_limit()
-        if limit is not None and end > limit:
-            raise OSError(errno.EFBIG, f"{os.strerror(errno.EFBIG)}: the process's file-size "
-                          f"limit (RLIMIT_FSIZE) is {_size(limit)} and the file would reach "
-                          f"{_size(end)} ({_size(margin)} of it kept for HDF5's metadata)")
-        folder = os.path.dirname(self.partial_path)
-        if not os.path.isdir(folder):        # the step's folder comes with its file
-            folder = os.path.dirname(folder)
+        """Make sure `nbytes` more (and room for HDF5's metadata) can be written before HDF5
+        writes them: refused when they cannot fit, else the file's blocks are reserved up to
+        there (precdbg.disk_room: HDF5 does not survive a full disk met half-way)."""
+        written = self._file.id.get_filesize() if self._file is not None else 0
+        check_room(self.partial_path, written, nbytes)
+        end = written + nbytes + margin_for(nbytes)
+        reserve(self._fd_of(self.file), end)
+
+    @staticmethod
+    def _fd_of(file: Any) -> int:
         try:
-            free = shutil.disk_usage(folder).free
-        except OSError:
-            return
-        if nbytes + margin > free:
-            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {_size(nbytes)} more "
-                          f"to write (and {_size(margin)} for HDF5's metadata), "
-                          f"{_size(free)} free")
+            return int(file.id.get_vfd_handle())
+        except Exception:  # noqa: BLE001 - a driver without a descriptor: no reservation
+            return -1
 
     def abandon(self) -> None:
         """Close and delete the unfinished file: a step is either complete or absent."""
@@ -313,30 +299,3 @@ def _shape_columns(shapes: Sequence[Tuple[int, ...]]) -> Tuple[np.ndarray, np.nd
         rows[at, :keep] = np.array([tuple(shapes[i])[:keep] for i in at.tolist()],
                                    dtype=np.int64).reshape(len(at), keep)
     return rows, ndims
-
-
-def _file_size_limit() -> Optional[int]:
-    try:
-        import resource
-    except ImportError:      # not POSIX
-        return None
-    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    return None if soft == resource.RLIM_INFINITY else int(soft)
-
-
-def _size(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if nbytes < 1024 or unit == "TiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.1f} TiB"
-
-
-def free_space(path: str) -> str:
-    folder = os.path.dirname(path)
-    while folder and not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
-    try:
-        return _size(shutil.disk_usage(folder or ".").free)
-    except OSError:
-        return "unknown"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import errno
 import os
 import tempfile
 import threading
@@ -323,9 +324,14 @@ class DumpWriter:
             return
         self._dropped_open = True
         step.abandon()
-        log.warning("precdbg: step %s rank %s dropped: writing %s failed (%s; %s free on its "
-                    "disk once the unfinished file was removed); training continues", step.attrs.get("step"), step.attrs.get("rank"),
-                    step.final_path, self.last_error, free_space(step.final_path))
+        room = ""          # the free space, where a lack of it may be why
+        if not isinstance(exc, OSError) or exc.errno in (None, 0, errno.ENOSPC, errno.EDQUOT,
+                                                         errno.EFBIG):
+            room = f"; {free_space(step.final_path)} free on its disk once the unfinished " \
+                   "file was removed"
+        log.warning("precdbg: step %s rank %s dropped: writing %s failed (%s%s); training "
+                    "continues", step.attrs.get("step"), step.attrs.get("rank"),
+                    step.final_path, self.last_error, room)
 
     def _handle(self, kind: str, item: Any) -> None:
         if kind == "flush":

@@ -431,6 +431,17 @@ def test_a_key_given_twice_or_a_switch_that_is_no_boolean_is_refused(tmp_path):
                 f"{path}: {key}: expected true or false, got {value!r}")
     msprobe = _write(tmp_path / "deterministic.json", dict(MSPROBE, is_deterministic="true"))
     assert "deterministic: expected true or false" in _error(load_config, msprobe)
+    both = _write(tmp_path / "both.json", {"list": ["linear"], "api_list": ["gelu"]})
+    assert _error(load_config, both) == f"{both}: list and api_list name the same setting; keep one"
+    for key, value in (("seed", True), ("queue_mb", False), ("overflow_nums", "3")):
+        path = _write(tmp_path / f"{key}.json", {key: value})
+        assert _error(load_config, path) == f"{path}: {key}: expected an integer, got {value!r}"
+    for key in ("dump_enable", "enable_dataloader"):
+        path = _write(tmp_path / f"{key}.json", dict(MSPROBE, **{key: "false"}))
+        assert _error(load_config, path) == f"{path}: {key}: expected true or false, got 'false'"
+    import numpy as np
+    assert _error(load_config, stack=np.True_) == (
+        "arguments: stack: expected true or false, got True (numpy.bool_)")
     merged = _write(tmp_path / "merged.yaml",       # YAML merge keys still merge
                     "<<: {task: tensor, level: api}\nlevel: mix\n")
     config = load_config(merged)

@@ -207,18 +207,22 @@ def test_unimportable_module_fails_step_and_writer_then_recovers(tmp_path):
         assert all(len(c) == 16 for c in table["checksum"][table["dtype"] == "float32"])
 
 
-DISK_FULL = r"""
-import json, resource, signal
+# a 2-layer GPT, AdamW and the debugger of the config: what the scripts below train
+GPT_SETUP = r"""
+import json, os, resource, shutil, signal
 import torch
 from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
 from precdbg_pt import PrecisionDebugger
 
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a full quota: writes fail with EFBIG
 torch.manual_seed(0)
 cfg = GPTConfig(n_layer=2, d_model=64, n_head=2, seq_len=16, vocab_size=128)
 model = GPT(cfg)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 debugger = PrecisionDebugger(config_path=CONFIG)
+"""
+
+DISK_FULL = GPT_SETUP + r"""
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a full quota: writes fail with EFBIG
 losses = []
 for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=3, seed=0)):
     if i == 1:
@@ -309,17 +313,7 @@ def test_full_tmpfs_drops_one_step_and_training_continues(tmp_path):
         _unmount(mount)
 
 
-FULL_FROM_THE_START = r"""
-import json, os
-import torch
-from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
-from precdbg_pt import PrecisionDebugger
-
-torch.manual_seed(0)
-cfg = GPTConfig(n_layer=2, d_model=64, n_head=2, seq_len=16, vocab_size=128)
-model = GPT(cfg)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-debugger = PrecisionDebugger(config_path=CONFIG)
+FULL_FROM_THE_START = GPT_SETUP + r"""
 losses = []
 for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=3, seed=0)):
     if i == 2:
@@ -374,31 +368,91 @@ def test_a_disk_full_from_the_first_start_leaves_no_stray_file(tmp_path, level):
         _unmount(mount)
 
 
-DELETED_MID_RUN = r"""
-import json, shutil
-import torch
-from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
-from precdbg_pt import PrecisionDebugger
+FILLED_WHILE_WRITING = GPT_SETUP + r"""
+import precdbg.stepfile as stepfile
+real_reserve = stepfile.reserve
 
-torch.manual_seed(0)
-cfg = GPTConfig(n_layer=2, d_model=64, n_head=2, seq_len=16, vocab_size=128)
-model = GPT(cfg)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-debugger = PrecisionDebugger(config_path=CONFIG)
+
+def reserve_then_fill(fd, end):
+    # another process fills the disk right after the room for a write phase was taken: the
+    # worst moment, which a check of the free space alone cannot see
+    real_reserve(fd, end)
+    handle = os.open(FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while os.write(handle, b"0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+stepfile.reserve = reserve_then_fill
+for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=3, seed=0)):
+    debugger.start(model)
+    train_step(model, opt, x, y)
+    debugger.stop(); debugger.step()
+    debugger.flush()
+    if os.path.exists(FILLER):
+        os.remove(FILLER)
+print(json.dumps({"failures": debugger.failures}))
+"""
+
+
+DELETED_MID_RUN = GPT_SETUP + r"""
 for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=4, seed=0)):
     if i == 2:
         debugger.flush()
         shutil.rmtree(DUMP)              # someone cleans up the folder while the job runs
     debugger.start(model)
     train_step(model, opt, x, y)
+    if i == 3:
+        debugger.flush()                 # (step 2 on disk: the writer is not in the folder)
+        shutil.rmtree(DUMP)              # ... and again during the last step
     debugger.stop(); debugger.step()
 print(json.dumps({"failures": debugger.failures}))
 """
 
 
+def test_a_disk_filled_right_after_the_room_check_cannot_fail_the_write(tmp_path):
+    """Another process fills the disk between the room check and HDF5's writes of a step (a
+    checkpoint saved beside the dump): HDF5 met that full disk half-way and crashed the
+    training process (SIGSEGV, 2 runs in 15 before the fix). The room a write phase needs is
+    now reserved on disk before HDF5 writes, so every step is written whole, and the blocks
+    reserved past HDF5's data are given back: the files are as small as on an empty disk."""
+    mount = str(tmp_path / "filled")
+    if not _mount_tmpfs(mount, "size=4m"):
+        pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
+    try:
+        dump_path = os.path.join(mount, "dump")
+        config = _write_config(str(tmp_path), task="statistics", dump_path=dump_path)
+        prelude = f"FILLER = {os.path.join(mount, 'filler')!r}\n"
+        proc = _run_script(str(tmp_path), prelude + FILLED_WHILE_WRITING, config)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads(proc.stdout.splitlines()[-1])["failures"] == 0
+        assert not precdbg_lines(proc.stderr), proc.stderr[-2000:]
+        assert not partial_files(dump_path)
+        with precdbg.open_dump(dump_path) as dump:
+            assert dump.steps == [0, 1, 2]
+            sizes = [os.path.getsize(os.path.join(dump_path, f"step{step}", "rank0.h5"))
+                     for step in dump.steps]
+            for step in dump.steps:
+                assert "param_grad" in set(dump.records(step=step)["kind"].tolist())
+        reference = str(tmp_path / "reference")
+        config = _write_config(str(tmp_path), task="statistics", dump_path=reference)
+        plain = FILLED_WHILE_WRITING.replace("stepfile.reserve = reserve_then_fill", "")
+        proc = _run_script(str(tmp_path), prelude + plain, config)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert sizes == [os.path.getsize(os.path.join(reference, f"step{step}", "rank0.h5"))
+                         for step in range(3)]
+    finally:
+        _unmount(mount)
+
+
 def test_a_dump_folder_deleted_while_the_job_runs_is_readable_again(tmp_path):
-    """The folder (run.json and the steps so far) deleted between two steps: the next start()
-    writes run.json again, says so in one line, and the later steps are a readable dump."""
+    """The folder (run.json and the steps so far) deleted between two steps, and again during
+    the last one: start() (or stop()) writes run.json again, says so in one line, and the
+    later steps are a readable dump."""
     dump_path = str(tmp_path / "dump")
     config = _write_config(str(tmp_path), task="statistics", level="api")
     proc = _run_script(str(tmp_path), f"DUMP = {dump_path!r}\n" + DELETED_MID_RUN, config)
@@ -406,9 +460,10 @@ def test_a_dump_folder_deleted_while_the_job_runs_is_readable_again(tmp_path):
     assert json.loads(proc.stdout.splitlines()[-1])["failures"] == 0
     lines = precdbg_lines(proc.stderr)
     assert lines == [f"precdbg: {os.path.join(dump_path, 'run.json')} was deleted while the "
-                     "job ran; it is written again, so the steps from step 2 on can be read"]
+                     f"job ran; it is written again at step {step}, so the steps written since "
+                     "can be read" for step in (2, 3)]
     with precdbg.open_dump(dump_path) as dump:
-        assert dump.steps == [2, 3]
+        assert dump.steps == [3]
         assert len(dump.records(step=3)) > 100
 
 
