@@ -46,7 +46,8 @@ class RunInfo:
         """Before a step is captured: run.json is on disk, written at the first dumped start()
         into a folder this process may write (False: another run's files or another job are
         there, said once, and nothing is dumped), and written again when it was deleted while
-        the job ran (the folder cleaned up), so the steps from this one on can be read."""
+        the job ran (the folder cleaned up) or emptied, so the steps from this one on can be
+        read."""
         if not self._written:
             check_writable(self.config.dump_path)
             earlier = writer.existing_files(rank)
@@ -59,11 +60,15 @@ class RunInfo:
                               taken or f"already holds a dump of rank {rank} "
                               f"({earlier[0]}) that this run did not write")
                 return False
-        elif os.path.exists(self.path):
-            return True
         else:
-            log.warning("precdbg: %s was deleted while the job ran; it is written again at "
-                        "step %d, so the steps written since can be read", self.path, step)
+            try:
+                if os.stat(self.path).st_size > 0:
+                    return True
+                what = "emptied"
+            except OSError:
+                what = "deleted"
+            log.warning("precdbg: %s was %s while the job ran; it is written again at step "
+                        "%d, so the steps written since can be read", self.path, what, step)
         self.write(adapter, rank, world_size)
         return True
 

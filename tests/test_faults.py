@@ -400,7 +400,9 @@ print(json.dumps({"failures": debugger.failures}))
 
 
 DELETED_MID_RUN = GPT_SETUP + r"""
-for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=4, seed=0)):
+for i, (x, y) in enumerate(make_batches(cfg, batch_size=2, steps=5, seed=0)):
+    if i == 4:
+        open(os.path.join(DUMP, "run.json"), "w").close()     # emptied, not deleted
     if i == 2:
         debugger.flush()
         shutil.rmtree(DUMP)              # someone cleans up the folder while the job runs
@@ -451,19 +453,20 @@ def test_a_disk_filled_right_after_the_room_check_cannot_fail_the_write(tmp_path
 
 def test_a_dump_folder_deleted_while_the_job_runs_is_readable_again(tmp_path):
     """The folder (run.json and the steps so far) deleted between two steps, and again during
-    the last one: start() (or stop()) writes run.json again, says so in one line, and the
-    later steps are a readable dump."""
+    the last one, then run.json emptied: start() (or stop()) writes run.json again, says so
+    in one line, and the later steps are a readable dump."""
     dump_path = str(tmp_path / "dump")
     config = _write_config(str(tmp_path), task="statistics", level="api")
     proc = _run_script(str(tmp_path), f"DUMP = {dump_path!r}\n" + DELETED_MID_RUN, config)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1])["failures"] == 0
     lines = precdbg_lines(proc.stderr)
-    assert lines == [f"precdbg: {os.path.join(dump_path, 'run.json')} was deleted while the "
-                     f"job ran; it is written again at step {step}, so the steps written since "
-                     "can be read" for step in (2, 3)]
+    assert lines == [f"precdbg: {os.path.join(dump_path, 'run.json')} was "
+                     f"{what} while the job ran; it is written again at step {step}, so the "
+                     "steps written since can be read"
+                     for what, step in (("deleted", 2), ("deleted", 3), ("emptied", 4))]
     with precdbg.open_dump(dump_path) as dump:
-        assert dump.steps == [3]
+        assert dump.steps == [3, 4]
         assert len(dump.records(step=3)) > 100
 
 
