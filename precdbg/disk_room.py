@@ -16,7 +16,7 @@ import errno
 import os
 import shutil
 import struct
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 __all__ = ["check_room", "reserve", "trim_to_hdf5_end", "free_space"]
 
@@ -25,19 +25,20 @@ _ROOM_SHARE = 16             # ... plus this share of the bytes written
 _ENDS_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def _load_fallocate() -> Any:
+def _load_fallocate() -> Tuple[Any, Any]:
+    """(fallocate(2), the errno it left), or (None, None) where there is none."""
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         fallocate = libc.fallocate
     except (ImportError, OSError, AttributeError):      # not Linux (or no C library found)
-        return None
+        return None, None
     fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
     fallocate.restype = ctypes.c_int
-    return fallocate
+    return fallocate, ctypes.get_errno
 
 
-_FALLOCATE = _load_fallocate()
+_FALLOCATE, _ERRNO = _load_fallocate()
 
 
 def margin_for(nbytes: int) -> int:
@@ -75,7 +76,7 @@ def reserve(fd: int, end: int) -> None:
         return
     if _FALLOCATE(fd, 0, 0, end) == 0:
         return
-    err = __import__("ctypes").get_errno()
+    err = _ERRNO()
     if err in _ENDS_OF_ROOM:
         raise OSError(err, f"{os.strerror(err)}: could not reserve {size_text(end)} for the "
                       "step file")
