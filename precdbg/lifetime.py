@@ -32,6 +32,7 @@ import time
 import weakref
 from typing import Any, Callable, Set
 
+from .rank_lock import release_all
 from .stepfile import disown_after_fork
 
 __all__ = ["track_writer", "untrack_writer", "track_session", "shutting_down",
@@ -91,6 +92,7 @@ def _exit_after_drain(code: int) -> None:
     """`os._exit` while precdbg's writers run: the stopped steps are written first."""
     if os.getpid() == _exit_owner and _writers:
         drain_at_exit()
+        release_all()                # no exit handler runs: the rank locks' files go here
     _real_exit(code)
 
 

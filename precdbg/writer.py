@@ -23,6 +23,7 @@ import numpy as np
 
 from . import lifetime
 from .errors import ConfigError
+from .rank_lock import lock_rank
 from .schema import SCHEMA_VERSION, Record
 from .stepfile import OpenStep, Payload, free_space, step_file_path, write_json_atomic
 
@@ -36,7 +37,6 @@ _CLAIMED: Set[str] = set()         # dump folders this process writes into (any 
 # at once (their windows overlapping) each get a part of their own, never the same file (whose
 # `.partial` exists only once the writer thread first writes to it)
 _TAKEN: Set[str] = set()
-_LOCKS: Dict[Tuple[str, int], int] = {}      # (folder, rank) -> descriptor holding its lock
 _TAKEN_LOCK = threading.Lock()
 
 
@@ -169,25 +169,9 @@ class DumpWriter:
         lock files of their own. The lock files live in the temporary folder, named by the
         dump folder's path, so the dump holds only run.json and its steps."""
         folder = os.path.abspath(self.dump_path)
-        key = (folder, rank)
-        if key not in _LOCKS:
-            import hashlib
-            digest = hashlib.sha1(folder.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-            path = os.path.join(tempfile.gettempdir(), f"precdbg-{digest}.rank{rank}.lock")
-            try:
-                import fcntl
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except (ImportError, OSError):
-                fd = -1                       # no locks here (Windows, a read-only share)
-            if fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    return f"another process is writing rank {rank} into it (lock {path})"
-                except OSError:
-                    pass                      # a file system without flock: not checked
-            _LOCKS[key] = fd
+        refused = lock_rank(folder, rank)
+        if refused is not None:
+            return refused
         _CLAIMED.add(folder)
         return None
 

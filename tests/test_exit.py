@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 import precdbg
+from precdbg import rank_lock
 
 from conftest import PYTHON, REPO
 
@@ -168,6 +169,8 @@ def _every_step_written(variant: str, rc: int):
             run = run_guide(folder, framework, variant, task="tensor")
             assert run.rc == rc, run
             check_dump(run, steps=[0, 1, 2])
+            # the rank's lock file goes with the process (os._exit runs no exit handler)
+            assert not os.path.exists(rank_lock.lock_path(os.path.abspath(run.dump), 0)), run
         return once
     return variant_for
 
@@ -372,6 +375,7 @@ def test_two_jobs_started_together_into_one_folder_never_mix_their_steps(tmp_pat
         assert [job.returncode for job in jobs] == [0, 0], outs
         refused = [err for _, err in outs if "another process is writing rank 0" in err]
         assert len(refused) == 1, outs
+        assert not os.path.exists(rank_lock.lock_path(os.path.abspath(folder), 0))
         with precdbg.open_dump(folder) as dump:
             assert dump.steps == [0, 1, 2] and not dump.warnings()
             for step in dump.steps:
