@@ -192,3 +192,79 @@ def test_calls_that_change_no_number_are_no_structural_difference(tmp_path):
     assert result["verdict"] == "match", result["first_divergence"]
     assert result["unmatched"]                        # the extra calls, listed, nothing more
     assert not [r for r in result["rows"] if r["status"] != "match"]
+
+
+class _Scores(torch.nn.Module):
+    """Scores computed in `upcast` and cast back, as transformers' attention does."""
+    def __init__(self, upcast: torch.dtype) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(8, 8)
+        self.v = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 4)
+        self.upcast = upcast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, v = self.q(x), self.v(x)
+        return self.head(torch.softmax(q.to(self.upcast), dim=-1).type(v.dtype) * v)
+
+
+def _scores_dump(path: str, upcast: torch.dtype) -> None:
+    torch.manual_seed(0)
+    net = _Scores(upcast)
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    debugger = PrecisionDebugger(dump_path=path, level="mix")
+    debugger.start(net)
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and not debugger.failures
+
+
+def _gpt2_dump(path: str, autocast: bool) -> None:
+    """transformers' GPT-2 (random init, offline, eager attention) trained one step, under
+    bf16 autocast or not: its attention's `.type(value.dtype)` and its loss's `.float()` of
+    the logits convert under autocast and return their input in float32."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config._attn_implementation = "eager"
+    model = GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    debugger = PrecisionDebugger(dump_path=path, level="mix")
+    debugger.start(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+    debugger.stop()
+    debugger.step()
+    assert debugger.close() and not debugger.failures
+
+
+def test_casts_that_are_no_ops_in_one_run_are_no_structural_difference(tmp_path):
+    """Under bf16 autocast GPT-2's `.type(value.dtype)` and `.float()` convert; in float32
+    they return their input (left out as calls nothing new reads). Its modules' calls then
+    differ in casts alone: no structural difference, and the setup check names the dtypes."""
+    _gpt2_dump(str(tmp_path / "fp32"), autocast=False)
+    _gpt2_dump(str(tmp_path / "bf16"), autocast=True)
+    result = compare_dumps(str(tmp_path / "fp32"), str(tmp_path / "bf16"))
+    assert any(f["kind"] == "compute_dtype" for f in result["setup"]), result["setup"]
+    # no module is named for its calls (whether every bf16 gradient stays within the bf16
+    # tolerance of its float32 counterpart is the numbers' matter: README, known limits)
+    first = result["first_divergence"]
+    assert first is None or not (first["kind"] == "module" and "calls differ" in first["reason"]), \
+        first
+
+
+def test_a_cast_to_another_dtype_at_the_same_place_is_still_named(tmp_path):
+    """Both runs cast at the same place, to float64 and to bfloat16: the casts pair, and the
+    cast whose dtype argument differs is the culprit."""
+    _scores_dump(str(tmp_path / "f64"), upcast=torch.float64)
+    _scores_dump(str(tmp_path / "bf16"), upcast=torch.bfloat16)
+    result = compare_dumps(str(tmp_path / "f64"), str(tmp_path / "bf16"))
+    assert_first(result, step=0, direction="forward", kind="api", module="", op="cast",
+                 reason=["float64", "bfloat16"])

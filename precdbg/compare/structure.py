@@ -16,10 +16,13 @@ structure is compared directly:
   only shows in its parent); calls that only re-address elements (views, reshapes, contiguous
   copies, detach) are left out, since an extra one changes no number; so are calls whose
   results nothing reads, calls computing only integers or booleans (positions, masks) and joins
-  of one non-empty tensor with empty ones: what transformers models do differently when
-  `use_cache` is on (a KV cache filled, cache positions) and when gradient checkpointing turns
-  it off. Across frameworks the call sequences legitimately differ (fused
-  ops, casts, leaf cells), so only classes are compared there.
+  of one non-empty tensor with empty ones (what transformers models do differently when
+  `use_cache` is on: a KV cache filled, cache positions; and when gradient checkpointing turns
+  it off). Calls that differ in casts alone are no structural difference (a cast to the dtype
+  a tensor has returns it, and the same line converts under autocast: what a cast changes
+  shows in the dtypes and numbers of the calls that read it). Across frameworks the call
+  sequences legitimately differ (fused ops, casts, leaf cells), so only classes are compared
+  there.
 
 The verdict is the earliest such module in the baseline's timeline (`seq` of its first record);
 `localize.locate` names it when it ran before the first numeric divergence.
@@ -55,6 +58,7 @@ CONSTANT_OPS = frozenset({"zeros", "ones", "empty", "full", "tensor", "as_tensor
                           "new_empty", "new_full", "new_tensor"})
 _NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
+_CAST = "cast"                 # the canonical op of every dtype conversion (names/ops.yaml)
 _FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
 
 
@@ -151,10 +155,14 @@ class _Module:
     order: int
     calls: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
     finished: bool = True      # False: the process ended inside it (no output recorded)
+    casts: set = dataclasses.field(default_factory=set)   # `seq` of its calls that cast
 
     @property
     def labels(self) -> List[str]:
         return [label for _, label in sorted(self.calls)]
+
+    def labels_without_casts(self) -> List[str]:
+        return [label for seq, label in sorted(self.calls) if seq not in self.casts]
 
 
 def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]],
@@ -218,6 +226,8 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
             if caller is not None:
                 label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
                 caller.calls.append((seq, label))
+                if op_col[i] == _CAST:
+                    caller.casts.add(seq)
     return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
 
 
@@ -259,19 +269,31 @@ def _calls_changing_no_number(table: RecordTable) -> set:
     return skip
 
 
-def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
+def _calls_compared(calls_a: List[_Module], calls_b: List[_Module], casts: bool = True
                     ) -> Tuple[_Module, _Module, List[str], List[str]]:
     """The calls of a module to compare: call by call when both runs called it as often (the
     first call whose calls differ: a weight-shared layer's fourth call, a second micro-batch),
-    otherwise all its calls together, named by the first."""
+    otherwise all its calls together, named by the first. `casts`: whether casts count."""
+    labels = (lambda m: m.labels) if casts else _Module.labels_without_casts  # noqa: E731
     if len(calls_a) == len(calls_b):
         for ma, mb in zip(calls_a, calls_b):
-            la, lb = ma.labels, mb.labels
+            la, lb = labels(ma), labels(mb)
             if la != lb:
                 return ma, mb, la, lb
-        return calls_a[0], calls_b[0], calls_a[0].labels, calls_b[0].labels
-    return (calls_a[0], calls_b[0], [c for m in calls_a for c in m.labels],
-            [c for m in calls_b for c in m.labels])
+        return calls_a[0], calls_b[0], labels(calls_a[0]), labels(calls_b[0])
+    return (calls_a[0], calls_b[0], [c for m in calls_a for c in labels(m)],
+            [c for m in calls_b for c in labels(m)])
+
+
+def _only_casts_apart(calls_a: List[_Module], calls_b: List[_Module]) -> bool:
+    """Whether a module's calls differ in casts alone. A cast that returns its input as it is
+    (to the dtype it has) is left out as a call whose result nothing new reads, and the same
+    line converts in a run of other precision: an HF loss's `.float()` of float32 logits, and
+    of bfloat16 ones under autocast; GPT-2 attention's `.type(value.dtype)`. What a cast
+    changes shows in the dtypes of the calls that read its result (the setup check names ops
+    computing in other dtypes) and in their numbers, which are compared."""
+    _, _, without_a, without_b = _calls_compared(calls_a, calls_b, casts=False)
+    return without_a == without_b
 
 
 def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: int,
@@ -308,7 +330,8 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
         if not all(m.finished for m in calls_a + calls_b):     # as far as both got
             seq_a = seq_a[:len(seq_b)] if not calls_b[-1].finished else seq_a
             seq_b = seq_b[:len(seq_a)] if not calls_a[-1].finished else seq_b
-        calls_differ = same_framework and seq_a != seq_b and not hidden
+        calls_differ = same_framework and seq_a != seq_b and not hidden \
+            and not _only_casts_apart(calls_a, calls_b)
         # a layer the op table knows (Linear, GELU, LayerNorm, ...) that became another is a
         # difference by itself; a user's class under another name (GPT2Block vs Block, a
         # subclass) only when it also calls something else
