@@ -220,16 +220,20 @@ def _scores_dump(path: str, upcast: torch.dtype) -> None:
     assert debugger.close() and not debugger.failures
 
 
-def _gpt2_dump(path: str, autocast: bool) -> None:
+def _gpt2_dump(path: str, autocast: bool = False, recompute: bool = False) -> None:
     """transformers' GPT-2 (random init, offline, eager attention) trained one step, under
     bf16 autocast or not: its attention's `.type(value.dtype)` and its loss's `.float()` of
-    the logits convert under autocast and return their input in float32."""
+    the logits convert under autocast and return their input in float32. `recompute`:
+    gradient checkpointing (non-reentrant), which turns the KV cache off."""
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=4,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     config._attn_implementation = "eager"
     model = GPT2LMHeadModel(config)
+    if recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     debugger = PrecisionDebugger(dump_path=path, level="mix")
@@ -268,3 +272,17 @@ def test_a_cast_to_another_dtype_at_the_same_place_is_still_named(tmp_path):
     result = compare_dumps(str(tmp_path / "f64"), str(tmp_path / "bf16"))
     assert_first(result, step=0, direction="forward", kind="api", module="", op="cast",
                  reason=["float64", "bfloat16"])
+
+
+def test_masks_and_positions_built_another_way_are_no_divergence(tmp_path):
+    """Gradient checkpointing turns GPT-2's KV cache off (use_cache): its causal mask and
+    positions are built by other integer calls, which pair by order with the plain run's and
+    differ. Every floating-point record agrees, so those integer records are no divergence
+    (status 'integer', said in a note): the runs match."""
+    _gpt2_dump(str(tmp_path / "plain"))
+    _gpt2_dump(str(tmp_path / "recompute"), recompute=True)
+    result = compare_dumps(str(tmp_path / "plain"), str(tmp_path / "recompute"))
+    assert result["verdict"] == "match", result["first_divergence"]
+    integer = [r for r in result["rows"] if r["status"] == "integer"]
+    assert integer and {r["dtype_a"] for r in integer} <= {"int64", "bool"}, integer[:3]
+    assert any("integer or boolean record(s) differ" in note for note in result["notes"])

@@ -267,3 +267,10 @@ def test_clean_bf16_pair_has_no_structural_difference(dumps, tmp_path):
     proc = cs.run_cli("compare", dumps("bf16"), dumps("bf16_rerun"), "--json",
                       str(tmp_path / "same.json"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_other_tokens_are_still_input_data_where_integers_differ(dumps, tmp_path):
+    """Token ids are integers too: where they differ, the floating-point records reading
+    them differ as well, and the verdict stays the input data."""
+    result, _ = _compare(dumps, "accum", "accum_data2", tmp_path)
+    assert not [r for r in result["rows"] if r["status"] == "integer"]

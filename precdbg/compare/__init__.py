@@ -23,7 +23,7 @@ from .entries import Entry, StepCompare, StepEntries, pair_row
 from .localize import contains, locate
 from .structure import StructuralDiff, structural_differences
 from .floors import apply_floors
-from .metrics import stat_errors, tensor_metrics
+from .metrics import integer_plumbing, stat_errors, tensor_metrics
 from .multistep import NoisePolicy, optimizer_setup, other_setup
 from .notes import (level_note, note_extra_calls, note_loss_scale, uncompared,
                     unobserved_modules, unobserved_note)
@@ -90,6 +90,9 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
         if tm is not None and not st["checksum_equal"][p] and not st["by_update"][p]:
             st["diverged"][p] = (_rel_rmse(tm, st["floor"][p], int(tb["numel"][j]))
                                  > max(st["tol"][p], 1e-12)) or not st["counts_ok"][p]
+    integer_plumbing(ta, tb, al.pairs_a, al.pairs_b, st)
+    for p, (i, j) in enumerate(pairs):
+        tm = tms[p]
         row = pair_row(ta, tb, i, j, st, p, tm)
         step_rows.append(row)
         sc.add(row, i, j)
@@ -204,6 +207,15 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          f"the runs' values already carry other precisions (first: "
                          f"{explained[0].name_a}): counted as that "
                          "precision difference (status 'precision'), not as divergences")
+        plumbing = [row for row in rows if row.status == "integer"]
+        if plumbing:
+            notes.append(f"{len(plumbing)} integer or boolean record(s) differ (first: "
+                         f"{plumbing[0].name_a} {plumbing[0].role} {plumbing[0].arg_index}) in "
+                         "step(s) where every floating-point record agrees: positions, masks "
+                         "or indices computed another way (transformers with and without "
+                         "use_cache, which gradient checkpointing turns off), not divergences "
+                         "(status 'integer'); where such a difference changes numbers, the "
+                         "floating-point records that read it differ and are compared")
         floored = [row for row in rows if row.floor is not None]
         if floored:
             # name where a floor starts (a gradient reduced from dy), not a value it reached

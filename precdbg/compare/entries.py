@@ -100,7 +100,8 @@ def pair_row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.
               ra["module"], ra["op"], ra["role"], ra["arg_index"], ra["dtype"], rb["dtype"],
               list(ra["shape"]), list(rb["shape"]), ra["order"], ra["seq"],
               "diverged" if st["diverged"][p] else
-              "precision" if st["precision_explained"][p] else "match")
+              "precision" if st["precision_explained"][p] else
+              "integer" if st["integer_plumbing"][p] else "match")
     row.module_b = rb["module"]
     for stat in ("min", "max", "mean", "norm"):
         setattr(row, f"{stat}_a", finite_or_none(ra[stat]))

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..precision import MANTISSA_BITS, is_floating
 from ..reader import RecordTable
-from ..schema import DTYPE_VALUE, scalar_mask
+from ..schema import DTYPE_VALUE, is_scalar_dtype, scalar_mask
 
 __all__ = ["TOLERANCE", "stat_errors", "tensor_metrics", "tolerance_of"]
 
@@ -146,6 +146,32 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
                shape_ok=shape_ok, counts_ok=counts_ok, checksum_equal=checksum_equal,
                diverged=diverged)
     return out
+
+
+def integer_plumbing(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
+                     st: Dict[str, np.ndarray]) -> None:
+    """Pairs of integer or boolean tensors (positions, masks, indices) that differ in a step
+    and rank where no other pair does: the runs reach the same floating-point numbers through
+    integer plumbing computed another way (transformers builds its masks and positions one way
+    with a KV cache and another without, and gradient checkpointing turns the cache off), and
+    the pairing of such calls is by order, not by meaning. They are no divergence there
+    (`st["integer_plumbing"]`). Where an integer difference matters (other token ids, other
+    positions), the floating-point records that read it differ too, and all stay divergences."""
+    dtype_a, dtype_b = a["dtype"][ia], b["dtype"][ib]
+    integer = np.array([_is_integer(x) and _is_integer(y)
+                        for x, y in zip(dtype_a.tolist(), dtype_b.tolist())], dtype=bool)
+    diverged = st["diverged"]
+    plumbing = diverged & integer
+    if not plumbing.any() or (diverged & ~integer).any():
+        plumbing = np.zeros_like(diverged)
+    st["integer_plumbing"] = plumbing
+    st["diverged"] = diverged & ~plumbing
+
+
+def _is_integer(dtype: str) -> bool:
+    """An integer or boolean tensor's dtype (not a float, complex, or non-tensor argument)."""
+    return bool(dtype) and not (is_floating(dtype) or is_scalar_dtype(dtype)
+                                or dtype.startswith("complex"))
 
 
 def _real_elements(x: np.ndarray) -> np.ndarray:
