@@ -281,3 +281,20 @@ def test_gpt_twin_notes_only_the_layer_that_keeps_mindspores_default(tmp_path):
         first
     assert first["reason"].startswith("layer settings differ in module 'blocks.0.ln_1': eps "
                                       "1e-05 vs 1e-07"), first["reason"]
+
+
+def test_step_files_without_run_json_still_map_mindspore_names(cnn, tmp_path):
+    """Bare step files copied out of their dumps (no run.json): the step files say which
+    framework wrote them, so MindSpore's parameter names (gamma, moving_mean) still map to
+    PyTorch's and nothing is reported as one run's only; compare says which checks a missing
+    manifest skipped."""
+    import shutil
+    files = {}
+    for side in ("pt", "ms"):
+        files[side] = str(tmp_path / f"{side}_step0.h5")
+        shutil.copy(os.path.join(cnn[side], "step0", "rank0.h5"), files[side])
+    result = _compare(files["pt"], files["ms"], str(tmp_path / "bare.json"))
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert not [f for f in result["setup"] if f["kind"] == "inventory"], result["setup"]
+    proc = _cli("compare", files["pt"], files["ms"])
+    assert "note: no run manifest in baseline and candidate" in proc.stdout, proc.stdout

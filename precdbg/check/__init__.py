@@ -95,8 +95,8 @@ def incomplete_findings(sides: Any) -> List[Dict[str, Any]]:
 def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] = None,
                 labels: Tuple[str, str] = ("A", "B")) -> Dict[str, Any]:
     """Set-up differences between two dumps (paths or open `Dump`s), ranked high first:
-    `{"findings": [{"severity", "kind", "message", "a", "b", ...}], "notes", "counts", "a",
-    "b"}`."""
+    `{"findings": [{"severity", "kind", "message", "a", "b", ...}], "notes", "unchecked"
+    (the notes of checks that could not run), "counts", "a", "b"}`."""
     da, own_a = _open(a)
     try:
         db, own_b = _open(b)
@@ -122,12 +122,13 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
                                                            if f["severity"] in SEVERITIES else 1,
                                                            order.get(f["kind"], len(order))))
         counts = {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES}
-        return {"findings": findings, "notes": notes + checker.notes, "counts": counts,
+        return {"findings": findings, "notes": notes + checker.notes,
+                "unchecked": checker.unchecked, "counts": counts,
                 "layer_settings": [d.as_dict() for d in checker.setting_diffs],
                 "a": {"path": da.path, "framework": run_a.framework, "step": sa, "rank": ra,
-                      "label": labels[0]},
+                      "label": labels[0], "manifest": run_a.manifest is not None},
                 "b": {"path": db.path, "framework": run_b.framework, "step": sb, "rank": rb,
-                      "label": labels[1]}}
+                      "label": labels[1], "manifest": run_b.manifest is not None}}
     finally:
         if own_a:
             da.close()

@@ -19,6 +19,7 @@ class _Checker(SetupChecks):
         self.cross = a.framework != b.framework
         self.findings: List[Dict[str, Any]] = []
         self.notes: List[str] = []
+        self.unchecked: List[str] = []     # checks that could not run (also in `notes`)
         self.values_differ = False
         self.setting_diffs = setting_differences(a.module_settings, b.module_settings)
         self.settings_explained: Set[Tuple[str, str]] = set()
@@ -29,6 +30,12 @@ class _Checker(SetupChecks):
         finding.update(extra)
         self.findings.append(finding)
 
+    def cannot_check(self, note: str) -> None:
+        """A check that could not run for want of what a dump should hold (its manifest, its
+        parameter inventory), and why: a compare of these dumps says it too."""
+        self.notes.append(note)
+        self.unchecked.append(note)
+
     def run(self) -> None:
         self.first_batch()
         self.saved_items()
@@ -36,7 +43,7 @@ class _Checker(SetupChecks):
         self.compute_dtypes()
         if self.a.manifest is None or self.b.manifest is None:
             missing = [r.label for r in (self.a, self.b) if r.manifest is None]
-            self.notes.append(f"no run manifest in {' and '.join(missing)} (run.json missing or "
+            self.cannot_check(f"no run manifest in {' and '.join(missing)} (run.json missing or "
                               "written by an older precdbg): optimizer, seed, determinism, "
                               "environment, device and version checks skipped")
         else:
@@ -140,7 +147,7 @@ class _Checker(SetupChecks):
         la, lb = self.a.label, self.b.label
         if not inv_a or not inv_b:
             missing = [r.label for r, inv in ((self.a, inv_a), (self.b, inv_b)) if not inv]
-            self.notes.append(f"parameter inventory not checked: none recorded in "
+            self.cannot_check(f"parameter inventory not checked: none recorded in "
                               f"{' and '.join(missing)} (start() without the model?)")
             return
         pa = {n: r for n, r in inv_a.items() if r["role"] == "param"}

@@ -147,7 +147,7 @@ class _Run:
     def __init__(self, dump: Dump, label: str, step: int, rank: int) -> None:
         self.dump, self.label, self.step, self.rank = dump, label, step, rank
         self.run = dump.run or {}
-        self.framework = str(self.run.get("framework", ""))
+        self.framework = dump.setting("framework")     # the step files say it without run.json
         manifest = self.run.get("manifest")
         self.manifest: Optional[Dict[str, Any]] = manifest if isinstance(manifest, dict) else None
         self.table: RecordTable = dump.records(step, rank)

@@ -174,7 +174,9 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         per_step: Dict[int, List[Entry]] = {}
         structural: List[StructuralDiff] = []
         optimizer_differs = optimizer_setup(setup["findings"])
-        noise = NoisePolicy(alike=not optimizer_differs)
+        noise = NoisePolicy(alike=not optimizer_differs,
+                            unknown=[setup[side]["label"] for side in ("a", "b")
+                                     if not setup[side]["manifest"]])
         before: Dict[Tuple[int, int], bool] = {}   # a step before --step S: whether it agrees
         for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
             found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise, [])
@@ -241,7 +243,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                 "setup": incomplete_findings((("baseline", a, set(pairs)),
                                               ("candidate", b, set(pairs))))
                 + [f for f in setup["findings"] if f["kind"] != "incomplete"],
-                "setup_notes": setup["notes"],
+                "setup_notes": setup["notes"], "setup_unchecked": setup["unchecked"],
                 "baseline": {"path": baseline, "framework": fa},
                 "candidate": {"path": candidate, "framework": fb},
                 "rows": [row.as_json() for row in rows]}

@@ -78,8 +78,9 @@ class NoisePolicy:
     """Carried across the steps of one compare (steps ascending); `alike` is False when the
     optimizer set-up differs, and then nothing is relaxed."""
 
-    def __init__(self, alike: bool) -> None:
+    def __init__(self, alike: bool, unknown: Sequence[str] = ()) -> None:
         self.alike = alike
+        self.unknown = list(unknown)     # the runs without a manifest (their optimizer unknown)
         self._last: Dict[int, _Last] = {}
         self._judged: Dict[int, int] = {}     # step -> parameters judged by their update
 
@@ -96,10 +97,12 @@ class NoisePolicy:
         if not self.alike:
             return [f"parameters of step(s) {steps} judged against float rounding: the "
                     "optimizer set-up differs (see setup)"]
+        why = "optimizers configured alike" if not self.unknown else \
+            (f"the optimizer set-up of the {' and the '.join(self.unknown)} is not known (no "
+             "run manifest), judged as if configured alike")
         return [f"step(s) {steps}: parameters judged by how much the runs' last updates "
                 f"differ (diverged above {UPDATE_SHARE:.0%} of the baseline's update), the "
-                "other records above a floor from the parameters' difference: optimizers "
-                "configured alike"]
+                f"other records above a floor from the parameters' difference: {why}"]
 
     def adjust(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
                ib: np.ndarray, st: Dict[str, np.ndarray],

@@ -88,7 +88,7 @@ def summary_text(result: Dict[str, Any]) -> str:
         for (side, name), u in shown.items():
             lines.append(f"  only in the {sides[side]}: {name} ({u['role']} {u['arg_index']}, "
                          f"module '{u['module']}')")
-    for note in result["notes"]:
+    for note in result["notes"] + result.get("setup_unchecked", []):
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
 
