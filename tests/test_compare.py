@@ -373,6 +373,22 @@ def test_mapping_renamed_attribute(dumps, tmp_path):
         "Module.layers.1.mlp.fc.Linear.forward.0" in mapped
 
 
+def test_mapping_entry_naming_no_module_is_said(dumps, tmp_path):
+    """An entry whose paths neither dump holds (a typo: `layer` for `layers`) renames nothing;
+    the compare says so, naming it, and the entries that do apply still apply."""
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("modules:\n  layers: blocks\n  layer.9: blocks.9\n", encoding="utf-8")
+    result = compare(dumps, "base", "layers", mapping_file=str(mapping))
+    cs.assert_match(result)
+    said = [n for n in result["notes"] if "mapping file" in n]
+    assert len(said) == 1 and "'layer.9' (candidate)" in said[0] \
+        and "'blocks.9' (baseline)" in said[0] and "'layers'" not in said[0], said
+    good = tmp_path / "good.yaml"
+    good.write_text("modules:\n  layers: blocks\n", encoding="utf-8")
+    result = compare(dumps, "base", "layers", mapping_file=str(good))
+    assert not [n for n in result["notes"] if "mapping file" in n], result["notes"]
+
+
 def test_mapping_file_unknown_key_suggests_the_closest(dumps, tmp_path):
     mapping = tmp_path / "map.yaml"
     mapping.write_text("modles:\n  layers: blocks\n", encoding="utf-8")

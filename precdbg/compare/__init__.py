@@ -26,7 +26,7 @@ from .floors import apply_floors
 from .metrics import integer_plumbing, stat_errors, tensor_metrics
 from .multistep import NoisePolicy, optimizer_setup, other_setup
 from .notes import (level_note, note_extra_calls, note_loss_scale, uncompared,
-                    unobserved_modules, unobserved_note)
+                    unobserved_modules, unobserved_note, unused_mapping)
 from .progress import CompareProgress
 from .rows import Row
 
@@ -194,7 +194,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before)
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
-            unobserved_note(a, b)
+            unobserved_note(a, b) + unused_mapping(mapping, a, b)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
                          f"the candidate's step {own_b[0][0]} rank {own_b[0][1]} (the one step "

@@ -11,7 +11,7 @@ from ..schema import READ_ROLES, WRITE_ROLES, Role
 from .rows import Row
 
 __all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
-           "note_loss_scale", "note_extra_calls"]
+           "note_loss_scale", "note_extra_calls", "unused_mapping"]
 
 _FORWARD_ROLES = frozenset({Role.INPUT.value, Role.OUTPUT.value})
 
@@ -35,6 +35,31 @@ def unobserved_note(a: Dump, b: Dump) -> List[str]:
             notes.append(f"the {label} ran module(s) {shown} compiled ({compiler}): the calls "
                          "inside them were not captured, and are not compared")
     return notes
+
+
+def unused_mapping(mapping: Optional[Dict[str, Dict[str, str]]], a: Dump, b: Dump
+                   ) -> List[str]:
+    """Entries of a mapping file's `modules` that name a module path neither side has (a
+    candidate path not in the candidate's module tree, a baseline path not in the
+    baseline's): they rename nothing, most likely a typo. Said once, naming them."""
+    modules = (mapping or {}).get("modules") or {}
+    if not modules:
+        return []
+    missing = []
+    for label, dump, names in (("candidate", b, list(modules)),
+                               ("baseline", a, list(modules.values()))):
+        paths = {path for s in dump.steps for r in dump.ranks
+                 for path, _, _ in dump.modules(s, r)}
+        if not paths:                  # no module tree recorded (start() without a model)
+            continue
+        missing += [f"'{name}' ({label})" for name in dict.fromkeys(names)
+                    if name and name not in paths
+                    and not any(path.startswith(name + ".") for path in paths)]
+    if not missing:
+        return []
+    shown = ", ".join(missing[:5]) + (f", ... ({len(missing)} in all)" if len(missing) > 5 else "")
+    return [f"the mapping file's modules name module path(s) the dumps do not hold: {shown}; "
+            "those entries rename nothing (a typo, or a mapping written for another model?)"]
 
 
 # the kinds of call records each level captures (parameters and their gradients: every level)
