@@ -84,6 +84,21 @@ class CaptureFilter:
             return True
         return bool(self.scope) and self._named(self.scope, entry, cls, path, substring=False)
 
+    def kept_nothing(self, module_paths: Iterable[str]) -> Optional[str]:
+        """Why a capture window whose calls ran recorded nothing, when the config selects
+        (scope, list, scope_range): what it selects and, for comparison, some of the model's
+        module paths. None when nothing is selected (then nothing ran)."""
+        chosen = [f"{key}: {value}" for key, value in (
+            ("scope", self.scope), ("list", self.api_list),
+            ("scope_range", [self.range_first, self.range_last] if self.range_first else []))
+            if value]
+        if not chosen:
+            return None
+        shown = [p for p in module_paths if p and p.count(".") < 2][:6]
+        model = f"; the model's modules include {', '.join(shown)}" if shown else ""
+        return (f"the config's {' and '.join(chosen)} matched none of the calls that ran"
+                f"{model} (patterns are fnmatch globs over module paths, entry and API names)")
+
     def stores_tensor(self, entry: str, api: str) -> bool:
         return bool(self.tensor_list) and self._named(self.tensor_list, entry, api, "", True)
 

@@ -393,6 +393,22 @@ def test_scope_filter(tmp_path):
     assert all(a.startswith("blocks.0.") for a in params["api"])
 
 
+def test_a_scope_that_matches_nothing_is_said_once(tmp_path, caplog):
+    """A scope written for another model (`layers.*` where the model has `blocks`) keeps no
+    record: each step is written empty, and one warning names the scope and the model's
+    modules. A scope that matches says nothing."""
+    caplog.set_level("WARNING", logger="precdbg")
+    dump, dbg = dump_once(tmp_path, steps=2, scope=["layers.*"])
+    assert dbg.failures == 0 and dump.steps == [0, 1]
+    assert len(dump.records(step=0)) == 0
+    said = [r.getMessage() for r in caplog.records if "recorded nothing" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "scope: ['layers.*']" in said[0] and "blocks.0" in said[0], said
+    caplog.clear()
+    dump_once(tmp_path / "matching", scope=["blocks.0.*"])
+    assert not [r for r in caplog.records if "recorded nothing" in r.getMessage()]
+
+
 def test_scope_by_api_name(tmp_path):
     dump, _ = dump_once(tmp_path, scope=["Functional.softmax.*"], level="api")
     t = dump.records(step=0)
