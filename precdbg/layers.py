@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .naming import canonical_op
+from .naming import canonical_op, name_table
 
 __all__ = ["attributes_to_read", "raw_settings", "layer_settings", "settings_text",
            "parse_settings", "SettingDifference", "setting_differences", "format_value",
@@ -25,14 +25,8 @@ _MISSING = object()
 _RTOL = 1e-6           # settings are constants: two equal ones agree far better than this
 
 
-@functools.lru_cache(maxsize=1)
 def _table() -> Dict[str, Dict[str, Dict[str, Any]]]:
-    import os
-
-    import yaml
-    path = os.path.join(os.path.dirname(__file__), "names", "layers.yaml")
-    with open(path, "r", encoding="utf-8") as handle:
-        return (yaml.safe_load(handle) or {}).get("layers", {}) or {}
+    return name_table("layers.yaml").get("layers", {}) or {}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -35,10 +35,8 @@ def looks_secret(name: str, value: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _allow_list() -> tuple:
-    import yaml
-    path = os.path.join(os.path.dirname(__file__), "names", "environment.yaml")
-    with open(path, "r", encoding="utf-8") as handle:
-        return tuple((yaml.safe_load(handle) or {}).get("names", ()))
+    from .naming import name_table
+    return tuple(name_table("environment.yaml").get("names", ()))
 
 
 def environment_allowlisted(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:

@@ -105,21 +105,26 @@ def param_entry(path: str, role: str, call_index: int = 0) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _yaml(name: str) -> Dict[str, Any]:
+def name_table(name: str) -> Dict[str, Any]:
+    """One of precdbg's own tables, `precdbg/names/<name>` (read once per process), with
+    libyaml's loader where PyYAML has it: the pure-Python one took ~50 ms of the first
+    `start()` for these files."""
     import yaml
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(os.path.join(_NAMES_DIR, name), "r", encoding="utf-8") as handle:
-        return yaml.safe_load(handle) or {}
+        return yaml.load(handle, Loader=loader) or {}  # noqa: S506 - a safe loader
+
 
 
 def framework_table(framework: str) -> Dict[str, Any]:
     """The name table of one framework (`torch`, `mindspore`): prefixes, ignore list, aliases."""
-    return _yaml(f"{framework}.yaml")
+    return name_table(f"{framework}.yaml")
 
 
 @functools.lru_cache(maxsize=None)
 def _alias_index() -> Dict[str, str]:
     index: Dict[str, str] = {}
-    for canonical, names in _yaml("ops.yaml").items():
+    for canonical, names in name_table("ops.yaml").items():
         index[canonical] = canonical
         for name in names or ():
             index[str(name)] = canonical

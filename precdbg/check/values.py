@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from ..naming import canonical_op
+from ..naming import canonical_op, name_table
 from ..reader import Dump, RecordTable
 from ..schema import is_scalar_dtype, scalar_mask
 
@@ -44,10 +43,7 @@ _CONDITIONS = {"frameworks", "op", "module_class", "optimizer", "other_optimizer
 @functools.lru_cache(maxsize=1)
 def semantics() -> Dict[str, Any]:
     """precdbg/names/semantics.yaml: optimizer families, hyperparameter names, entries."""
-    import yaml
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "names", "semantics.yaml")
-    with open(path, "r", encoding="utf-8") as handle:
-        data = yaml.safe_load(handle) or {}
+    data = dict(name_table("semantics.yaml"))
     data.setdefault("optimizer_classes", {})
     data.setdefault("hyperparameters", {})
     data.setdefault("entries", [])
