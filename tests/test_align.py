@@ -286,3 +286,37 @@ def test_masks_and_positions_built_another_way_are_no_divergence(tmp_path):
     integer = [r for r in result["rows"] if r["status"] == "integer"]
     assert integer and {r["dtype_a"] for r in integer} <= {"int64", "bool"}, integer[:3]
     assert any("integer or boolean record(s) differ" in note for note in result["notes"])
+
+
+class _Softmax(torch.nn.Module):
+    """Attention-like weights; `bf16`: the softmax computed in bfloat16 through two casts that
+    only this run makes (a port's change), then `.to(x.dtype)` as HF eager attention does."""
+    def __init__(self, bf16: bool) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(8, 4)
+        self.bf16 = bf16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.q(x)
+        if self.bf16:
+            p = torch.softmax(w.to(torch.bfloat16), dim=-1).to(torch.float32)
+        else:
+            p = torch.softmax(w, dim=-1)
+        return p.to(x.dtype) @ x
+
+
+def test_casts_only_one_run_makes_stay_a_structural_difference(tmp_path):
+    """Casts one run makes where the other has none at all (not a no-op of the same line) are
+    that run's own calls: the module is named for its calls, not a cast paired by position."""
+    for name, bf16 in (("fp32", False), ("bf16", True)):
+        torch.manual_seed(0)
+        net = _Softmax(bf16)
+        debugger = PrecisionDebugger(dump_path=str(tmp_path / name), level="mix")
+        debugger.start(net)
+        net(torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))).sum().backward()
+        debugger.stop()
+        debugger.step()
+        assert debugger.close() and not debugger.failures
+    result = compare_dumps(str(tmp_path / "fp32"), str(tmp_path / "bf16"))
+    assert_first(result, step=0, direction="forward", kind="module", module="",
+                 reason=["calls differ", "Tensor.to"])

@@ -18,11 +18,11 @@ structure is compared directly:
   results nothing reads, calls computing only integers or booleans (positions, masks) and joins
   of one non-empty tensor with empty ones (what transformers models do differently when
   `use_cache` is on: a KV cache filled, cache positions; and when gradient checkpointing turns
-  it off). Calls that differ in casts alone are no structural difference (a cast to the dtype
-  a tensor has returns it, and the same line converts under autocast: what a cast changes
-  shows in the dtypes and numbers of the calls that read it). Across frameworks the call
-  sequences legitimately differ (fused ops, casts, leaf cells), so only classes are compared
-  there.
+  it off). A cast that returns its input (to the dtype it had) is no call either, and where
+  the other run converts at the same place (the same line under autocast) the two count as
+  the same call: what a cast changes shows in the dtypes and numbers of what reads it. Across
+  frameworks the call sequences legitimately differ (fused ops, casts, leaf cells), so only
+  classes are compared there.
 
 The verdict is the earliest such module in the baseline's timeline (`seq` of its first record);
 `localize.locate` names it when it ran before the first numeric divergence.
@@ -155,14 +155,18 @@ class _Module:
     order: int
     calls: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
     finished: bool = True      # False: the process ended inside it (no output recorded)
-    casts: set = dataclasses.field(default_factory=set)   # `seq` of its calls that cast
+    # `seq` of its casts that returned their input as it was (to the dtype it had): no call
+    # of its structure, but where the other run converts at the same place, the same line
+    no_op_casts: set = dataclasses.field(default_factory=set)
 
     @property
     def labels(self) -> List[str]:
-        return [label for _, label in sorted(self.calls)]
+        """Its calls, no-op casts left out."""
+        return [label for seq, label in sorted(self.calls) if seq not in self.no_op_casts]
 
-    def labels_without_casts(self) -> List[str]:
-        return [label for seq, label in sorted(self.calls) if seq not in self.casts]
+    def labels_and_no_ops(self) -> List[Tuple[str, bool]]:
+        """Its calls with its no-op casts, each with whether it is one."""
+        return [(label, seq in self.no_op_casts) for seq, label in sorted(self.calls)]
 
 
 def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]],
@@ -221,13 +225,14 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
             caller = running(path.rpartition(".")[0], seq) if path else None
             if caller is not None:
                 caller.calls.append((seq, f"{path.rpartition('.')[2]}:{api_col[i]}"))
-        elif str(op_col[i]) not in _NOT_STRUCTURE and int(order_col[i]) not in inert:
+        elif str(op_col[i]) not in _NOT_STRUCTURE and (int(order_col[i]) not in inert
+                                                        or op_col[i] == _CAST):
             caller = running(path, seq)
             if caller is not None:
                 label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
                 caller.calls.append((seq, label))
-                if op_col[i] == _CAST:
-                    caller.casts.add(seq)
+                if int(order_col[i]) in inert:      # a cast whose result is its input
+                    caller.no_op_casts.add(seq)
     return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
 
 
@@ -269,31 +274,38 @@ def _calls_changing_no_number(table: RecordTable) -> set:
     return skip
 
 
-def _calls_compared(calls_a: List[_Module], calls_b: List[_Module], casts: bool = True
+def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
                     ) -> Tuple[_Module, _Module, List[str], List[str]]:
     """The calls of a module to compare: call by call when both runs called it as often (the
     first call whose calls differ: a weight-shared layer's fourth call, a second micro-batch),
-    otherwise all its calls together, named by the first. `casts`: whether casts count."""
-    labels = (lambda m: m.labels) if casts else _Module.labels_without_casts  # noqa: E731
+    otherwise all its calls together, named by the first. Calls that differ only where one
+    run's cast returned its input (see `_apart`) count as the same."""
     if len(calls_a) == len(calls_b):
         for ma, mb in zip(calls_a, calls_b):
-            la, lb = labels(ma), labels(mb)
-            if la != lb:
-                return ma, mb, la, lb
-        return calls_a[0], calls_b[0], labels(calls_a[0]), labels(calls_b[0])
-    return (calls_a[0], calls_b[0], [c for m in calls_a for c in labels(m)],
-            [c for m in calls_b for c in labels(m)])
+            if _apart(ma.labels_and_no_ops(), mb.labels_and_no_ops()):
+                return ma, mb, ma.labels, mb.labels
+        return calls_a[0], calls_b[0], calls_a[0].labels, calls_a[0].labels
+    la = [c for m in calls_a for c in m.labels_and_no_ops()]
+    lb = [c for m in calls_b for c in m.labels_and_no_ops()]
+    if not _apart(la, lb):
+        la = lb = []
+    return (calls_a[0], calls_b[0], [label for label, no_op in la if not no_op],
+            [label for label, no_op in lb if not no_op])
 
 
-def _only_casts_apart(calls_a: List[_Module], calls_b: List[_Module]) -> bool:
-    """Whether a module's calls differ in casts alone. A cast that returns its input as it is
-    (to the dtype it has) is left out as a call whose result nothing new reads, and the same
-    line converts in a run of other precision: an HF loss's `.float()` of float32 logits, and
-    of bfloat16 ones under autocast; GPT-2 attention's `.type(value.dtype)`. What a cast
-    changes shows in the dtypes of the calls that read its result (the setup check names ops
-    computing in other dtypes) and in their numbers, which are compared."""
-    _, _, without_a, without_b = _calls_compared(calls_a, calls_b, casts=False)
-    return without_a == without_b
+def _apart(calls_a: List[Tuple[str, bool]], calls_b: List[Tuple[str, bool]]) -> bool:
+    """Whether two runs' calls of a module differ by more than casts that returned their input
+    (to the dtype it had). Such a cast is no call of its own (a port's extra `.float()` of a
+    float32 tensor changes no number), and in a run of other precision the same line converts:
+    an HF loss's `.float()` of float32 logits, and of bf16 logits under autocast; GPT-2
+    attention's `.type(value.dtype)`. A cast one run makes where the other has none at all
+    (`x.to(bfloat16)` before a softmax) stays a difference."""
+    labels_a, labels_b = [label for label, _ in calls_a], [label for label, _ in calls_b]
+    if labels_a == labels_b:
+        return False
+    matcher = difflib.SequenceMatcher(None, labels_a, labels_b, autojunk=False)
+    return any(not all(no_op for _, no_op in calls_a[i1:i2] + calls_b[j1:j2])
+               for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
 
 
 def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: int,
@@ -330,8 +342,7 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
         if not all(m.finished for m in calls_a + calls_b):     # as far as both got
             seq_a = seq_a[:len(seq_b)] if not calls_b[-1].finished else seq_a
             seq_b = seq_b[:len(seq_a)] if not calls_a[-1].finished else seq_b
-        calls_differ = same_framework and seq_a != seq_b and not hidden \
-            and not _only_casts_apart(calls_a, calls_b)
+        calls_differ = same_framework and seq_a != seq_b and not hidden
         # a layer the op table knows (Linear, GELU, LayerNorm, ...) that became another is a
         # difference by itself; a user's class under another name (GPT2Block vs Block, a
         # subclass) only when it also calls something else
