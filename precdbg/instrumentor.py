@@ -96,6 +96,7 @@ class BaseInstrumentor:
         self._told_left_open = False
         self._optimizer_tokens: List[OptimizerToken] = []
         self._module_paths: Dict[int, str] = {}   # id(module) -> path, while installed
+        self._param_paths: Dict[int, str] = {}    # id(parameter) -> its full path, likewise
 
     # ------------------------------------------------------------------ install / uninstall
     def install(self, session: Recorder, model: Any) -> None:
@@ -110,6 +111,7 @@ class BaseInstrumentor:
         self._optimizer_steps: Dict[int, int] = {}
         self.installed = True
         params = self.named_tensors(modules, self.own_parameters)
+        self._param_paths = {id(value): full for full, value, _ in params}
         if modules:
             with self.guard():
                 session.set_module_tree([(path, self.class_name(m), path.rpartition(".")[0],
@@ -141,8 +143,15 @@ class BaseInstrumentor:
                     self.session.hook_failed(exc, f"removing {type(handle).__name__}")
         self._optimizer_tokens = []
         self._module_paths = {}
+        self._param_paths = {}
         self.paused = False
         self._uninstrument()
+
+    def param_path(self, param: Any) -> Optional[str]:
+        """The full path of a parameter of the hooked model (what its inventory and gradient
+        records name it; not a framework's own name for it, which a submodule replaced after
+        construction keeps from where it was made), or None."""
+        return self._param_paths.get(id(param))
 
     def module_path(self, candidates: Iterable[Any]) -> str:
         """The path of the first of `candidates` that is a module of the hooked model ("" for

@@ -20,8 +20,10 @@ _HYPER = ("learning_rate", "weight_decay", "beta1", "beta2", "eps", "momentum", 
           "use_nesterov", "dampening")
 
 
-def optimizer_manifest(optimizer: Any) -> Dict[str, Any]:
-    """Class, hyperparameters and parameter names (PyTorch-style) of a MindSpore optimizer."""
+def optimizer_manifest(optimizer: Any, adapter: Any = None) -> Dict[str, Any]:
+    """Class, hyperparameters and parameter names (PyTorch-style) of a MindSpore optimizer:
+    a parameter of the hooked model by its path there (`adapter.param_path`), as its
+    inventory and gradient records name it; another by its own name."""
     hyper: Dict[str, Any] = {}
     for attr in _HYPER:
         value = getattr(optimizer, attr, None)
@@ -32,7 +34,10 @@ def optimizer_manifest(optimizer: Any) -> Dict[str, Any]:
                                    else value)
         except Exception:  # noqa: BLE001 - a dynamic learning rate cell, say
             hyper[attr] = type(value).__name__
-    names = [param_alias("mindspore", p.name, "") for p in optimizer.parameters]
+    paths = [adapter.param_path(p) if adapter is not None else None
+             for p in optimizer.parameters]
+    names = [param_alias("mindspore", path or p.name, "")
+             for p, path in zip(optimizer.parameters, paths)]
     return {"id": id(optimizer), "class": type(optimizer).__name__,
             "param_groups": [{"hyper": hyper, "params": names}]}
 
@@ -45,7 +50,7 @@ def patch_optimizer(adapter: Any) -> ClassPatch:
             if not adapter.installed:
                 return original(opt, *args, **kwargs)
             adapter.settle_statistics()      # it updates the parameters in place
-            token = adapter.optimizer_begins(opt, optimizer_manifest)
+            token = adapter.optimizer_begins(opt, lambda o: optimizer_manifest(o, adapter))
             try:
                 if adapter.paused:
                     return original(opt, *args, **kwargs)

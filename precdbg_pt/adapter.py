@@ -71,7 +71,6 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
 
     def __init__(self) -> None:
         super().__init__()
-        self._param_names: Dict[int, str] = {}
         self._mode: Optional[ModeHandle] = None
         self._compiled: List[str] = []
         self._scripted: List[str] = []     # TorchScript modules left unhooked (outermost)
@@ -167,7 +166,6 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
                 param.register_post_accumulate_grad_hook(GradHolderHook(self, path)))
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
-        self._param_names = {id(p): name for name, p, _ in params}
         # compiled code runs no hooks and cannot trace the capture mode: eager while captured
         if compiled.eager_while_captured(self):
             compiled.note_compiled(session, self._compiled)
@@ -278,7 +276,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
     def record_gradient(self, param: torch.Tensor) -> None:
         """A parameter's gradient handed over outside autograd's hooks (FSDP2 assigns the
         reduce-scattered `.grad` itself): recorded as its dw, and `.grad` as what holds it."""
-        path = self._param_names.get(id(param))
+        path = self.param_path(param)
         if path is not None and param.requires_grad and param.grad is not None:
             ParamGradHook(self, path)(param.grad)
             GradHolderHook(self, path)(param)
@@ -327,7 +325,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
     def _describe(self, optimizer: Any) -> Dict[str, Any]:
         """Class, and per param group its hyperparameters and the names of its parameters."""
         groups = [{"hyper": {k: jsonable(v) for k, v in group.items() if k != "params"},
-                   "params": [self._param_names.get(id(p), f"<unnamed {tuple(p.shape)}>")
+                   "params": [self.param_path(p) or f"<unnamed {tuple(p.shape)}>"
                               for p in group["params"]]}
                   for group in optimizer.param_groups]
         return {"id": id(optimizer), "class": type(optimizer).__name__, "param_groups": groups}

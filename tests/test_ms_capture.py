@@ -13,11 +13,12 @@ ms = pytest.importorskip("mindspore")
 
 from ms_support import (DENSE_PATHS, LAYER_NORM_PATHS, as_tensors, assert_rel,  # noqa: E402
                         capture, dump_once, grads_of, make_batches, make_model, make_optimizer,
-                        norm64, one_row, rows_where, run_steps)
+                        norm64, one_row, rows_where, run_steps, tiny_config)
 
 from mindspore import mint, nn, ops  # noqa: E402
 
 import precdbg  # noqa: E402
+from precdbg_examples import gpt_ms  # noqa: E402
 from precdbg_ms import PrecisionDebugger  # noqa: E402
 
 
@@ -856,3 +857,20 @@ def test_an_amp_loss_scalers_scale_is_in_the_manifest(tmp_path):
     with open(tmp_path / "dump" / "run.json", encoding="utf-8") as handle:
         manifest = json.load(handle)["manifest"]
     assert manifest["loss_scale"] == {"class": "DynamicLossScaler", "scale": 1024.0}
+
+
+def test_optimizer_names_a_replaced_cells_parameters_by_their_path(tmp_path):
+    """A cell replaced after the model was built (`model.blocks[1].mlp = MLP(cfg)`) keeps the
+    parameter names MindSpore gave it where it was made (`mlp.fc.weight`); the manifest's
+    optimizer lists them by their path in the model, as the inventory names them, so a check
+    of two such runs finds no parameter that one optimizer updates and the other does not."""
+    model = make_model()
+    model.blocks[1].mlp = gpt_ms.MLP(tiny_config())
+    assert model.blocks[1].mlp.fc.weight.name == "mlp.fc.weight"       # MindSpore's own name
+    dump, dbg = dump_once(tmp_path, model=model)
+    assert dbg.failures == 0
+    optimizers = dump.run["manifest"]["optimizers"]
+    names = set(optimizers[0]["param_groups"][0]["params"])
+    t = dump.records(step=0)
+    inventory = set(t["alias"][(t["kind"] == "param") & (t["role"] == "param")].tolist())
+    assert "blocks.1.mlp.fc.weight" in names and names == inventory, names ^ inventory
