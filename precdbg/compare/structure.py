@@ -155,8 +155,8 @@ class _Module:
     order: int
     calls: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
     finished: bool = True      # False: the process ended inside it (no output recorded)
-    # `seq` of its casts that returned their input as it was (to the dtype it had): no call
-    # of its structure, but where the other run converts at the same place, the same line
+    # `seq` of its casts that change no number (mostly: returned their input, to the dtype it
+    # had): no call of its structure, but where the other run converts at that place, the same
     no_op_casts: set = dataclasses.field(default_factory=set)
 
     @property
@@ -231,8 +231,8 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
             if caller is not None:
                 label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
                 caller.calls.append((seq, label))
-                if int(order_col[i]) in inert:      # a cast whose result is its input
-                    caller.no_op_casts.add(seq)
+                if int(order_col[i]) in inert:   # changes no number: its input returned,
+                    caller.no_op_casts.add(seq)     # an integer result, or one nothing reads
     return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
 
 
