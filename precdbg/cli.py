@@ -54,8 +54,10 @@ def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> N
     roots = {_dump_root(given) for given in inputs}
     chosen: Dict[str, str] = {}
     for out in outputs:
-        if not out:
+        if out is None:
             continue
+        if not out.strip():
+            raise DumpError("an output file name given is empty (\"\"); give a path")
         target = os.path.abspath(out)
         inside_step = _STEP_DIR.match(os.path.basename(os.path.dirname(target))) and \
             os.path.dirname(os.path.dirname(target)) in roots
@@ -104,15 +106,18 @@ def _inspect(args: argparse.Namespace) -> int:
              if (args.step is None or s == args.step) and (args.rank is None or r == args.rank)}
     for warning in dump.warnings(shown):      # only the files shown are read
         out.write(f"warning   {warning}\n")
+    unreadable: List[str] = []          # damaged files: said, the other steps still shown
     for step in dump.steps:
         if args.step is not None and step != args.step:
             continue
         for rank in dump.ranks:
-            if args.rank is not None and rank != args.rank:
+            if (args.rank is not None and rank != args.rank) or not dump.files(step, rank):
                 continue
             try:
                 table = dump.records(step, rank)
-            except PrecdbgError:
+            except PrecdbgError as exc:
+                out.write(f"\nstep {step} rank {rank}: unreadable: {exc}\n")
+                unreadable.append(str(exc))
                 continue
             n = len(table)
             entries = len(set(table["entry"].tolist()))
@@ -143,6 +148,9 @@ def _inspect(args: argparse.Namespace) -> int:
                               f"{table['entry'][i]} {table['role'][i]} {table['arg_index'][i]}"
                               f"  {table['dtype'][i]}\n")
     dump.close()
+    if unreadable:
+        raise DumpError(unreadable[0] if len(unreadable) == 1 else
+                        f"{len(unreadable)} step files unreadable; the first: {unreadable[0]}")
     return 0
 
 
@@ -190,7 +198,11 @@ def _weights(args: argparse.Namespace) -> int:
 
 
 def _count(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count (a whole number >= 0), got "
+                                         f"{text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a count >= 0, got {value}")
     return value

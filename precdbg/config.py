@@ -234,6 +234,22 @@ def _is_msprobe(raw: Mapping[str, Any]) -> bool:
         key in raw for key in ("is_deterministic", "enable_dataloader", "async_dump", "framework"))
 
 
+def _settings_in_another_section(raw: Mapping[str, Any], task: str, own: str, where: str
+                                 ) -> None:
+    """The task's own section is missing, but another task's section selects what to dump (a
+    scope, a list): msprobe reads only the task's section, so that selection would silently
+    not apply (a whole, unscoped tensor dump). Refused, naming where it belongs."""
+    for other in sorted(set(_MSPROBE_TASK_SECTIONS.values()) - {own}):
+        section = raw.get(other)
+        if not isinstance(section, dict):
+            continue
+        for key in ("scope", "list"):
+            if section.get(key):
+                raise ConfigError(f"{where}: {other}.{key}: set, but the task is {task!r}, "
+                                  f"whose settings go in a {own!r} section (only the task's "
+                                  "own section applies); move them there")
+
+
 def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
     """Translate an msprobe config.json into precdbg's flat form; refuse what cannot apply."""
     task = str(raw.get("task", "statistics")).strip().lower()
@@ -270,6 +286,8 @@ def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
             raise ConfigError(f"{where}: {key}: "
                               + unknown_key_message(key, _MSPROBE_TOP_KNOWN, "msprobe key"))
     section_name = _MSPROBE_TASK_SECTIONS.get(task)
+    if section_name and section_name not in raw:
+        _settings_in_another_section(raw, task, section_name, where)
     section = raw.get(section_name, {}) if section_name else {}
     if section is None:
         section = {}

@@ -18,9 +18,12 @@ alive; the hook waits for them as long as they make progress and gives up only a
 `_STALL_SECONDS` without any. `os._exit(n)` (distributed scripts call it to skip a teardown that
 may hang) runs no shutdown hook: while a writer thread runs, `os._exit` is wrapped so that it
 drains the writers first, then exits with `n`; the wrapper is removed once no writer runs.
-SIGKILL and SIGTERM's default action end the process without Python running anything: every
-step already renamed from `.partial` was fsynced first, and the reader never takes a `.partial`
-for a step.
+SIGTERM (a scheduler's first word, `timeout`, torchrun ending the other ranks) while a stopped
+step is being written waits for that step (`_termguard`, a handler in C and a watcher thread that
+needs no GIL): the process then ends by SIGTERM's default action, with the same status as without
+precdbg. A second SIGTERM, or `_SIGTERM_STALL_SECONDS` without any progress of the writers, ends
+it at once. SIGKILL ends the process without anything running: every step already renamed from
+`.partial` was fsynced first, and the reader never takes a `.partial` for a step.
 """
 from __future__ import annotations
 
@@ -35,12 +38,18 @@ from typing import Any, Callable, Set
 from .rank_lock import release_all
 from .stepfile import disown_after_fork
 
+try:
+    from . import _termguard
+except ImportError:                 # built without a C compiler: SIGTERM acts at once
+    _termguard = None  # type: ignore[assignment]
+
 __all__ = ["track_writer", "untrack_writer", "track_session", "shutting_down",
-           "drain_at_exit"]
+           "drain_at_exit", "step_queued", "step_finished", "wrote_something"]
 
 log = logging.getLogger("precdbg")
 
 _STALL_SECONDS = 60.0           # give up on a writer that wrote nothing for this long
+_SIGTERM_STALL_SECONDS = 30.0   # after SIGTERM: a scheduler's usual grace before its SIGKILL
 
 _lock = threading.Lock()
 _writers: Set[Any] = set()
@@ -96,6 +105,42 @@ def _exit_after_drain(code: int) -> None:
     _real_exit(code)
 
 
+# What the SIGTERM watcher counts (C atomics, read without the GIL). Without the extension,
+# no-ops: SIGTERM then ends the process at once, as its default action does.
+def step_queued() -> None:
+    """A stopped step was handed to a writer."""
+    if _termguard is not None:
+        _termguard.note_queued()
+
+
+def step_finished() -> None:
+    """A writer is done with a stopped step (written, or dropped on a failure)."""
+    if _termguard is not None:
+        _termguard.note_finished()
+
+
+def wrote_something() -> None:
+    """A writer made progress (a deferred SIGTERM waits only while it does)."""
+    if _termguard is not None:
+        _termguard.note_progress()
+
+
+def _guard_sigterm() -> None:
+    """Defer SIGTERM while stopped steps are written, where SIGTERM has its default action
+    (a handler of the user's, a framework's or a scheduler wrapper's is left alone)."""
+    if _termguard is not None:
+        try:
+            _termguard.install(_SIGTERM_STALL_SECONDS)
+        except Exception:  # noqa: BLE001 - without the guard SIGTERM acts at once, as before
+            pass
+
+
+def _end_if_terminated() -> None:
+    """A SIGTERM deferred while the writers finished: end by it now that they have."""
+    if _termguard is not None and _termguard.deferred():
+        _termguard.end_by_sigterm()
+
+
 def _wrap_exit() -> None:
     global _exit_owner
     if os._exit is not _exit_after_drain:
@@ -113,6 +158,7 @@ def track_writer(writer: Any) -> None:
         _install()
         _writers.add(writer)
         _wrap_exit()
+    _guard_sigterm()
 
 
 def untrack_writer(writer: Any) -> None:
@@ -150,6 +196,7 @@ def drain_at_exit() -> None:
             except BaseException as exc:  # noqa: BLE001
                 log.warning("precdbg: finishing the writer of %s failed (%s: %s)",
                             writer.dump_path, type(exc).__name__, exc)
+        _end_if_terminated()
     except BaseException:  # noqa: BLE001 - e.g. a second Ctrl-C: exit as Python would
         pass
 

@@ -311,6 +311,10 @@ class Dump:
                 continue
             for sf in parts:
                 where = f"step {step} rank {rank}" + (f" part {sf.part}" if sf.part else "")
+                try:
+                    sf.attrs
+                except DumpError:      # a damaged file: what reads it says so, in one line
+                    continue
                 if sf.attrs.get("interrupted"):
                     out.append(f"{where}: interrupted (the process ended before stop()); "
                                "the step is incomplete")

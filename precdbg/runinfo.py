@@ -2,11 +2,13 @@
 set up), written at the first dumped start() and rewritten when the manifest learns more."""
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import platform
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,6 +22,23 @@ __all__ = ["RunInfo"]
 
 log = logging.getLogger("precdbg")
 
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: str) -> Iterator[None]:
+    """An exclusive lock on the dump folder itself (flock of its directory), for a
+    read-modify-write of run.json by the ranks of one machine; no lock where there are none."""
+    try:
+        import fcntl
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                 # releases the lock
 
 class RunInfo:
     """The run.json of one process: built once, updated in memory, written when changed."""
@@ -91,9 +110,32 @@ class RunInfo:
             info["manifest"] = manifest
             self.info = info
         self.info["manifest"]["seed_all"] = seed_record(self.framework)
-        write_json_atomic(self.path, self.info)
+        if world_size > 1:
+            self._write_with_other_ranks(rank)
+        else:
+            write_json_atomic(self.path, self.info)
         self.dirty = False
         self._written = True
+
+    def _write_with_other_ranks(self, rank: int) -> None:
+        """Every rank of a job writes run.json: each keeps its own manifest under
+        `manifests[<rank>]` (a rank's optimizer, seeds or loss scale may differ from another's,
+        and check compares them rank by rank), `manifest` is the lowest rank's. The ranks of
+        one machine take turns (a lock on the folder); the last write used to win, so which
+        rank's set-up a check saw changed from run to run."""
+        with _folder_locked(self.config.dump_path):
+            manifests: Dict[str, Any] = {}
+            try:
+                with open(self.path, "r", encoding="utf-8") as handle:
+                    found = json.load(handle).get("manifests")
+                if isinstance(found, dict):
+                    manifests.update(found)
+            except (OSError, ValueError, AttributeError):    # none yet, or not ours
+                pass
+            manifests[str(rank)] = self.info["manifest"]
+            lowest = min(manifests, key=lambda key: int(key) if key.isdigit() else 1 << 30)
+            write_json_atomic(self.path, dict(self.info, manifest=manifests[lowest],
+                                              manifests=manifests))
 
     def note(self, section: str, item: Dict[str, Any]) -> None:
         """Add or update an item of a manifest section: a list of items told apart by "id"

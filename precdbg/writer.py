@@ -195,7 +195,12 @@ class DumpWriter:
 
     def close_step(self, modules: Sequence[Tuple[str, ...]], stacks: Sequence[str],
                    attrs: Optional[Dict[str, Any]] = None) -> None:
-        self._put("close", (list(modules), list(stacks), dict(attrs or {})))
+        lifetime.step_queued()          # a SIGTERM from now on waits for this step
+        try:
+            self._put("close", (list(modules), list(stacks), dict(attrs or {})))
+        except BaseException:           # (a Ctrl-C while the queue was full): never queued
+            lifetime.step_finished()
+            raise
 
     def abandon_step(self) -> None:
         """Drop the step being written (a start() that failed): no file is left behind."""
@@ -257,6 +262,7 @@ class DumpWriter:
                         self._pending_bytes -= nbytes
                         self.progress += 1
                         self._cond.notify_all()
+                    lifetime.wrote_something()
         except BaseException:  # noqa: BLE001 - a thread that dies must not strand the queue
             with self._cond:
                 if self._thread is threading.current_thread():
@@ -278,15 +284,19 @@ class DumpWriter:
     def _handle_guarded(self, kind: str, item: Any) -> None:
         failure: Optional[BaseException] = None
         try:
-            self._handle(kind, item)
-        except Exception as exc:  # noqa: BLE001 - never raise into training; count and log
-            # Drop the traceback first: its frames hold HDF5 objects of the failed file, and
-            # releasing those after the file is closed crashes HDF5 (measured: SIGSEGV on a
-            # full disk). Without it they are released here, while the file is still open.
-            exc.__traceback__ = None
-            failure = exc
-        if failure is not None:
-            self._fail(failure)
+            try:
+                self._handle(kind, item)
+            except Exception as exc:  # noqa: BLE001 - never raise into training; count, log
+                # Drop the traceback first: its frames hold HDF5 objects of the failed file,
+                # and releasing those after the file is closed crashes HDF5 (measured: SIGSEGV
+                # on a full disk). Without it they are released here, while the file is open.
+                exc.__traceback__ = None
+                failure = exc
+            if failure is not None:
+                self._fail(failure)
+        finally:
+            if kind == "close":
+                lifetime.step_finished()    # written, or dropped: done with either way
 
     def _fail(self, exc: BaseException) -> None:
         """A failure while writing a step drops that step (its .partial is removed, earlier
@@ -351,6 +361,7 @@ class DumpWriter:
                 if payload.store:
                     step.add_bytes(payload.tensor_id, flat)
                     self.progress += 1
+                    lifetime.wrote_something()
             step.records.extend(records)
         elif kind == "close":
             self._finish(*item)

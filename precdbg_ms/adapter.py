@@ -112,12 +112,17 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         return 0, 1
 
     # ------------------------------------------------------------------ what the base asks
-    def _prepare(self, session: Recorder) -> None:
+    def check_model(self, model: Any) -> None:
+        """Also refuse GRAPH_MODE here, before run.json is written: the corrected script may
+        use the same folder."""
         if ms.get_context("mode") != ms.PYNATIVE_MODE:
             raise FrameworkError(
                 "MindSpore is in GRAPH_MODE: precdbg's hooks only run in PyNative mode (and not "
                 "inside @jit functions); call ms.set_context(mode=ms.PYNATIVE_MODE) before the "
                 "steps you dump")
+        super().check_model(model)
+
+    def _prepare(self, session: Recorder) -> None:
         self._leaf_cells = dict(framework_table("mindspore").get("leaf_cells", {}))
         # host statistics wait for the batch only where every in-place write goes through a
         # wrapped API first (it settles them): not at level module, where nothing wraps APIs

@@ -6,6 +6,7 @@ from typing import Dict, Tuple
 import mindspore
 import numpy as np
 
+from precdbg.compare.weights import as_float_format
 from precdbg.errors import DumpError
 
 __all__ = ["load_state"]
@@ -25,7 +26,8 @@ def load_state(path: str) -> Tuple[Dict[str, np.ndarray], int]:
             out[str(name)] = value.asnumpy()
         except Exception:  # noqa: BLE001 - dtypes numpy cannot hold (bf16 in some versions)
             try:
-                out[str(name)] = value.astype(mindspore.float32).asnumpy()
+                out[str(name)] = as_float_format(value.astype(mindspore.float32).asnumpy(),
+                                                 str(value.dtype).lower())
             except Exception:  # noqa: BLE001
                 skipped += 1
     return out, skipped

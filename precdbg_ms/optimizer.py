@@ -20,6 +20,25 @@ _HYPER = ("learning_rate", "weight_decay", "beta1", "beta2", "eps", "momentum", 
           "use_nesterov", "dampening")
 
 
+_CELL_ATTRIBUTES: List[str] = []     # what every Cell has (vars of a bare one), found once
+
+
+def _schedule(cell: Any) -> Any:
+    """A learning rate given as a list (MindSpore holds it in an `_IteratorLearningRate` cell)
+    by its values; a `LearningRateSchedule` (CosineDecayLR, WarmUpLR, a user's) by its class
+    and its own numeric settings, so that `check` names a schedule set up otherwise (its
+    class name alone hid a max_lr of 1e-2 against 2e-2)."""
+    rates = getattr(cell, "learning_rate", None)
+    if hasattr(rates, "asnumpy"):
+        return rates.asnumpy().tolist()
+    if not _CELL_ATTRIBUTES:
+        _CELL_ATTRIBUTES.extend(vars(nn.Cell()))
+    settings = {key: value for key, value in vars(cell).items()
+                if key not in _CELL_ATTRIBUTES and not key.startswith("_")
+                and isinstance(value, (bool, int, float, str))}
+    return {"schedule": type(cell).__name__, **settings}
+
+
 def optimizer_manifest(optimizer: Any, adapter: Any = None) -> Dict[str, Any]:
     """Class, hyperparameters and parameter names (PyTorch-style) of a MindSpore optimizer:
     a parameter of the hooked model by its path there (`adapter.param_path`), as its
@@ -31,8 +50,9 @@ def optimizer_manifest(optimizer: Any, adapter: Any = None) -> Dict[str, Any]:
             continue
         try:
             hyper[attr] = jsonable(value.asnumpy().tolist() if hasattr(value, "asnumpy")
+                                   else _schedule(value) if isinstance(value, nn.Cell)
                                    else value)
-        except Exception:  # noqa: BLE001 - a dynamic learning rate cell, say
+        except Exception:  # noqa: BLE001 - what it is, at least
             hyper[attr] = type(value).__name__
     paths = [adapter.param_path(p) if adapter is not None else None
              for p in optimizer.parameters]

@@ -52,9 +52,10 @@ build_extensions() {
     local include suffix module flags
     include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
     suffix="$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
-    for module in precdbg._fastats precdbg._frames precdbg_pt._graphwalk; do
+    for module in precdbg._fastats precdbg._frames precdbg._termguard precdbg_pt._graphwalk; do
         "$PY" -c "import $module" 2>/dev/null && continue
         flags="-O2"
+        [ "$module" = precdbg._termguard ] && flags="-O2 -pthread"
         [ "$module" = precdbg._fastats ] && flags="-O3 -pthread -fno-trapping-math \
 -fno-math-errno -fassociative-math -fno-signed-zeros -ffinite-math-only -ffp-contract=off"
         # shellcheck disable=SC2086

@@ -64,6 +64,15 @@ def _layer_norm_eps(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]
     return opt
 
 
+def _every_layer_norm_eps(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
+    """Every LayerNorm's eps 1e-5 -> 1.1e-5 (a config's layer_norm_eps): the outputs stay
+    within tolerance, only the argument differs."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = 1.1e-5
+    return opt
+
+
 def _weight(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
     with torch.no_grad():
         model.blocks[1].mlp.fc.weight[3, 5] += 1e-2
@@ -212,6 +221,7 @@ def _detach_ln(model: GPT, opt: torch.optim.Optimizer, batches: List[Batch]):
 DEFECTS: Dict[str, Callable[[GPT, torch.optim.Optimizer, List[Batch]], torch.optim.Optimizer]] = {
     "attn_scale": _attn_scale, "detach_ln": _detach_ln, "dw_zero": _dw_zero,
     "gelu_tanh": _gelu_tanh, "layer_norm_eps": _layer_norm_eps, "weight": _weight,
+    "every_layer_norm_eps": _every_layer_norm_eps,
     "data": _data, "dx_only": _dx_only, "dw_only": _dw_only, "optimizer": _optimizer,
     "fused_proj": _fused_proj(1.0), "fused_proj_dx": _fused_proj(1.001),
     "nan": _nan, "proj_1e-4": _proj_1e4, "proj_permuted": _proj_permuted,
@@ -316,14 +326,17 @@ def numpy_batches(batch: int = BATCH, steps: int = 1) -> List[Tuple[Any, Any]]:
 
 
 def dump_torch_numpy(path: str, x: Any, y: Any, more: Sequence[Tuple[Any, Any]] = (),
-                     momentum: float = 0.0, adamw: bool = False) -> Dict[str, Any]:
-    """SGD steps (lr 0.1, `momentum`; with `adamw` AdamW lr 1e-2) of the seeded tiny torch GPT
+                     momentum: float = 0.0, adamw: bool = False, adam: bool = False
+                     ) -> Dict[str, Any]:
+    """SGD steps (lr 0.1, `momentum`; with `adamw` AdamW lr 1e-2, with `adam` Adam lr 1e-2)
+    of the seeded tiny torch GPT
     on numpy data, the batch (x, y) and then `more`, each dumped; returns the weights it
     started from (numpy, state_dict names) for gpt_ms.load_torch_state."""
     torch.manual_seed(SEED)
     net = GPT(tiny_config())
     state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2) if adamw else \
+        torch.optim.Adam(net.parameters(), lr=1e-2) if adam else \
         torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum)
     dump_torch_steps(path, net, opt, [(x, y), *more])
     return state
@@ -345,13 +358,16 @@ def dump_torch_steps(path: str, net: torch.nn.Module, opt: Any,
 def dump_mindspore(path: str, state: Dict[str, Any], x: Any, y: Any,
                    default_gelu: bool = False, more: Sequence[Tuple[Any, Any]] = (),
                    momentum: float = 0.0, adam_weight_decay: bool = False,
-                   default_layer_norm: bool = False) -> str:
+                   default_layer_norm: bool = False, adam: bool = False,
+                   act_1: Any = None) -> str:
     """The MindSpore twin with the same weights and data, SGD steps (learning_rate 0.1,
     `momentum`: the same update as torch's SGD) dumped. With `default_gelu`, blocks[1].mlp.act
     is mindspore.nn.GELU() (approximate=True by default: tanh) where torch.nn.GELU() is exact
     (erf). With `adam_weight_decay`, nn.AdamWeightDecay with torch AdamW's hyperparameters (lr
-    1e-2, eps 1e-8, weight decay 0.01) but no bias correction. With `default_layer_norm`, every
-    LayerNorm keeps MindSpore's default epsilon (1e-7; torch's is 1e-5). The caller has set
+    1e-2, eps 1e-8, weight decay 0.01) but no bias correction; with `adam`, nn.Adam with torch
+    Adam's (lr 1e-2, eps 1e-8: added to sqrt(v), not sqrt(v_hat)). With `default_layer_norm`, every
+    LayerNorm keeps MindSpore's default epsilon (1e-7; torch's is 1e-5). `act_1`: a cell that
+    replaces blocks[1].mlp.act. The caller has set
     MindSpore up (CPU, PyNative)."""
     import mindspore as ms
     from mindspore import nn as msnn
@@ -367,9 +383,12 @@ def dump_mindspore(path: str, state: Dict[str, Any], x: Any, y: Any,
         gpt_ms._layer_norm = build_layer_norm
     if default_gelu:
         net.blocks[1].mlp.act = msnn.GELU()
+    if act_1 is not None:
+        net.blocks[1].mlp.act = act_1
     gpt_ms.load_torch_state(net, state)
     opt = msnn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-2, eps=1e-8,
                                weight_decay=0.01) if adam_weight_decay else \
+        msnn.Adam(net.trainable_params(), learning_rate=1e-2, eps=1e-8) if adam else \
         msnn.SGD(net.trainable_params(), learning_rate=0.1, momentum=momentum)
     step = gpt_ms.train_step_fn(net, opt)
     dbg = precdbg_ms.PrecisionDebugger(dump_path=str(path), level="mix")

@@ -320,3 +320,44 @@ def test_casts_only_one_run_makes_stay_a_structural_difference(tmp_path):
     result = compare_dumps(str(tmp_path / "fp32"), str(tmp_path / "bf16"))
     assert_first(result, step=0, direction="forward", kind="module", module="",
                  reason=["calls differ", "Tensor.to"])
+
+
+class _RoundedScores(torch.nn.Module):
+    """Attention-like probabilities handed on in bf16; `rounded`: the scores are put through
+    bf16 first (a port's slip), two more casts of the same shape and dtypes before it."""
+
+    def __init__(self, rounded: bool) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(8, 8)
+        self.rounded = rounded
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.q(x)
+        if self.rounded:
+            w = w.to(torch.bfloat16).to(torch.float32)
+        return torch.softmax(w, dim=-1).to(torch.bfloat16)
+
+
+def test_a_cast_pairs_with_the_cast_of_its_inputs_counterpart(tmp_path):
+    """Casts pair by what they convert (the paired producer of their input), not k-th in
+    their module: the baseline's cast of the softmax output paired with the candidate's cast
+    of the scores (same shape and dtypes), and that pair reported an error of the scores
+    against the probabilities."""
+    for name, rounded in (("plain", False), ("rounded", True)):
+        torch.manual_seed(0)
+        net = _RoundedScores(rounded)
+        debugger = PrecisionDebugger(dump_path=str(tmp_path / name), level="mix")
+        debugger.start(net)
+        net(torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))).float().sum() \
+            .backward()
+        debugger.stop()
+        debugger.step()
+        assert debugger.close() and not debugger.failures
+    result = compare_dumps(str(tmp_path / "plain"), str(tmp_path / "rounded"))
+    casts = {(r["name_a"], r["name_b"]) for r in result["rows"]
+             if r["name_a"].startswith("Tensor.to.") and r["direction"] == "forward"}
+    assert casts == {("Tensor.to.0.forward", "Tensor.to.2.forward")}, casts
+    assert {u["name"] for u in result["unmatched"] if u["side"] == "b"} >= \
+        {"Tensor.to.0.forward", "Tensor.to.1.forward"}, result["unmatched"]
+    assert_first(result, step=0, direction="forward", kind="module", module="",
+                 reason=["calls differ", "Tensor.to"])

@@ -127,6 +127,19 @@ def test_usage_error_is_exit_2():
     assert result.returncode == 0 and "dump" in result.stdout
 
 
+def test_a_bad_count_and_an_empty_output_name_are_named(dump_dir):
+    """`--top abc` named argparse's internal `_count`; `--json ""` wrote nothing, silently."""
+    dump_dir = dump_dir[0]
+    result = run_python(["-m", "precdbg", "inspect", dump_dir, "--top", "abc"], timeout=60)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "precdbg: argument --top: expected a count (a whole number >= 0), got 'abc' "
+        "(see precdbg inspect --help)"], result.stderr
+    for argv in (["scan", dump_dir, "--json", ""], ["compare", dump_dir, dump_dir, "--csv", ""]):
+        result = run_python(["-m", "precdbg", *argv], timeout=60)
+        assert result.returncode == 2 and result.stderr.splitlines() == [
+            'precdbg: an output file name given is empty (""); give a path'], result.stderr
+
+
 def test_demo_runs(tmp_path):
     """The README's demo: train the bundled GPT 3 steps, dump steps 0 and 1, inspect; with
     MindSpore installed, dump the MindSpore twin (default GELU) and name it with compare."""

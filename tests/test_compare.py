@@ -27,6 +27,7 @@ import torch
 
 import compare_support as cs
 from precdbg.compare import compare_dumps
+from precdbg.compare.report import summary_text
 
 # name -> keyword arguments of compare_support.dump_gpt
 SPECS: Dict[str, Dict[str, Any]] = {
@@ -34,6 +35,8 @@ SPECS: Dict[str, Dict[str, Any]] = {
     "rerun": dict(steps=2),
     "gelu_tanh": dict(defect="gelu_tanh"),
     "layer_norm_eps": dict(defect="layer_norm_eps"),
+    "every_layer_norm_eps": dict(defect="every_layer_norm_eps"),
+    "layer_norm_eps_2": dict(defect="layer_norm_eps", steps=2),
     "weight": dict(defect="weight"),
     "data": dict(defect="data"),
     "dx_only": dict(defect="dx_only"),
@@ -91,6 +94,41 @@ def test_default_argument_layer_norm_eps(dumps):
     first = cs.assert_first(result, step=0, direction="forward", kind="api",
                             module="blocks.0.ln_2", op="layer_norm", reason=["'eps'"])
     assert "0.001" in first["reason"] or "1e-03" in first["reason"], cs.describe(result)
+
+
+def test_argument_only_consequences_say_the_argument(dumps):
+    """Every LayerNorm's eps slightly off: the first is the culprit, the others differ only in
+    that argument; each consequence line says which (it printed `(, err None)`)."""
+    result = compare(dumps, "base", "every_layer_norm_eps")
+    cs.assert_first(result, step=0, direction="forward", kind="api", module="blocks.0.ln_1",
+                    op="layer_norm", reason=["'eps'"])
+    args = [c for c in result["consequences"] if c.get("argument")]
+    assert args and all(c["argument"]["key"] == "eps" for c in args), result["consequences"]
+    text = summary_text(result)
+    assert "(argument 'eps': '1e-05' vs '1.1e-05')" in text and "(, err None)" not in text, text
+
+
+def test_a_step_entered_with_other_weights_still_lists_the_differing_arguments(dumps):
+    """--step 1 of a run whose LayerNorm eps differs from step 0 on: the verdict is a parameter
+    (the weights entered the step apart), every number after it differs, and the eps, which
+    appeared nowhere, is listed in a note."""
+    result = compare_dumps(dumps("base"), dumps("layer_norm_eps_2"), step=1)
+    assert result["first_divergence"]["kind"] == "param", cs.describe(result)
+    also = [n for n in result["notes"] if n.startswith("also differing in the compared step")]
+    assert also and "Functional.layer_norm.1.forward argument 'eps' '1e-05' vs '0.001'" in \
+        also[0] and "layer settings differ (eps 1e-05 vs 0.001) in module 'blocks.0.ln_2'" in \
+        also[0], also
+
+
+def test_records_of_one_run_only_say_so_among_the_consequences(dumps):
+    """The candidate's GPT held by a wrapper (`model.`), compared without a mapping: what
+    only one run records is listed by its own name, saying which run (a candidate-only record
+    printed as an empty name with `err None`)."""
+    text = summary_text(compare(dumps, "base", "wrapped"))
+    lines = text[text.index("consequences"):].splitlines()[1:6]
+    assert any(line.endswith(", only in the candidate)") and "Param.model." in line
+               for line in lines), text
+    assert "err None" not in text and "    (" not in text, text
 
 
 def test_perturbed_weight(dumps):

@@ -35,14 +35,28 @@ class _MLP(nn.Module):
         return self.fc2(self.ln(self.act(self.fc1(x))))
 
 
+class _Bf16Gelu(nn.Module):
+    """A GELU computed in bfloat16 (cast, gelu, cast back): a port's precision slip."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x.to(torch.bfloat16)).float()
+
+
 def _dump(path: Any, *, steps: int = 2, dumped: Optional[Sequence[int]] = None,
           level: str = "mix", task: str = "statistics", approximate: str = "none",
           data_change_at: Optional[int] = None, loss_scale: float = 1.0,
-          bf16: bool = False, grad_scaler: bool = False) -> str:
+          bf16: bool = False, grad_scaler: bool = False, bf16_act: bool = False,
+          perturb: Optional[str] = None) -> str:
     """A seeded MLP trained `steps` steps with AdamW, the guides' four lines dumping `dumped`;
-    `grad_scaler`: the loss scaled by torch.amp.GradScaler (2^10)."""
+    `grad_scaler`: the loss scaled by torch.amp.GradScaler (2^10); `bf16_act`: `act` computes
+    in bfloat16."""
     torch.manual_seed(0)
     net = _MLP(approximate)
+    if bf16_act:
+        net.act = _Bf16Gelu()
+    if perturb is not None:     # one weight 1e-3 off before training (a bad checkpoint load)
+        with torch.no_grad():
+            net.get_parameter(perturb).mul_(1 + 1e-3)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen))
@@ -94,7 +108,8 @@ def test_a_damaged_step_file_is_a_one_line_error_in_every_command(base, tmp_path
     with open(target, "r+b") as handle:          # metadata overwritten, the signature intact
         handle.seek(size // 3)
         handle.write(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8).tobytes())
-    for command in (("compare", base, damaged), ("scan", damaged), ("check", base, damaged)):
+    for command in (("compare", base, damaged), ("scan", damaged), ("check", base, damaged),
+                    ("inspect", damaged)):      # inspect printed its header and exited 0
         _one_line_error(run_cli(*command), target)
 
 
@@ -113,6 +128,26 @@ def test_a_damaged_step_file_leaves_the_other_steps_to_commands_asked_for_them(b
     assert "verdict: MATCH" in run_cli("compare", base, damaged, "--step", "0").stdout
     _one_line_error(run_cli("compare", base, damaged), target, "truncated")
     _one_line_error(run_cli("inspect", damaged, "--step", "1"), target)
+
+
+def test_a_damaged_step_between_others_stops_neither_inspect_nor_compare_step(tmp_path):
+    """Three steps, the middle one truncated: `inspect` shows steps 0 and 2, says which file it
+    could not read and exits 2; `compare --step 2`, which judges step 2's parameters against
+    step 1, compares step 2 and notes that step 1 could not be read."""
+    clean = _dump(tmp_path / "clean", steps=3)
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(clean, damaged)
+    target = os.path.join(damaged, "step1", "rank0.h5")
+    os.truncate(target, 2000)
+    shown = run_cli("inspect", damaged)
+    _one_line_error(shown, target, "truncated")
+    assert "step 0 rank 0: " in shown.stdout and "step 2 rank 0: " in shown.stdout
+    assert f"step 1 rank 0: unreadable: {target}" in shown.stdout, shown.stdout
+    compared = run_cli("compare", clean, damaged, "--step", "2")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "verdict: MATCH" in compared.stdout
+    assert "step 1 rank 0, the step before the one compared, could not be read" in \
+        compared.stdout, compared.stdout
 
 
 def test_a_manifest_that_is_no_object_and_an_hdf5_file_of_another_tool(base, tmp_path):
@@ -242,6 +277,51 @@ def test_a_module_level_dump_against_a_mix_one(base, tmp_path):
     assert "calls differ" not in first["reason"], first["reason"]
 
 
+def test_a_mix_dump_against_an_api_one(base, tmp_path):
+    """Records of API calls pair whether or not the other dump counted its module calls (they
+    were all left without counterpart: 650 of a BERT step); a changed GELU is named."""
+    api = _dump(tmp_path / "api", level="api")
+    result = compare_dumps(base, api)
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert not [u for u in result["unmatched"] if u["kind"] == "api"], result["unmatched"][:3]
+    assert any("levels differ (baseline mix, candidate api)" in n for n in result["notes"])
+    tanh = _dump(tmp_path / "api_tanh", level="api", approximate="tanh")
+    first = compare_dumps(base, tanh)["first_divergence"]
+    assert first is not None and (first["kind"], first["module"], first["op"]) == \
+        ("api", "act", "gelu"), first
+
+
+def test_a_cast_in_one_run_only_is_named_at_level_api(tmp_path):
+    """Level api records no module calls, but each API record names its module: a GELU
+    computed in bfloat16 in one run (within bf16's tolerance, so no number exceeds one) is
+    a structural difference of module `act` there too (it was MATCH, exit 0)."""
+    for level in ("api", "mix"):
+        base = _dump(tmp_path / f"{level}_base", level=level, steps=1)
+        cast = _dump(tmp_path / f"{level}_cast", level=level, steps=1, bf16_act=True)
+        result = compare_dumps(base, cast)
+        first = result["first_divergence"]
+        assert result["verdict"] == "diverged" and first is not None, level
+        assert (first["kind"], first["module"]) == ("module", "act"), (level, first)
+        assert "calls differ in module 'act'" in first["reason"], (level, first["reason"])
+    same = compare_dumps(_dump(tmp_path / "api_again", level="api", steps=1),
+                         str(tmp_path / "api_base"))
+    assert same["verdict"] == "match", same["first_divergence"]
+
+
+def test_weights_that_entered_apart_name_the_farthest_apart_first(tmp_path):
+    """Dumped three steps late: a weight changed before training differs most, the others the
+    training steps moved apart from it less. The verdict and `check` name it first (they named
+    the first parameter in the model's order, fc1's, though fc2.weight had moved 1e-3)."""
+    base = _dump(tmp_path / "base", steps=4, dumped=[3])
+    moved = _dump(tmp_path / "moved", steps=4, dumped=[3], perturb="fc2.weight")
+    result = compare_dumps(base, moved)
+    first = result["first_divergence"]
+    assert first is not None and first["name_a"] == "Param.fc2.weight", first
+    assert "more parameter(s) differ" in first["reason"], first["reason"]
+    values = [f for f in result["setup"] if f["kind"] == "initial_values"]
+    assert values and "the most first: fc2.weight (" in values[0]["message"], values
+
+
 def test_overflow_dumps_are_refused_with_the_command_that_reads_them(base, tmp_path):
     overflow = _dump(tmp_path / "overflow", task="overflow")
     _one_line_error(run_cli("compare", base, overflow), "task 'overflow'", "precdbg scan")
@@ -327,7 +407,10 @@ torch.manual_seed(0)
 net = Net()
 debugger = PrecisionDebugger(dump_path=sys.argv[1], level="mix")
 debugger.start(net)
-net(torch.ones(2, 8)).sum().backward()
+for micro_batch in range(2):              # gradient accumulation: two forwards, one step
+    net(torch.ones(2, 8)).sum().backward()
+    if sys.argv[2] == "between":
+        sys.exit(3)                       # the process ends before the second micro-batch
 debugger.stop(); debugger.step()
 """
 
@@ -346,3 +429,18 @@ def test_a_step_the_process_ended_inside_is_compared_as_far_as_it_got(tmp_path):
     assert result["verdict"] == "match", result["first_divergence"]
     assert any("interrupted" in f["message"] for f in result["setup"]), result["setup"]
     assert result["rows"] and result["unmatched_count"] > 0
+
+
+def test_a_step_that_ended_between_micro_batches_is_compared_as_far_as_it_got(tmp_path):
+    """The candidate's process ended after the first of two micro-batches: the model's second
+    forward call never began. Calls the process never reached are no structural difference
+    (the root module was named: "calls differ ... 2 vs 1 calls")."""
+    import subprocess
+    import sys
+    for name, how in (("whole", "run"), ("cut", "between")):
+        proc = subprocess.run([sys.executable, "-c", _ENDS_IN_FORWARD, str(tmp_path / name),
+                               how], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == (3 if how == "between" else 0), proc.stderr
+    result = compare_dumps(str(tmp_path / "whole"), str(tmp_path / "cut"))
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert any("interrupted" in f["message"] for f in result["setup"]), result["setup"]

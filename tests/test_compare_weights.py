@@ -158,6 +158,12 @@ def test_bfloat16_is_compared_as_float32(tmp_path):
     strict = compare_weights(str(fp32), str(bf16))
     assert strict["verdict"] == "diverged" and strict["value_mismatch"]
     assert all(m["cosine"] > 0.999 for m in strict["value_mismatch"])
+    # each side's own dtype (a bf16 tensor was reported float32, the cast's), said in the text
+    assert {(m["dtype_a"], m["dtype_b"]) for m in strict["value_mismatch"]} == \
+        {("float32", "bfloat16")}
+    assert len(strict["dtype_mismatch"]) == len(net.state_dict())
+    assert f"dtype differs: {len(net.state_dict())} tensors ({len(net.state_dict())} float32 " \
+        "in A, bfloat16 in B" in format_weights(strict)
     assert compare_weights(str(fp32), str(bf16), rtol=1e-2)["verdict"] == "match"
     # safetensors holding bfloat16 (ml_dtypes) arrays
     import ml_dtypes
@@ -190,7 +196,7 @@ def test_unreadable_or_unknown_files_raise_dump_error(torch_files, tmp_path):
         compare_weights(good, str(text))
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"\x00garbage" * 10)
-    with pytest.raises(DumpError, match=r"corrupt\.pt: not a loadable PyTorch checkpoint"):
+    with pytest.raises(DumpError, match=r"corrupt\.pt: not a PyTorch checkpoint"):
         compare_weights(str(corrupt), good)
     bad_st = tmp_path / "bad.safetensors"
     bad_st.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{bad}")
@@ -203,7 +209,9 @@ def test_unreadable_or_unknown_files_raise_dump_error(torch_files, tmp_path):
     # weights_only=True refuses arbitrary pickled objects
     pickled = tmp_path / "object.pt"
     torch.save({"net": argparse.Namespace(x=1)}, pickled)
-    with pytest.raises(DumpError, match=r"object\.pt"):
+    with pytest.raises(DumpError, match=r"object\.pt: holds pickled Python objects, not only "
+                       r"tensors \(Unsupported global: GLOBAL argparse\.Namespace\); "
+                       r"compare-weights reads state dicts"):
         compare_weights(str(pickled), good)
 
 
@@ -297,7 +305,7 @@ def test_mindspore_bfloat16_and_bad_ckpt(ms, tmp_path):
     ms.save_checkpoint(params, str(ckpt))
     result = compare_weights(str(ckpt), str(bf16_pt))
     assert result["verdict"] == "match", format_weights(result)
-    assert result["matched"] == 5
+    assert result["matched"] == 5 and not result["dtype_mismatch"], result["dtype_mismatch"]
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(os.urandom(64))
     with pytest.raises(DumpError, match=r"bad\.ckpt"):

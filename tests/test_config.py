@@ -250,6 +250,20 @@ def test_msprobe_tensor_section_is_read(tmp_path):
     assert cfg.data_mode == [DataMode.FORWARD]
 
 
+def test_msprobe_selection_in_another_tasks_section_is_refused(tmp_path):
+    """task tensor with its scope and list under `statistics` (and no `tensor` section): msprobe
+    reads only the task's section, so the selection silently did not apply, and every tensor
+    of the step would be stored. A template that carries every section, empty ones included,
+    stays accepted."""
+    data = {k: v for k, v in MSPROBE.items() if k not in ("statistics", "tensor")}
+    data.update(task="tensor", statistics={"scope": ["blocks.1"], "list": ["softmax"]})
+    message = _error(load_config, _write(tmp_path / "config.json", data))
+    assert "statistics.scope: set, but the task is 'tensor', whose settings go in a 'tensor' " \
+        "section" in message, message
+    data["tensor"] = {"scope": [], "list": []}
+    assert load_config(_write(tmp_path / "template.json", data)).task is Task.TENSOR
+
+
 def test_msprobe_overflow_check_section_is_read(tmp_path):
     data = dict(MSPROBE, task="overflow_check", level="L1")
     data["overflow_check"] = {"overflow_nums": 3, "check_mode": "all"}

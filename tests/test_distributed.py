@@ -13,7 +13,7 @@ import precdbg
 from conftest import TINY, run_ranks
 
 WORKER = r"""
-import json, os, sys
+import contextlib, json, os, sys
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,16 +38,26 @@ for name, ranks in (("all", []), ("only1", [1])):
     dbg.close()
     result[name] = dbg.failures
 result["weight_sum"] = float(model.module.lm_head.weight.double().sum())
-for name in ("plain", "tanh1"):       # one step of a fresh model; rank 1's GELU tanh in one
-    torch.manual_seed(0)
-    variant = GPT(cfg)
+for name in ("plain", "tanh1", "nudge1", "lr1"):  # one step of a fresh model; on rank 1
+    torch.manual_seed(0)                     # only: GELU tanh, blocks.1.mlp.fc's output *
+    variant = GPT(cfg)                       # 1.001, another learning rate
     if name == "tanh1" and rank == 1:
         for block in variant.blocks:
             block.mlp.act.approximate = "tanh"
+    if name == "nudge1" and rank == 1:
+        variant.blocks[1].mlp.fc.register_forward_hook(lambda m, i, out: out * 1.001)
     variant = DDP(variant)
+    sgd = torch.optim.SGD(variant.parameters(), lr=0.5 if name == "lr1" and rank == 1 else 0.0)
     dbg = PrecisionDebugger(dump_path=os.path.join(OUT, name), level="mix")
     dbg.start(variant)
-    train_step(variant, torch.optim.SGD(variant.parameters(), lr=0.0), *batches[0])
+    for x, y in batches:                     # two micro-batches, the first without a
+        with (variant.no_sync() if x is batches[0][0] else contextlib.nullcontext()):
+            logits = variant(x)              # reduction; then clipping, as real loops do
+            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                              y.reshape(-1)).backward()
+    torch.nn.utils.clip_grad_norm_(variant.parameters(), 1.0)
+    sgd.step()
+    sgd.zero_grad(set_to_none=True)
     dbg.stop()
     dbg.step()
     dbg.close()
@@ -133,3 +143,35 @@ def test_check_finds_a_difference_on_another_rank_than_the_first(two_ranks):
     assert found[0]["rank"] == 1
     assert any("checked on ranks 0, 1" in n for n in result["notes"]), result["notes"]
     assert not check_dumps(str(out / "plain"), str(out / "plain"))["findings"]
+
+
+def test_compare_names_the_rank_where_the_difference_starts(two_ranks):
+    """blocks.1.mlp.fc computes otherwise on rank 1 only, in both micro-batches of a step with
+    gradient accumulation (the first under no_sync) and clipping. DDP's gradient all-reduce
+    carries it to rank 0, whose first difference comes after backward (the reduced gradients,
+    the clipping norm): the verdict started at rank 0's first differing record and walked
+    from there into another phase, module or micro-batch. It starts on the rank where the
+    difference came first in the step: rank 1's first forward call of that module."""
+    from precdbg.compare import compare_dumps
+    out, _ = two_ranks
+    first = compare_dumps(str(out / "plain"), str(out / "nudge1"))["first_divergence"]
+    assert first is not None and (first["rank"], first["direction"], first["module"]) == \
+        (1, "forward", "blocks.1.mlp.fc"), first
+    assert first["name_a"] == "Module.blocks.1.mlp.fc.Linear.forward.0", first
+
+
+def test_each_ranks_manifest_is_kept_and_checked(two_ranks):
+    """Every rank wrote run.json whole, and the last write won: which rank's optimizer a check
+    saw (and so whether rank 1's other learning rate was found) changed from run to run. Each
+    rank's manifest is kept; check compares them rank by rank."""
+    from precdbg.check import check_dumps
+    out, _ = two_ranks
+    with open(out / "lr1" / "run.json", encoding="utf-8") as handle:
+        run = json.load(handle)
+    assert sorted(run["manifests"]) == ["0", "1"] and run["manifest"]["rank"] == 0
+    rates = {rank: m["optimizers"][0]["param_groups"][0]["hyper"]["lr"]
+             for rank, m in run["manifests"].items()}
+    assert rates == {"0": 0.0, "1": 0.5}, rates
+    found = [f["message"] for f in check_dumps(str(out / "plain"), str(out / "lr1"))["findings"]
+             if f["kind"] == "optimizer"]
+    assert found == ["rank 1: optimizer lr differs: A 0, B 0.5 (all 29 parameters)"], found

@@ -231,8 +231,10 @@ def test_torchrun_two_ranks_without_close(tmp_path):
 
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs SIGTERM")
 def test_sigterm_keeps_every_written_step_readable(tmp_path):
-    """What a job scheduler sends first: the process dies at once (default action); steps
-    already renamed are complete, the one being written stays a .partial the reader skips."""
+    """What a job scheduler sends first, at any moment of a loop that dumps every step: the
+    process ends by SIGTERM (after the steps stopped before it are written: tests/
+    test_sigterm.py); every step file is complete, a step being captured stays a .partial the
+    reader skips."""
     def once(folder: str) -> None:
         os.makedirs(folder)
         config = _config(folder, "statistics")

@@ -5,6 +5,7 @@ stored tensors."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -857,6 +858,42 @@ def test_an_amp_loss_scalers_scale_is_in_the_manifest(tmp_path):
     with open(tmp_path / "dump" / "run.json", encoding="utf-8") as handle:
         manifest = json.load(handle)["manifest"]
     assert manifest["loss_scale"] == {"class": "DynamicLossScaler", "scale": 1024.0}
+
+
+def test_a_learning_rate_list_or_schedule_is_in_the_manifest(tmp_path):
+    """A learning rate given as a list, or a LearningRateSchedule, was recorded as its class
+    name (`_IteratorLearningRate()`, `CosineDecayLR()`): check could not name a schedule set
+    up otherwise. The list's rates and the schedule's settings are recorded, and check names
+    a differing max_lr."""
+    import json
+
+    from precdbg.check import check_dumps
+
+    def dump(name: str, learning_rate) -> str:
+        net = nn.Dense(4, 1)
+        opt = nn.Momentum(net.trainable_params(), learning_rate=learning_rate, momentum=0.9)
+        grad_fn = ms.value_and_grad(lambda x: net(x).sum(), None, opt.parameters)
+
+        def step() -> None:
+            _, grads = grad_fn(ms.Tensor(np.ones((2, 4), np.float32)))
+            opt(grads)
+        _, dbg, _ = capture(tmp_path / name, step, model=net, level="mix")
+        assert dbg.failures == 0
+        return str(tmp_path / name / "dump")
+
+    def hyper(path: str):
+        with open(os.path.join(path, "run.json"), encoding="utf-8") as handle:
+            groups = json.load(handle)["manifest"]["optimizers"][0]["param_groups"]
+        return groups[0]["hyper"]["learning_rate"]
+    assert hyper(dump("list", [0.5, 0.25, 0.125])) == [0.5, 0.25, 0.125]
+    cosine = dump("cosine", nn.CosineDecayLR(1e-4, 1e-2, 10))
+    assert hyper(cosine) == {"schedule": "CosineDecayLR", "min_lr": 1e-4, "max_lr": 1e-2,
+                             "decay_steps": 10, "math_pi": math.pi,
+                             "delta": pytest.approx(0.00495)}
+    other = dump("cosine_2e-2", nn.CosineDecayLR(1e-4, 2e-2, 10))
+    found = [f["message"] for f in check_dumps(cosine, other)["findings"]
+             if f["kind"] == "optimizer"]
+    assert found and "optimizer lr differs" in found[0] and "'max_lr': 0.02" in found[0], found
 
 
 def test_optimizer_names_a_replaced_cells_parameters_by_their_path(tmp_path):

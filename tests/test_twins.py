@@ -159,6 +159,66 @@ def test_functional_gelu_pairs_with_the_gelu_cell(tmp_path):
     assert {r["direction"] for r in gelu} == {"forward", "backward"}
 
 
+# python -c _CUSTOM_CELL_SCRIPT PT_DUMP MS_DUMP FACTOR: the tiny GPT twin, one SGD step; the
+# MindSpore twin's blocks[1].mlp.act is a user's own cell (a class name torch has no match
+# for) with a custom bprop that scales the exact GELU gradient by FACTOR
+_CUSTOM_CELL_SCRIPT = r"""
+import math
+import sys
+import mindspore as ms
+ms.set_device("CPU")
+ms.set_context(mode=ms.PYNATIVE_MODE)
+from mindspore import nn as msnn, ops
+sys.path.insert(0, "tests")
+import compare_support as cs
+
+
+class GeluWithBprop(msnn.Cell):
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def construct(self, x):
+        return ops.gelu(x, approximate="none")
+
+    def bprop(self, x, out, dout):
+        cdf = 0.5 * (1.0 + ops.erf(x / math.sqrt(2.0)))
+        pdf = ops.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        return (dout * (cdf + x * pdf) * self.factor,)
+
+
+x, y = cs.numpy_batch()
+state = cs.dump_torch_numpy(sys.argv[1], x, y)
+cs.dump_mindspore(sys.argv[2], state, x, y, act_1=GeluWithBprop(float(sys.argv[3])))
+"""
+
+
+def test_a_users_own_cell_pairs_with_the_torch_module_at_its_path(tmp_path):
+    """nn.GELU at blocks.1.mlp.act against a MindSpore cell of the user's own class there: the
+    module's records and the gelu call inside pair by path (they were all left unmatched, and
+    the twin said MATCH with 10 records without counterpart); a bprop 1% off is named as a
+    backward-only difference of that module, with its dx as evidence."""
+    paths = {name: str(tmp_path / name) for name in ("pt", "ms_ok", "pt_", "ms_off")}
+    _run_all({"ok": [PYTHON, "-c", _CUSTOM_CELL_SCRIPT, paths["pt"], paths["ms_ok"], "1.0"],
+              "off": [PYTHON, "-c", _CUSTOM_CELL_SCRIPT, paths["pt_"], paths["ms_off"], "1.01"]})
+    same = _compare(paths["pt"], paths["ms_ok"], str(tmp_path / "ok.json"))
+    assert same["verdict"] == "match", same["first_divergence"]
+    # the only records left: torch's autograd gelu backward, which the custom bprop replaces
+    assert {(u["side"], u["name"]) for u in same["unmatched"]} == \
+        {("a", "Functional.gelu.1.backward")}, same["unmatched"]
+    paired = {(r["kind"], r["direction"]) for r in same["rows"]
+              if r["module"] == "blocks.1.mlp.act" and r["op"] == "gelu"}
+    assert paired == {("api", "forward"), ("module", "forward"), ("module", "backward")}, paired
+    off = _compare(paths["pt_"], paths["ms_off"], str(tmp_path / "off.json"))
+    first = off["first_divergence"]
+    assert off["verdict"] == "diverged" and first["module"] == "blocks.1.mlp.act", first
+    assert (first["kind"], first["direction"], first["role"]) == \
+        ("module", "backward", "grad_input"), first
+    assert first["reason"].startswith("backward-only difference: the forward agrees; its inputs "
+                                      "agree but its gradient for input (dx) 0 differs"), \
+        first["reason"]
+
+
 # --------------------------------------------------------------------------- float16 twins
 # python -c _HALF_SCRIPT PT_DUMP MS_DUMP MODE: the tiny GPT twin, one SGD step each. MODE
 # "fp16": both models cast to float16; "o2": PyTorch in float32, MindSpore through

@@ -7,7 +7,7 @@ import numpy as np
 
 from .values import (_HIGH_HYPER, _LOW_HYPER, _Run, _display,
                      _first_inputs, _fmt, _is_int, _names, _nonzero, _optimizer_family,
-                     _per_parameter, _same, _stat_difference, _summary)
+                     _per_parameter, _same, _stat_difference, _summary, stat_gap)
 from ..layers import setting_differences
 from .setup_checks import SetupChecks
 from ..schema import is_scalar_dtype
@@ -185,7 +185,7 @@ class _Checker(SetupChecks):
                 (frozen_b if ra["trainable"] else frozen_a).append(n)
             why = _stat_difference(ra, rb) if ra["dtype"] == rb["dtype"] else None
             if why:
-                values.append(f"{n} ({why})")
+                values.append((-stat_gap(ra, rb), len(values), f"{n} ({why})"))
         if shapes:
             self.add("high", "inventory", f"parameter shapes differ: {_names(shapes)}")
         if dtypes:
@@ -196,8 +196,11 @@ class _Checker(SetupChecks):
                          f"frozen in {other}: {_names(names)}", names=names)
         if values:
             self.values_differ = True
+            # the farthest apart first: a weight changed before training, among the ones a
+            # training step moved apart from it since
             self.add("high", "initial_values", f"{len(values)} parameter(s) differ at the start "
-                     f"of step {self.a.step}: {_names(values)}")
+                     f"of step {self.a.step}, the most first: "
+                     f"{_names([text for _, _, text in sorted(values)])}")
 
     # ------------------------------------------------------------------ optimizer
     def optimizers(self) -> None:

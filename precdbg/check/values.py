@@ -137,6 +137,23 @@ def _stat_difference(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[str]:
     return "checksum differs" if checksums else None
 
 
+def stat_gap(ra: Dict[str, Any], rb: Dict[str, Any]) -> float:
+    """How far apart two records' statistics are, relative to their scale (as
+    `_stat_difference` measures them): what orders a list of differing parameters."""
+    if is_scalar_dtype(ra["dtype"]) or is_scalar_dtype(rb["dtype"]):
+        return math.inf
+    scale_floor = max(_rms(ra), _rms(rb))
+    gap = 0.0
+    for stat in ("mean", "norm", "min", "max"):
+        va, vb = float(ra[stat]), float(rb[stat])
+        if math.isnan(va) or math.isnan(vb):
+            gap = math.inf if math.isnan(va) != math.isnan(vb) else gap
+            continue
+        scale = max(abs(va), abs(vb), scale_floor)
+        gap = max(gap, abs(va - vb) / scale if scale > 0 else 0.0)
+    return gap
+
+
 class _Run:
     """One side of the check: its manifest, the records of the checked step, derived views."""
 
@@ -144,7 +161,11 @@ class _Run:
         self.dump, self.label, self.step, self.rank = dump, label, step, rank
         self.run = dump.run or {}
         self.framework = dump.setting("framework")     # the step files say it without run.json
-        manifest = self.run.get("manifest")
+        # a job's ranks each keep their own manifest (`manifests`); older dumps hold one
+        manifests = self.run.get("manifests")
+        manifest = manifests.get(str(rank)) if isinstance(manifests, dict) else None
+        if not isinstance(manifest, dict):
+            manifest = self.run.get("manifest")
         self.manifest: Optional[Dict[str, Any]] = manifest if isinstance(manifest, dict) else None
         self.table: RecordTable = dump.records(step, rank)
 

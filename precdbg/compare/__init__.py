@@ -25,7 +25,7 @@ from .structure import StructuralDiff, structural_differences
 from .floors import apply_floors
 from .metrics import integer_plumbing, stat_errors, tensor_metrics
 from .multistep import NoisePolicy, optimizer_setup, other_setup
-from .notes import (level_note, note_extra_calls, note_loss_scale, uncompared,
+from .notes import (level_note, note_extra_calls, note_loss_scale, other_causes, uncompared,
                     unobserved_modules, unobserved_note, unused_mapping)
 from .progress import CompareProgress
 from .rows import Row
@@ -174,12 +174,21 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         per_step: Dict[int, List[Entry]] = {}
         structural: List[StructuralDiff] = []
         optimizer_differs = optimizer_setup(setup["findings"])
-        noise = NoisePolicy(alike=not optimizer_differs,
+        strict = optimizer_setup(setup["findings"], conventions=False)
+        noise = NoisePolicy(alike=not strict,
                             unknown=[setup[side]["label"] for side in ("a", "b")
-                                     if not setup[side]["manifest"]])
+                                     if not setup[side]["manifest"]],
+                            conventions=[m for m in optimizer_differs if m not in strict])
         before: Dict[Tuple[int, int], bool] = {}   # a step before --step S: whether it agrees
+        unread: List[str] = []        # such a step that cannot be read: --step S goes on
         for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
-            found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise, [])
+            try:
+                found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise,
+                                      [])
+            except DumpError as exc:
+                unread.append(f"step {s} rank {r}, the step before the one compared, could not "
+                              f"be read to judge it ({exc})")
+                continue
             noise.settle(r, found)
             before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
         for k, (s, r) in enumerate(pairs):
@@ -194,7 +203,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before)
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
-            unobserved_note(a, b) + unused_mapping(mapping, a, b)
+            unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
+            other_causes(steps, structural, first)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
                          f"the candidate's step {own_b[0][0]} rank {own_b[0][1]} (the one step "
@@ -275,10 +285,18 @@ def _consequences(steps: List[StepEntries], first: Optional[Dict[str, Any]],
                      and e.rank == first["rank"]):
                 continue
             ev = (e.outputs_bad or e.inputs_bad or [None])[0]
-            out.append({"step": e.step, "rank": e.rank, "direction": e.direction,
-                        "kind": e.kind, "name_a": e.name_a, "module": e.module, "op": e.op,
-                        "role": ev.role if ev else "", "err": ev.metrics.get("err") if ev
-                        else None})
+            found = {"step": e.step, "rank": e.rank, "direction": e.direction,
+                     "kind": e.kind, "name_a": e.name_a, "name_b": e.name_b,
+                     "module": e.module, "op": e.op,
+                     "role": ev.role if ev else "", "err": ev.metrics.get("err") if ev
+                     else None}
+            if ev is not None and ev.only_in:
+                found["only_in"] = ev.only_in
+            if ev is None and e.args_bad:     # only a non-tensor argument differs (an eps)
+                arg = e.args_bad[0]
+                found["argument"] = {"key": arg.key or str(arg.arg_index), "a": arg.a,
+                                     "b": arg.b}
+            out.append(found)
             if len(out) >= _MAX_CONSEQUENCES:
                 return out
     return out

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..reader import RecordTable
 from ..schema import Direction, RecordKind, scalar_mask
+from .casts import CAST, casts, casts_by_shape, pair_casts_by_input
 
 __all__ = ["Alignment", "align", "load_mapping", "rename_module"]
 
@@ -55,10 +56,28 @@ def _leaf_modules(table: RecordTable) -> Dict[str, str]:
     return dict(mods & calls)
 
 
-def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapping[str, str]]]
-          ) -> List[Tuple]:
+def _leaves_of_either(table: RecordTable, other: RecordTable) -> Dict[str, str]:
+    """The leaf modules of `table`, and those of `other` at the same path where `table`'s
+    module there calls the same functional op: a user's cell of its own class (a custom bprop
+    around ops.gelu) in place of the other framework's nn.GELU is a leaf as that one is."""
+    leaves = _leaf_modules(table)
+    kind, module, op = table["kind"], table["module"], table["op"]
+    calls = {(m, o) for m, o in zip(module[kind == "api"].tolist(), op[kind == "api"].tolist())}
+    for path, leaf_op in _leaf_modules(other).items():
+        if path not in leaves and (path, leaf_op) in calls:
+            leaves[path] = leaf_op
+    return leaves
+
+
+def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapping[str, str]]],
+          leaves: Optional[Dict[str, str]] = None, module_calls: bool = True,
+          across: bool = False) -> List[Tuple]:
+    """Per record its pairing key. `module_calls=False` (the other dump has no module records:
+    level api) counts occurrences in the whole module, not per module call; `across`: the
+    dumps are of two frameworks."""
     n = len(table)
     module = table["module"].tolist()
+    kind = table["kind"].tolist()
     if by_name:
         op = np.char.add(np.char.add(table["prefix"], "."), table["api"]).tolist()
     else:
@@ -66,15 +85,21 @@ def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapp
         # a leaf module's functional op belongs to the module that called the leaf: it pairs
         # with the same op called directly by that module in the other run (F.gelu in
         # MLP.forward against a GELU cell mlp.act)
-        leaves, kind = _leaf_modules(table), table["kind"].tolist()
+        leaves = _leaf_modules(table) if leaves is None else leaves
         module = [m.rpartition(".")[0] if kind[i] == "api" and leaves.get(m) == op[i] else m
                   for i, m in enumerate(module)]
-    within = _module_call_of(table, module)       # before the mapping renames module paths
+        # a module is one object at one path: across frameworks its records pair by the path,
+        # whatever its class (nn.GELU against a user's GeluWithBprop cell); within one, a
+        # mapping may put a wrapper and the model it holds at one path, told apart by class
+        if across:
+            op = ["" if k == "module" else o for k, o in zip(kind, op)]
+    # before the mapping renames module paths
+    within = _module_call_of(table, module) if module_calls else [-1] * n
     if mapping:
         modules, ops = mapping.get("modules", {}), mapping.get("ops", {})
         module = [rename_module(m, modules) for m in module]
         op = [ops.get(o, o) for o in op]
-    kind, direction = table["kind"].tolist(), table["direction"].tolist()
+    direction = table["direction"].tolist()
     role, arg = table["role"].tolist(), table["arg_index"].tolist()
     return [(kind[i], direction[i], module[i], within[i], op[i], role[i], arg[i])
             for i in range(n)]
@@ -157,28 +182,7 @@ def _calls(table: RecordTable) -> Tuple[List[Tuple], List[bool]]:
     return calls, backward
 
 
-_CAST = "cast"
 _KEY_OP = 4          # where a key (_keys) holds the op
-
-
-def _casts_by_shape(rows_a: List[int], rows_b: List[int], shape_a: Any, shape_b: Any
-                    ) -> Tuple[List[int], List[int], List[int], List[int]]:
-    """Casts across frameworks, in order, each with the next one of the same shape: the casts
-    an AMP level puts around cells (MindSpore O2) have no counterpart in the other run, and
-    pairing them k-th with k-th pairs a cast of the logits with one of a hidden state."""
-    pa, pb, oa = [], [], []
-    at = 0
-    for i in rows_a:
-        j = next((k for k in range(at, len(rows_b))
-                  if np.array_equal(shape_a(i), shape_b(rows_b[k]))), None)
-        if j is None:
-            oa.append(i)
-            continue
-        pa.append(i)
-        pb.append(rows_b[j])
-        at = j + 1
-    used = set(pb)
-    return pa, pb, oa, [r for r in rows_b if r not in used]
 
 
 def _pair_groups(ga: Dict[Tuple, List[int]], gb: Dict[Tuple, List[int]],
@@ -194,8 +198,8 @@ def _pair_groups(ga: Dict[Tuple, List[int]], gb: Dict[Tuple, List[int]],
         if not by_name:
             rows_a = [r for r in rows_a if tensor_a[r]]
             rows_b = [r for r in rows_b if tensor_b[r]]
-        if shapes is not None and not by_name and key[_KEY_OP] == _CAST:
-            found = _casts_by_shape(rows_a, rows_b, *shapes)
+        if shapes is not None and not by_name and key[_KEY_OP] == CAST:
+            found = casts_by_shape(rows_a, rows_b, *shapes)
             for out, part in zip((pa, pb, oa, ob), found):
                 out.extend(part)
             continue
@@ -221,15 +225,40 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
     by_name = same_framework and not mapping
     tensor_a = ~scalar_mask(a["dtype"])
     tensor_b = ~scalar_mask(b["dtype"])
-    keys_a, keys_b = _keys(a, by_name, None), _keys(b, by_name, mapping)
+    # a dump of level api has no module calls to count occurrences within
+    calls = bool((a["kind"] == RecordKind.MODULE.value).any()) and \
+        bool((b["kind"] == RecordKind.MODULE.value).any())
+    if by_name:
+        keys_a = _keys(a, by_name, None, module_calls=calls)
+        keys_b = _keys(b, by_name, mapping, module_calls=calls)
+    else:
+        leaves_a, leaves_b = _leaves_of_either(a, b), _leaves_of_either(b, a)
+        keys_a = _keys(a, by_name, None, leaves_a, calls, not same_framework)
+        keys_b = _keys(b, by_name, mapping, leaves_b, calls, not same_framework)
     calls_a, backward_a = _calls(a)
     calls_b, backward_b = _calls(b)
     rest_a = [i for i, bw in enumerate(backward_a) if not bw]
     rest_b = [i for i, bw in enumerate(backward_b) if not bw]
     shapes = (_shape_of(a), _shape_of(b))
+    casts_a, casts_b = (casts(a, rest_a), casts(b, rest_b)) if same_framework else ([], [])
+    if casts_a and casts_b:         # paired after the rest, by what they convert
+        skip_a, skip_b = set(casts_a), set(casts_b)
+        rest_a = [i for i in rest_a if i not in skip_a]
+        rest_b = [i for i in rest_b if i not in skip_b]
+    else:
+        casts_a = casts_b = []
     pa, pb, oa, ob = _pair_groups(_occurrences(keys_a, a["seq"], rest_a),
                                   _occurrences(keys_b, b["seq"], rest_b),
                                   tensor_a, tensor_b, by_name, shapes)
+    if casts_a:
+        ca, cb, left_ca, left_cb = pair_casts_by_input(a, b, casts_a, casts_b, calls_a,
+                                                        calls_b, pa, pb)
+        pa += ca
+        pb += cb
+        fa, fb, foa, fob = _pair_groups(_occurrences(keys_a, a["seq"], left_ca),
+                                        _occurrences(keys_b, b["seq"], left_cb),
+                                        tensor_a, tensor_b, by_name, shapes)
+        pa, pb, oa, ob = pa + fa, pb + fb, oa + foa, ob + fob
     # the calls whose forward records paired (the first pair of a call, in a's order, decides)
     seq_a = a["seq"]
     call_of: Dict[Tuple, Tuple] = {}
@@ -266,8 +295,8 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
     sa: List[int] = []
     sb: List[int] = []
     if not by_name:
-        oa, sa = _needs_none(a, oa)
-        ob, sb = _needs_none(b, ob)
+        oa, sa = _needs_none(a, oa, leaves_a)
+        ob, sb = _needs_none(b, ob, leaves_b)
     return Alignment(as_array(pa), as_array(pb), as_array(sorted(oa)), as_array(sorted(ob)),
                      by_name, as_array(sorted(sa)), as_array(sorted(sb)))
 
@@ -295,11 +324,11 @@ def _pair_arguments(a: RecordTable, b: RecordTable, tensor_a: np.ndarray, tensor
             pb.append(j)
 
 
-def _needs_none(table: RecordTable, rows: List[int]) -> Tuple[List[int], List[int]]:
+def _needs_none(table: RecordTable, rows: List[int], leaves: Dict[str, str]
+                ) -> Tuple[List[int], List[int]]:
     """Split rows without counterpart into (unmatched, needing none) across frameworks."""
     if not rows:
         return rows, []
-    leaves = _leaf_modules(table)
     kind, module, op = table["kind"], table["module"], table["op"]
     role = table["role"]
     keep, skip = [], []

@@ -6,8 +6,8 @@ it (`producer`, recorded at dump time), so a divergence is traced back, not gues
 1. Per step, the parameter inventory first (values at start).
 2. Then each rank's timeline, the records in the order they ran (forward, backward as the
    gradients appeared, dw, then what ran after backward: clipping, norms, collectives, the
-   optimizer). The walk starts at the entry of the first record that differs (lowest rank
-   first).
+   optimizer). The walk starts at the entry of the first record that differs, on the rank
+   where that came first in the step (ranks run the same program; ties: the lowest rank).
 3. From there it follows the tensors that differ to their producers: an entry whose input
    differs is a consequence of the entry that produced it. The walk stops at an entry whose
    tensor inputs agree while its outputs (or a non-tensor argument) do not - a module there
@@ -79,7 +79,7 @@ def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], Link]:
             if earlier is not None:   # a buffer shared by several tensors (a gradient bucket)
                 return earlier, Link(e, f"{e.name}{_where(e)} reads memory that "
                                       f"{earlier.name} wrote earlier, which differs")
-        for ev in ranked:
+        for ev in ranked:              # any input whose producer differs on another rank
             p = ev.producer
             if p is not None and p.source is Source.ENTRY and p.entry is not e:
                 other = next((c for c in step.counterparts(p.entry) if c.diverged), None)
@@ -88,6 +88,9 @@ def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], Link]:
                                         f"agrees on rank {e.rank} but was changed after it by a "
                                         f"collective across ranks; on rank {other.rank} it "
                                         "differs")
+        for ev in ranked:
+            p = ev.producer
+            if p is not None and p.source is Source.ENTRY and p.entry is not e:
                 return None, Link(e, f"{e.name}{_where(e)} reads the output of {p.entry.name}, "
                                    "which agrees; something not captured changed it in between",
                                    Cause.CHANGED_AFTER, p, ev)
@@ -140,11 +143,22 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
         if found:
             return found, []
         shapes = [d for d in structural if d.step == step.step]
+        # each rank's earliest difference; the verdict starts at the one that came first in
+        # the step (ranks run the same program, so their timelines line up): a difference on
+        # rank 1's forward reaches rank 0 only through the gradient reduction after backward,
+        # where rank 0's first difference is seen (ties: the lowest rank)
+        starts = []
         for rank in sorted(set(step.ranks()) | {d.rank for d in shapes}):
             bad = [e for e in step.timeline(rank) if e.diverged]
             shape = min((d for d in shapes if d.rank == rank), key=lambda d: d.seq,
                         default=None)
             start = min(bad, key=lambda e: e.first_bad) if bad else None
+            if shape is not None or start is not None:
+                when = min(shape.seq if shape is not None else 1 << 62,
+                           start.first_bad if start is not None else 1 << 62)
+                starts.append((when, rank, shape, start))
+        if starts:
+            _, _, shape, start = min(starts, key=lambda s: (s[0], s[1]))
             numeric = _numeric_verdict(start, step) if start is not None else None
             if shape is not None and (start is None or shape.seq <= start.first_bad):
                 if numeric is not None and shape.settings and not shape.calls_differ \

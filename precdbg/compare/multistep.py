@@ -55,14 +55,18 @@ _OPTIMIZER_KINDS = {"optimizer", "optimizer_groups", "loss_scale"}
 Key = Tuple[str, str]          # (module, op): a parameter, and its gradient record
 
 
-def optimizer_setup(findings: Sequence[Dict[str, Any]]) -> List[str]:
+def optimizer_setup(findings: Sequence[Dict[str, Any]], conventions: bool = True) -> List[str]:
     """The messages of the `check` findings that make the optimizer updates differ: optimizer
-    class, hyperparameters, param groups, loss scale, and semantic notes about optimizers."""
+    class, hyperparameters, param groups, loss scale, and semantic notes about optimizers.
+    `conventions=False` leaves out the notes of low impact (two frameworks' conventions that
+    show only in corner cases, e.g. where Adam puts eps): those do not stop a `NoisePolicy`
+    from judging parameters by their update, which measures how much they matter."""
     from ..check.values import semantics
     optimizer_notes = {str(e.get("id")) for e in semantics()["entries"]
                        if "optimizer" in (e.get("applies_when") or {})}
     return [str(f["message"]) for f in findings if f["kind"] in _OPTIMIZER_KINDS
-            or (f["kind"] == "semantics" and str(f.get("id")) in optimizer_notes)]
+            or (f["kind"] == "semantics" and str(f.get("id")) in optimizer_notes
+                and (conventions or f.get("severity") != "low"))]
 
 
 @dataclasses.dataclass
@@ -78,9 +82,11 @@ class NoisePolicy:
     """Carried across the steps of one compare (steps ascending); `alike` is False when the
     optimizer set-up differs, and then nothing is relaxed."""
 
-    def __init__(self, alike: bool, unknown: Sequence[str] = ()) -> None:
+    def __init__(self, alike: bool, unknown: Sequence[str] = (),
+                 conventions: Sequence[str] = ()) -> None:
         self.alike = alike
         self.unknown = list(unknown)     # the runs without a manifest (their optimizer unknown)
+        self.conventions = list(conventions)   # optimizer notes of low impact (still alike)
         self._last: Dict[int, _Last] = {}
         self._judged: Dict[int, int] = {}     # step -> parameters judged by their update
 
@@ -100,6 +106,9 @@ class NoisePolicy:
         why = "optimizers configured alike" if not self.unknown else \
             (f"the optimizer set-up of the {' and the '.join(self.unknown)} is not known (no "
              "run manifest), judged as if configured alike")
+        if self.conventions and not self.unknown:
+            why = ("optimizers configured alike but for a convention of low impact, whose "
+                   "effect this measures (see setup)")
         return [f"step(s) {steps}: parameters judged by how much the runs' last updates "
                 f"differ (diverged above {UPDATE_SHARE:.0%} of the baseline's update), the "
                 f"other records above a floor from the parameters' difference: {why}"]

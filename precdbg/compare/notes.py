@@ -4,14 +4,14 @@ holds, calls only one run makes inside the culprit's module, what stops a gradie
 scale that differs."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..reader import Dump
 from ..schema import READ_ROLES, WRITE_ROLES, Role
 from .rows import Row
 
 __all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
-           "note_loss_scale", "note_extra_calls", "unused_mapping"]
+           "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes"]
 
 _FORWARD_ROLES = frozenset({Role.INPUT.value, Role.OUTPUT.value})
 
@@ -165,3 +165,35 @@ def note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]],
             who = "baseline" if side == "a" else "candidate"
             first["reason"] += (f"; only the {who} calls {', '.join(sorted(set(names))[:4])} "
                                 "inside it")
+
+
+_OTHER_CAUSES_SHOWN = 4
+
+
+def other_causes(steps: Sequence[Any], structural: Sequence[Any],
+                 first: Optional[Dict[str, Any]]) -> List[str]:
+    """When the verdict is a parameter (the runs entered the step with different weights, so
+    every number after it differs), the causes a compare still sees in the compared steps:
+    non-tensor arguments that differ (a loss's reduction, a clipping norm, an eps) and modules
+    whose calls or class differ, which the numbers cannot single out any more (a dump from
+    the first training step shows which came first)."""
+    if first is None or first.get("kind") != "param":
+        return []
+    found: List[str] = []
+    for step in steps:
+        for e in sorted(step.entries, key=lambda x: (x.rank, x.seq)):
+            if e.args_bad:
+                arg = e.args_bad[0]
+                found.append(f"step {e.step}: {e.name} argument '{arg.key or arg.arg_index}' "
+                             f"{arg.a!r} vs {arg.b!r}")
+    for diff in structural:
+        where = f"module '{diff.module}'" if diff.module else "the root module"
+        what = "calls differ" if diff.calls_differ else "class differs" if \
+            diff.class_differs else f"layer settings differ ({diff.settings_text()})"
+        found.append(f"step {diff.step}: {what} in {where}")
+    if not found:
+        return []
+    more = f" (+{len(found) - _OTHER_CAUSES_SHOWN} more)" if len(found) > _OTHER_CAUSES_SHOWN \
+        else ""
+    return ["also differing in the compared step(s), whatever the numbers: "
+            + "; ".join(found[:_OTHER_CAUSES_SHOWN]) + more]

@@ -47,7 +47,8 @@ def summary_text(result: Dict[str, Any]) -> str:
         lines.append(f"first divergence: step {first['step']} rank {first['rank']} "
                      f"{first['direction']} {first['kind']}")
         lines.append(f"  {first['name_a'] or '-'}  <->  {first['name_b'] or '-'}")
-        lines.append(f"  module '{first['module']}'  op '{first['op']}'"
+        lines.append(f"  module '{first['module']}'"
+                     + (f"  op '{first['op']}'" if first.get("op") else "")
                      + (f"  role {first['role']}" if first.get("role") else ""))
         lines.append(f"  why: {first['reason']}")
         chain = first.get("chain") or []
@@ -71,9 +72,13 @@ def summary_text(result: Dict[str, Any]) -> str:
         if cons:
             lines.append(f"consequences (first {min(len(cons), 5)} of {len(cons)}+):")
             for c in cons[:5]:
+                arg = c.get("argument")
+                what = f"argument '{arg['key']}': {arg['a']!r} vs {arg['b']!r}" if arg else \
+                    f"{c['role']}, only in the {c['only_in']}" if c.get("only_in") else \
+                    f"{c['role']}, err {_fmt(c['err'])}"
+                name = c["name_a"] or c.get("name_b") or "-"
                 lines.append(f"  step {c['step']} rank {c.get('rank', 0)} {c['direction']:<8} "
-                             f"{c['name_a']}  "
-                             f"({c['role']}, err {_fmt(c['err'])})")
+                             f"{name}  ({what})")
     if result["unmatched_count"]:
         sides = {"a": "baseline", "b": "candidate"}
         shown = {}

@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..layers import SettingDifference
 from ..naming import is_known_op
 from ..reader import RecordTable
-from ..schema import Direction, RecordKind, Role, scalar_mask
+from ..schema import Direction, RecordKind, Role
 from .align import rename_module
+from .inert import calls_changing_no_number
 
 __all__ = ["StructuralDiff", "structural_differences"]
 
@@ -59,7 +60,7 @@ CONSTANT_OPS = frozenset({"zeros", "ones", "empty", "full", "tensor", "as_tensor
 _NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
 _CAST = "cast"                 # the canonical op of every dtype conversion (names/ops.yaml)
-_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
+_FORWARD, _OUTPUT = Direction.FORWARD.value, Role.OUTPUT.value
 
 
 @dataclasses.dataclass
@@ -170,7 +171,8 @@ class _Module:
 
 
 def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]],
-          apis: bool = True, interrupted: bool = False) -> Dict[str, List[_Module]]:
+          apis: bool = True, interrupted: bool = False, api_level: bool = False
+          ) -> Dict[str, List[_Module]]:
     """The forward calls of each module path, in order, each with the calls it made (`apis`:
     API calls among them, else child modules only). A call counts for a module's call only
     between that call's first and last record: the root's path ("") also owns what runs
@@ -182,7 +184,7 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
     idx = np.nonzero(forward & (((kind == _API) & apis) | (kind == _MODULE)))[0]
     idx = idx[np.argsort(table["seq"][idx], kind="stable")]
     path_of = (lambda p: rename_module(p, modules)) if modules else (lambda p: p)  # noqa: E731
-    inert = _calls_changing_no_number(table)
+    inert = calls_changing_no_number(table)
     entry_col, module_col, op_col = table["entry"], table["module"], table["op"]
     api_col, prefix_col, seq_col, order_col = table["api"], table["prefix"], table["seq"], \
         table["order"]
@@ -196,6 +198,8 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
         if entry not in calls:
             calls[entry] = _Module(entry, str(api_col[i]), str(op_col[i]), seq,
                                    int(order_col[i]))
+    if api_level:
+        _api_level_calls(table, idx, path_of, found, spans)
     if interrupted and len(idx):
         returned = {str(e) for e in entry_col[idx][(kind[idx] == _MODULE)
                                                    & (table["role"][idx] == _OUTPUT)]}
@@ -236,42 +240,27 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
     return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
 
 
-_INTEGER_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16",
-                             "uint32", "uint64"})
-_JOINS = frozenset({"cat", "concat", "concatenate", "stack"})
-
-
-def _calls_changing_no_number(table: RecordTable) -> set:
-    """The API calls (their `order`) left out of a module's call sequence although their op
-    computes: calls whose results nothing reads (no later record names a forward output of
-    theirs as its `producer` and no gradient came back to them); calls that compute only
-    integers or booleans (positions, masks, indices: another way to the same positions changes
-    no number, other positions change the numbers of the calls that read them); and joins of
-    one non-empty tensor with empty ones (a KV cache's first `cat`), which copy it."""
-    if "producer" not in table:
-        return set()
-    kind, direction, role = table["kind"], table["direction"], table["role"]
-    order, dtype = table["order"], table["dtype"]
-    forward_api = (kind == _API) & (direction == _FORWARD)
-    outputs = forward_api & (role == _OUTPUT) & ~scalar_mask(dtype)
-    out_orders = order[outputs]
-    read = np.isin(table["seq"][outputs], table["producer"])
-    live = set(out_orders[read].tolist()) | \
-        set(order[(kind == _API) & (direction != _FORWARD)].tolist())
-    skip = set(out_orders.tolist()) - live
-    floating: set = set()
-    for o, d in zip(out_orders.tolist(), dtype[outputs].tolist()):
-        if str(d) not in _INTEGER_DTYPES:
-            floating.add(o)
-    skip |= set(out_orders.tolist()) - floating
-    joins = outputs & np.isin(table["op"], list(_JOINS))
-    if joins.any():
-        inputs = forward_api & (role == _INPUT) & ~scalar_mask(dtype)
-        nonempty: Dict[int, int] = {}
-        for o, n in zip(order[inputs].tolist(), table["numel"][inputs].tolist()):
-            nonempty[o] = nonempty.get(o, 0) + (n > 0)
-        skip |= {o for o in order[joins].tolist() if nonempty.get(o, 0) == 1}
-    return skip
+def _api_level_calls(table: RecordTable, idx: np.ndarray, path_of: Callable[[str], str],
+                     found: Dict[str, Dict[str, _Module]],
+                     spans: Dict[str, Dict[str, List[int]]]) -> None:
+    """Level api records no module calls, but each API record names its innermost module: the
+    calls a module path made in the step count as one call of it, so a cast one run makes in
+    a module (a softmax in bf16) is still a structural difference there. Not the root's path:
+    at level api it also holds the loss, the clipping and the optimizer."""
+    module_col, seq_col, order_col = table["module"], table["seq"], table["order"]
+    entry_col, op_col = table["entry"], table["op"]
+    named = set()          # paths named by a call that counts as structure (no view, reshape)
+    for i in idx.tolist():
+        path, seq = path_of(str(module_col[i])), int(seq_col[i])
+        if not path:
+            continue
+        span = spans.setdefault(path, {}).setdefault(path, [seq, seq])
+        span[0], span[1] = min(span[0], seq), max(span[1], seq)
+        if path not in found:
+            found[path] = {path: _Module(str(entry_col[i]), "", "", seq, int(order_col[i]))}
+        if path not in named and op_col[i] not in _NOT_STRUCTURE:
+            named.add(path)
+            found[path][path].entry = str(entry_col[i])
 
 
 def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
@@ -330,13 +319,20 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
     # API calls count among a module's calls only where both runs captured them (a dump of
     # level module against one of level mix: the calls one run did not record are no change)
     apis = bool((ta["kind"] == _API).any()) and bool((tb["kind"] == _API).any())
-    mods_a = _side(ta, same_framework, None, apis, interrupted[0])
-    mods_b = _side(tb, same_framework, modules, apis, interrupted[1])
+    # two dumps of level api: each module path's API calls stand for its calls
+    api_level = apis and not (ta["kind"] == _MODULE).any() and not (tb["kind"] == _MODULE).any()
+    mods_a = _side(ta, same_framework, None, apis, interrupted[0], api_level)
+    mods_b = _side(tb, same_framework, modules, apis, interrupted[1], api_level)
     out: List[StructuralDiff] = []
     for path, calls_a in mods_a.items():
         calls_b = mods_b.get(path)
         if not calls_b:
             continue
+        # calls a run ended before reaching (a second micro-batch's) are no difference
+        if interrupted[1] and len(calls_b) < len(calls_a):
+            calls_a = calls_a[:len(calls_b)]
+        if interrupted[0] and len(calls_a) < len(calls_b):
+            calls_b = calls_b[:len(calls_a)]
         ma, mb, seq_a, seq_b = _calls_compared(calls_a, calls_b)
         hidden = any(path == u or path.startswith(u + ".") or u == "" for u in unobserved)
         if not all(m.finished for m in calls_a + calls_b):     # as far as both got

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..schema import Direction, RecordKind, Role
@@ -234,6 +235,19 @@ def chain(links: List[Link], culprit: Optional[Entry], first: Dict[str, Any]
     return items
 
 
+def _most_telling(e: Entry) -> Tuple[int, float, int, int]:
+    """Which differing parameter a verdict names where the weights entered the step apart: one
+    frozen in one run, missing or reshaped first; then the largest relative error (a weight
+    changed before training, 1e-3, among the parameters the training steps since moved apart
+    from it, 1e-4: the first in order would name one of those), then the order the model
+    reads them."""
+    ev = e.outputs_bad[0] if e.outputs_bad else None
+    if e.trainable_differs or (ev is not None and (ev.only_in or not ev.shape_ok)):
+        return 0, 0.0, e.seq, e.rank
+    err = float((ev.metrics if ev is not None else {}).get("err") or 0.0)
+    return 1, -(err if math.isfinite(err) else math.inf), e.seq, e.rank
+
+
 def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]],
                       setup: Sequence[str], others: Sequence[str] = (),
                       differed: AbstractSet[Tuple[int, int]] = frozenset()
@@ -244,7 +258,11 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
     bad = [e for e in entries if e.diverged or e.trainable_differs]
     if not bad:
         return None
+    # after a step that matched the cause is the update (the optimizer): named at the first
+    # parameter the model reads; weights that entered apart: at the farthest apart
     e = min(bad, key=lambda x: (x.seq, x.rank))
+    if (e.step - 1, e.rank) not in matched:
+        e = min(bad, key=_most_telling)
     previous_matched = (e.step - 1, e.rank) in matched
     ev = e.outputs_bad[0] if e.outputs_bad else None
     if e.trainable_differs:

@@ -17,6 +17,7 @@ when any element has |a - b| > atol + rtol * max(|a|, |b|) (NaN equals NaN).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -156,6 +157,15 @@ def load_weights(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     return out, info
 
 
+def as_float_format(values: np.ndarray, dtype_name: str) -> np.ndarray:
+    """float32 `values` of a tensor whose own format numpy lacks (bfloat16, float8_*), as an
+    ml_dtypes array of that format (exact: the values came from it); float32 where ml_dtypes
+    does not know the name."""
+    import ml_dtypes
+    fmt = getattr(ml_dtypes, dtype_name, None)
+    return values.astype(fmt) if fmt is not None else values
+
+
 # --------------------------------------------------------------------------- comparison
 def _as_float64(value: np.ndarray) -> np.ndarray:
     a = np.asarray(value)
@@ -206,9 +216,13 @@ def compare_weights(a: str, b: str, atol: float = 0.0, rtol: float = 1e-5) -> Di
     only_b = sorted(set(wb) - set(wa))
     shape_mismatch: List[Dict[str, Any]] = []
     value_mismatch: List[Dict[str, Any]] = []
+    dtype_mismatch: List[Dict[str, Any]] = []
     matched = 0
     for name in sorted(set(wa) & set(wb)):
         x, y = np.asarray(wa[name]), np.asarray(wb[name])
+        if str(x.dtype) != str(y.dtype):     # by name: MindSpore's bfloat16 is its own type
+            dtype_mismatch.append({"name": name, "dtype_a": str(x.dtype),
+                                   "dtype_b": str(y.dtype)})
         if tuple(x.shape) != tuple(y.shape):
             shape_mismatch.append({"name": name, "shape_a": list(x.shape),
                                    "shape_b": list(y.shape)})
@@ -226,7 +240,7 @@ def compare_weights(a: str, b: str, atol: float = 0.0, rtol: float = 1e-5) -> Di
         else "diverged"
     return {"a": info_a, "b": info_b, "only_in_a": only_a, "only_in_b": only_b,
             "shape_mismatch": shape_mismatch, "value_mismatch": value_mismatch,
-            "matched": matched, "atol": atol, "rtol": rtol, "verdict": verdict}
+            "dtype_mismatch": dtype_mismatch, "matched": matched, "atol": atol, "rtol": rtol, "verdict": verdict}
 
 
 # --------------------------------------------------------------------------- output
@@ -270,6 +284,12 @@ def format_weights(result: Dict[str, Any]) -> str:
                          f"max_rel {m['max_rel']:.4g}  cosine {m['cosine']:.6f}")
         if len(result["value_mismatch"]) > _LIST_LIMIT:
             lines.append(f"  ... and {len(result['value_mismatch']) - _LIST_LIMIT} more")
+    if result.get("dtype_mismatch"):
+        kinds = collections.Counter((m["dtype_a"], m["dtype_b"])
+                                    for m in result["dtype_mismatch"])
+        lines.append(f"dtype differs: {len(result['dtype_mismatch'])} tensors (" + ", ".join(
+            f"{n} {a} in A, {b} in B" for (a, b), n in kinds.most_common()) +
+            "; values compared in float64)")
     lines.append(f"matched: {result['matched']}")
     lines.append(f"verdict: {result['verdict']}")
     return "\n".join(lines) + "\n"
