@@ -415,19 +415,26 @@ debugger.stop(); debugger.step()
 """
 
 
+def _whole_against_cut(tmp_path, how: str) -> Dict[str, Any]:
+    """_ENDS_IN_FORWARD run whole and ended `how` (exit code 3), compared; the cut step
+    matches as far as it got, and the set-up names it interrupted."""
+    import subprocess
+    import sys
+    for name, mode in (("whole", "run"), ("cut", how)):
+        proc = subprocess.run([sys.executable, "-c", _ENDS_IN_FORWARD, str(tmp_path / name),
+                               mode], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == (3 if mode == how else 0), proc.stderr
+    result = compare_dumps(str(tmp_path / "whole"), str(tmp_path / "cut"))
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert any("interrupted" in f["message"] for f in result["setup"]), result["setup"]
+    return result
+
+
 def test_a_step_the_process_ended_inside_is_compared_as_far_as_it_got(tmp_path):
     """The candidate's step ended inside the model's forward (sys.exit): the root's calls up to
     there are those of the complete run, so it matches (the set-up names the interrupted step)
     instead of "the candidate calls nothing" in the root module."""
-    import subprocess
-    import sys
-    for name, how in (("whole", "run"), ("cut", "exit")):
-        proc = subprocess.run([sys.executable, "-c", _ENDS_IN_FORWARD, str(tmp_path / name),
-                               how], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == (3 if how == "exit" else 0), proc.stderr
-    result = compare_dumps(str(tmp_path / "whole"), str(tmp_path / "cut"))
-    assert result["verdict"] == "match", result["first_divergence"]
-    assert any("interrupted" in f["message"] for f in result["setup"]), result["setup"]
+    result = _whole_against_cut(tmp_path, "exit")
     assert result["rows"] and result["unmatched_count"] > 0
 
 
@@ -435,12 +442,4 @@ def test_a_step_that_ended_between_micro_batches_is_compared_as_far_as_it_got(tm
     """The candidate's process ended after the first of two micro-batches: the model's second
     forward call never began. Calls the process never reached are no structural difference
     (the root module was named: "calls differ ... 2 vs 1 calls")."""
-    import subprocess
-    import sys
-    for name, how in (("whole", "run"), ("cut", "between")):
-        proc = subprocess.run([sys.executable, "-c", _ENDS_IN_FORWARD, str(tmp_path / name),
-                               how], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == (3 if how == "between" else 0), proc.stderr
-    result = compare_dumps(str(tmp_path / "whole"), str(tmp_path / "cut"))
-    assert result["verdict"] == "match", result["first_divergence"]
-    assert any("interrupted" in f["message"] for f in result["setup"]), result["setup"]
+    _whole_against_cut(tmp_path, "between")
