@@ -27,6 +27,7 @@ static atomic_long queued;        /* stopped steps handed to a writer */
 static atomic_long finished;      /* of those, written (or given up) */
 static atomic_long progress;      /* grows with everything a writer writes */
 static atomic_int terminating;    /* a SIGTERM was deferred */
+static atomic_long capturing;     /* capture windows open (start() ran, stop() not yet) */
 static volatile pid_t owner;      /* the process whose watcher listens */
 static int wake[2] = {-1, -1};
 static double stall_seconds = 30.0;
@@ -97,6 +98,9 @@ static void *watch(void *unused) {
             }
         }
     }
+    if (atomic_load(&capturing) > 0)
+        say("precdbg: SIGTERM while a step was being captured (start() ran, stop() had not): "
+            "that step is not written; steps stopped before it are\n");
     default_action_now();
     return NULL;
 }
@@ -173,6 +177,15 @@ static PyObject *note_progress(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *note_capturing(PyObject *self, PyObject *args) {
+    int delta;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "i", &delta))
+        return NULL;
+    atomic_fetch_add(&capturing, delta);
+    Py_RETURN_NONE;
+}
+
 static PyObject *deferred(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     return PyBool_FromLong(owner == getpid() && atomic_load(&terminating));
@@ -190,6 +203,8 @@ static PyMethodDef methods[] = {
     {"note_queued", note_queued, METH_NOARGS, "a stopped step was handed to a writer"},
     {"note_finished", note_finished, METH_NOARGS, "a stopped step was written or given up"},
     {"note_progress", note_progress, METH_NOARGS, "a writer wrote something"},
+    {"note_capturing", note_capturing, METH_VARARGS,
+     "note_capturing(+1 | -1): a capture window opened or closed"},
     {"deferred", deferred, METH_NOARGS, "True once a SIGTERM waits for the writers"},
     {"end_by_sigterm", end_by_sigterm, METH_NOARGS,
      "end the process by SIGTERM's default action (after a deferred SIGTERM)"},

@@ -46,6 +46,7 @@ class CallNaming:
         self._modules = [(path, cls, parent, settings_text(framework, cls, raw) if raw else "")
                          for path, cls, parent, raw in modules]
         self._module_cls = {path: cls for path, cls, _, _ in self._modules}
+        self.filter.set_modules([(path, cls) for path, cls, _, _ in self._modules])
 
     def enter_module(self, path: str, keep_subtree: bool) -> None:
         inside = bool(self._module_stack) and self._module_stack[-1][1]

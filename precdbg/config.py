@@ -11,7 +11,8 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from .config_file import read_config_file
 from .errors import ConfigError
@@ -177,6 +178,21 @@ class DumpConfig(BaseModel):
             raise ValueError(f"{value!r} is not one of none, lzf, gzip")
         return value
 
+    @model_validator(mode="after")
+    def _range_fits_level(self) -> "DumpConfig":
+        """A range's ends must be calls the level records (msprobe refuses the others too): at
+        level module two module entries, at level api two API entries."""
+        if self.scope_range and self.level is not Level.MIX:
+            modules = [n.startswith(_MODULE_PREFIXES) for n in self.scope_range]
+            if self.level is Level.MODULE and not all(modules):
+                raise ValueError(f"scope: {self.scope_range}: at level module (L0) both ends "
+                                 "must be module entries (Module.<path>.<Class>.forward.<n>)")
+            if self.level is Level.API and any(modules):
+                raise ValueError(f"scope: {self.scope_range}: at level api (L1) both ends must "
+                                 "be API entries (Functional.linear.0.forward); module entries "
+                                 "need level module or mix")
+        return self
+
     # ---- derived views (kept here so every adapter applies the same rules) ----
     @property
     def keeps_modules(self) -> bool:
@@ -196,13 +212,16 @@ class DumpConfig(BaseModel):
 
 
 # ----------------------------------------------------------------------------- msprobe form
+_MODULE_PREFIXES = ("Module.", "Cell.")
 _MSPROBE_TASK_SECTIONS = {"statistics": "statistics", "tensor": "tensor",
                           "overflow_check": "overflow_check", "overflow": "overflow_check"}
 _MSPROBE_UNSUPPORTED_TASKS = {"free_benchmark", "run_ut", "grad_probe", "structure",
                               "exception_dump", "acc_check", "diff_check", "nan_check"}
 _MSPROBE_SECTIONS = set(_MSPROBE_TASK_SECTIONS.values()) | _MSPROBE_UNSUPPORTED_TASKS
 # top-level msprobe keys that carry over unchanged, renamed, or are checked then dropped
-_MSPROBE_TOP_KEEP = {"task", "dump_path", "rank", "step", "level"}
+_MSPROBE_TOP_KEEP = {"task", "dump_path", "rank", "step", "level",
+                     # precdbg's own settings, which msprobe has no key for
+                     "stack", "include_optimizer", "queue_mb", "compression", "deterministic"}
 _MSPROBE_TOP_RENAMED = {"is_deterministic": "deterministic", "seed": "seed"}
 _MSPROBE_SECTION_KEEP = {"list", "data_mode", "tensor_list", "overflow_nums"}
 # msprobe names an entry Prefix.api.N.direction or Module|Cell.path.Class.direction.N
@@ -237,22 +256,25 @@ def _is_msprobe(raw: Mapping[str, Any]) -> bool:
 def _settings_in_another_section(raw: Mapping[str, Any], task: str, own: str, where: str
                                  ) -> None:
     """The task's own section is missing, but another task's section selects what to dump (a
-    scope, a list): msprobe reads only the task's section, so that selection would silently
-    not apply (a whole, unscoped tensor dump). Refused, naming where it belongs."""
+    scope, a list, a data_mode, a summary_mode other than the defaults): msprobe reads only the
+    task's section, so that selection would silently not apply (a whole, unscoped tensor
+    dump). Refused, naming where it belongs."""
     for other in sorted(set(_MSPROBE_TASK_SECTIONS.values()) - {own}):
         section = raw.get(other)
         if not isinstance(section, dict):
             continue
-        for key in ("scope", "list"):
-            if section.get(key):
+        for key in ("scope", "list", "data_mode", "summary_mode"):
+            if section.get(key) and section.get(key) not in (["all"], "all", "statistics"):
                 raise ConfigError(f"{where}: {other}.{key}: set, but the task is {task!r}, "
                                   f"whose settings go in a {own!r} section (only the task's "
                                   "own section applies); move them there")
 
 
-def _from_msprobe(raw: Mapping[str, Any], where: str) -> Dict[str, Any]:
-    """Translate an msprobe config.json into precdbg's flat form; refuse what cannot apply."""
-    task = str(raw.get("task", "statistics")).strip().lower()
+def _from_msprobe(raw: Mapping[str, Any], where: str, task: Optional[str] = None
+                  ) -> Dict[str, Any]:
+    """Translate an msprobe config.json into precdbg's flat form; refuse what cannot apply.
+    `task`: the task given as an argument, whose section applies (as in msprobe)."""
+    task = str(task or raw.get("task", "statistics")).strip().lower()
     if task in _MSPROBE_UNSUPPORTED_TASKS:
         raise ConfigError(f"{where}: task: msprobe task {task!r} is not a dump task; precdbg "
                           "supports statistics, tensor and overflow_check")
@@ -375,6 +397,8 @@ def _pydantic_message(exc: ValidationError, where: str) -> str:
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    if not err.get("loc"):             # a rule over several keys: its message names them
+        return f"{where}: {msg}{extra}"
     return f"{where}: {key}: {msg}{extra}"
 
 
@@ -390,7 +414,8 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
         if "list" in raw and "api_list" in raw:
             raise ConfigError(f"{where}: list and api_list name the same setting; keep one")
         if _is_msprobe(raw):
-            raw = _from_msprobe(raw, where)
+            given = overrides.get("task")
+            raw = _from_msprobe(raw, where, given.value if hasattr(given, "value") else given)
     for key, value in overrides.items():
         if value is not None:
             raw["list" if key == "api_list" else key] = value

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
@@ -21,11 +22,15 @@ log = logging.getLogger("precdbg")
 
 
 class BaseDebugger:
-    """`PrecisionDebugger(config_path=None, **settings)`; settings override the file."""
+    """`PrecisionDebugger(config_path=None, model=None, **settings)`; settings override the
+    file. `model` (msprobe's constructor argument): what `start()` without a model hooks."""
 
     def __init__(self, config_path: Optional[str], adapter_factory: Callable[[], Adapter],
-                 **settings: Any) -> None:
+                 model: Any = None, **settings: Any) -> None:
         self.config: DumpConfig = load_config(config_path, **settings)
+        # where the script was when it made the debugger, whatever it changes to later
+        self.config.dump_path = os.path.abspath(self.config.dump_path)
+        self._model = _reference(model)
         self._session = Session(self.config, adapter_factory())
         self._closed = False
         # Garbage-collected (a local of main() that returned): the writer finishes what is
@@ -37,8 +42,11 @@ class BaseDebugger:
 
     # -- the four lines ----------------------------------------------------------------------
     def start(self, model: Any = None) -> bool:
-        """Start capturing (no-op on steps/ranks not selected). Returns whether it captures."""
+        """Start capturing (no-op on steps/ranks not selected). Returns whether it captures.
+        Without `model`, the model given to the constructor, if any."""
         self._closed = False
+        if model is None and self._model is not None:
+            model = self._model()
         try:
             return self._session.start(model)
         except PrecdbgError:
@@ -120,6 +128,17 @@ class BaseDebugger:
     @property
     def dump_path(self) -> str:
         return self.config.dump_path
+
+
+def _reference(model: Any) -> Optional[Callable[[], Any]]:
+    """The constructor's model, held weakly where it can be (the debugger must not keep a
+    model the script has dropped, and its device memory, alive)."""
+    if model is None:
+        return None
+    try:
+        return weakref.ref(model)
+    except TypeError:
+        return lambda: model
 
 
 def _say_if_nothing_dumped(session: Session) -> None:

@@ -44,7 +44,7 @@ except ImportError:                 # built without a C compiler: SIGTERM acts a
     _termguard = None  # type: ignore[assignment]
 
 __all__ = ["track_writer", "untrack_writer", "track_session", "shutting_down",
-           "drain_at_exit", "step_queued", "step_finished", "wrote_something"]
+           "drain_at_exit", "step_queued", "step_finished", "wrote_something", "capturing"]
 
 log = logging.getLogger("precdbg")
 
@@ -117,6 +117,14 @@ def step_finished() -> None:
     """A writer is done with a stopped step (written, or dropped on a failure)."""
     if _termguard is not None:
         _termguard.note_finished()
+
+
+def capturing(delta: int) -> None:
+    """A capture window opened (+1) or closed (-1): a SIGTERM inside one says that step is
+    not written (the process ends without running Python, so nothing can stop it)."""
+    note = getattr(_termguard, "note_capturing", None)   # None: not built, or built before it
+    if note is not None:
+        note(delta)
 
 
 def wrote_something() -> None:

@@ -53,6 +53,11 @@ class RunInfo:
         self._refused = False        # start() found files of another run (said once)
 
     @property
+    def refused(self) -> bool:
+        """Whether start() found another run's files in the dump folder (nothing is dumped)."""
+        return self._refused
+
+    @property
     def written(self) -> bool:
         return self._written
 

@@ -57,5 +57,7 @@ class StepSelection:
         missed = sorted(set(self.steps) - self.selected)
         if not missed:
             return None
+        reached = max(last, max(self.selected, default=last))
         return (f"precdbg: config step is {sorted(self.steps)}, and steps {missed} were not "
-                f"dumped: start() also ran on {ran}, which the config leaves out; {how}")
+                f"dumped: the step count reached {reached} (start() also ran on {ran}, which "
+                f"the config leaves out); if training went further, note that {how}")

@@ -32,7 +32,7 @@ from .call_naming import CallNaming
 from .naming import save_entry, uninitialized_output
 from .schema import (NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task,
                      scalar_dtype)
-from .writer import DumpWriter, earlier_dump
+from .writer import DumpWriter, count_step, earlier_dump, steps_counted, unusable_folder
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
 
@@ -54,12 +54,16 @@ class Session(CallNaming):
         self.tensors = adapter.tensors
         self.filter = CaptureFilter(config)
         self._every_record = self.filter.keeps_every_record()
-        earlier = earlier_dump(config.dump_path)    # refused here, before training runs
+        unusable = unusable_folder(config.dump_path)     # refused here, before training runs
+        if unusable is not None:
+            raise ConfigError(f"dump_path: {config.dump_path}: {unusable}; choose a folder this "
+                              "process can write")
+        earlier = earlier_dump(config.dump_path)
         if earlier is not None:
             raise ConfigError(f"dump_path: {config.dump_path} already holds a dump of an earlier "
                               f"run ({earlier}); choose an empty folder or move that dump away")
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
-        self.current_step = 0
+        self.current_step = steps_counted(config.dump_path)
         self.selection = StepSelection(config)
         self._told_no_model = False
         self._told_other_thread = False
@@ -109,7 +113,10 @@ class Session(CallNaming):
         self._failures.new_window()
 
     def nothing_dumped_notice(self) -> Optional[str]:
-        """Why this run wrote nothing (start() ran only on steps the config leaves out)."""
+        """Why this run wrote nothing (start() ran only on steps the config leaves out); None
+        when the dump folder was refused (that was said when it happened)."""
+        if self.run.refused:
+            return None
         return self.selection.nothing_dumped_notice(self.run.written)
 
     def start(self, model: Any = None) -> bool:
@@ -145,6 +152,7 @@ class Session(CallNaming):
             "precdbg_version": __version__})
         self.phase = Phase.FORWARD.value
         self.active = True
+        lifetime.capturing(+1)
         self._window_seq = self._seq
         self.collector.begin()
         try:
@@ -152,6 +160,7 @@ class Session(CallNaming):
         except Exception:
             self.active = False
             self.collector.end()
+            lifetime.capturing(-1)
             self.adapter.uninstall()
             self.writer.abandon_step()
             self._reset_window()
@@ -196,6 +205,7 @@ class Session(CallNaming):
         if not self.active:
             return
         self.active = False
+        lifetime.capturing(-1)
         self._window_model = None            # not kept alive past its window
         if self._calls_seen == 0 and not interrupted and (self.config.keeps_apis
                                                           or self.config.keeps_modules):
@@ -238,6 +248,7 @@ class Session(CallNaming):
             self.stop()
         finally:
             self.current_step += 1
+            count_step(self.config.dump_path, self.current_step)
             self._reset_step_counters()
 
     def close(self, timeout: Optional[float] = 120.0) -> bool:
@@ -387,8 +398,14 @@ class Session(CallNaming):
             return
         records, payloads = self._batch.take()
         if self._overflow:
+            before = self._overflow_kept
             records, self._overflow_kept = self.filter.overflow_only(records,
                                                                       self._overflow_kept)
+            limit = self.config.overflow_nums
+            if before < limit <= self._overflow_kept:
+                log.warning("precdbg: step %d: overflow_nums %d reached: later non-finite "
+                            "values are not recorded; training goes on (precdbg never stops "
+                            "it, where msprobe would)", self.current_step, limit)
             ids = {r.tensor_id for r in records}
             payloads = [p for p in payloads if p.tensor_id in ids]
         if records or payloads:

@@ -28,11 +28,12 @@ from .schema import SCHEMA_VERSION, Record
 from .stepfile import OpenStep, Payload, free_space, step_file_path, write_json_atomic
 
 __all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic", "earlier_dump",
-           "check_writable"]
+           "check_writable", "unusable_folder", "steps_counted", "count_step"]
 
 log = logging.getLogger("precdbg")
 
 _CLAIMED: Set[str] = set()         # dump folders this process writes into (any debugger)
+_STEPS_COUNTED: Dict[str, int] = {}     # dump folder -> steps counted there by step() so far
 # step files any debugger of this process has opened: two debuggers capturing into one folder
 # at once (their windows overlapping) each get a part of their own, never the same file (whose
 # `.partial` exists only once the writer thread first writes to it)
@@ -70,6 +71,39 @@ def check_writable(path: str) -> None:
                           f"({exc.strerror or exc})") from None
 
 
+def steps_counted(dump_path: str) -> int:
+    """How many steps debuggers of this process counted (step()) into `dump_path` so far: a
+    debugger made later for the same folder (a local of a function called once per epoch)
+    goes on from there, as msprobe's one debugger per process does, instead of writing a
+    second, other iteration as a part of step 0."""
+    return _STEPS_COUNTED.get(os.path.abspath(dump_path), 0)
+
+
+def count_step(dump_path: str, step: int) -> None:
+    folder = os.path.abspath(dump_path)
+    _STEPS_COUNTED[folder] = max(step, _STEPS_COUNTED.get(folder, 0))
+
+
+def unusable_folder(path: str) -> Optional[str]:
+    """Why `path` cannot become the dump folder, seen without creating anything (asked when
+    the debugger is made, before training, as check_writable is at the first start()): a file
+    there, or the nearest folder that exists is not writable. None: nothing known against it."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{path} is a file, not a folder"
+    existing = path
+    while not os.path.exists(existing):
+        parent = os.path.dirname(existing)
+        if parent == existing:
+            return None
+        existing = parent
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, so {path} cannot be made"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable (or on a read-only file system)"
+    return None
+
+
 def earlier_dump(dump_path: str) -> Optional[str]:
     """A file of a dump that an earlier run left in `dump_path` (written before this process
     started, in a folder no debugger of this process writes into), or None. Files of this
@@ -83,10 +117,14 @@ def earlier_dump(dump_path: str) -> Optional[str]:
         sorted(glob.glob(os.path.join(folder, "step*", "rank*.h5*")))
     for path in candidates:
         try:
-            if os.path.getmtime(path) < started - 2.0:     # a second of clock granularity
-                return path
+            mtime_ns = os.stat(path).st_mtime_ns
         except OSError:
             continue
+        # file systems that keep whole seconds (or two: FAT) need that much slack; others
+        # only the start's tick (a rerun right after the last run ended is still refused)
+        slack = 2.0 if mtime_ns % 1_000_000_000 == 0 else 0.05
+        if mtime_ns / 1e9 < started - slack:
+            return path
     return None
 
 _WRITER_NICE = 10

@@ -34,9 +34,10 @@ class PrecisionDebugger(BaseDebugger):
     ...     debugger.start(model); loss = train_step(x, y); debugger.stop(); debugger.step()
     """
 
-    def __init__(self, config_path: Optional[str] = None, **settings: Any) -> None:
+    def __init__(self, config_path: Optional[str] = None, model: Any = None,
+                 **settings: Any) -> None:
         from .adapter import MindSporeAdapter
-        super().__init__(config_path, MindSporeAdapter, **settings)
+        super().__init__(config_path, MindSporeAdapter, model=model, **settings)
         if self.config.seed is not None or self.config.deterministic:
             seed_all(self.config.seed if self.config.seed is not None else 1234,
                      self.config.deterministic)

@@ -37,9 +37,10 @@ class PrecisionDebugger(BaseDebugger):
     ...     debugger.start(model); train_step(batch); debugger.stop(); debugger.step()
     """
 
-    def __init__(self, config_path: Optional[str] = None, **settings: Any) -> None:
+    def __init__(self, config_path: Optional[str] = None, model: Any = None,
+                 **settings: Any) -> None:
         from .adapter import TorchAdapter
-        super().__init__(config_path, TorchAdapter, **settings)
+        super().__init__(config_path, TorchAdapter, model=model, **settings)
         if self.config.seed is not None or self.config.deterministic:
             seed_all(self.config.seed if self.config.seed is not None else 1234,
                      self.config.deterministic)

@@ -62,7 +62,10 @@ def note_compiled(session: Any, paths: List[str]) -> None:
         _warned = True
         log.warning("precdbg: %s compiled with torch.compile; captured steps run compiled code "
                     "eagerly (torch.compiler.set_stance('force_eager')) so that every API and "
-                    "module call is seen, the other steps run it compiled", _listed(paths))
+                    "module call is seen, the other steps run it compiled; random ops draw "
+                    "other numbers eagerly than compiled, so with dropout on, the loss of a "
+                    "captured step and of the steps after it differs from a run without "
+                    "precdbg (set dropout to 0 to compare losses)", _listed(paths))
 
 
 _warned_scripted = False

@@ -10,6 +10,7 @@ FRAMEWORK: torch | mindspore. VARIANT, what happens right after stop() and step(
   handler   the script's own SIGTERM handler (installed first) ends it with sys.exit(7)
   fork      forks a child that sleeps; prints the child's pid; the parent sends it SIGTERM and
             the script reports how the child ended
+  inside    the process sends itself SIGTERM after start() and the step, before stop()
 The dumped step is the tensor task of a ~90 MB step: writing it takes a while.
 """
 import os
@@ -92,6 +93,9 @@ def main() -> None:
         if step == 1:
             debugger.start(model)
         train()
+        if step == 1 and VARIANT == "inside":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(120)
         if step == 1:
             debugger.stop()
             debugger.step()

@@ -941,23 +941,45 @@ def test_scope_module_path_keeps_the_module_and_everything_in_it(tmp_path):
 
 
 def test_scope_range_of_two_blocks(gpt_dump, tmp_path):
-    """As the config examples say: [block 0, block 1] keeps block 0 whole and block 1's own
-    entry, nothing inside block 1."""
+    """As msprobe ends a range: [block 0, block 1] keeps both blocks whole (the range closes
+    when its last module returns) and nothing after them; the parameters kept are those of
+    the modules in the range."""
     dump, dbg = dump_once(tmp_path, scope_range=["Module.blocks.0.Block.forward.0",
                                                  "Module.blocks.1.Block.forward.0"])
     assert dbg.failures == 0
     t = dump.records(step=0)
     calls = t.select(np.isin(t["kind"], ["api", "module"]))
     modules = set(np.unique(calls["module"]))
-    assert all(m == "blocks.1" or m == "blocks.0" or m.startswith("blocks.0.")
-               for m in modules), modules
-    assert set(np.unique(calls.select(calls["module"] == "blocks.1")["entry"])) == \
-        {"Module.blocks.1.Block.forward.0", "Module.blocks.1.Block.backward.0"}
+    assert all(m.split(".")[:2] in (["blocks", "0"], ["blocks", "1"]) for m in modules), modules
     full = gpt_dump["table"]
-    block0 = full.select((full["module"] == "blocks.0") | np.char.startswith(full["module"],
-                                                                               "blocks.0."))
-    assert set(np.unique(block0.select(np.isin(block0["kind"], ["api", "module"]))["entry"])) <= \
-        set(np.unique(calls["entry"]))
+    blocks = full.select(np.char.startswith(full["module"], "blocks.0")
+                         | np.char.startswith(full["module"], "blocks.1"))
+    assert set(np.unique(blocks.select(np.isin(blocks["kind"], ["api", "module"]))["entry"])) \
+        == set(np.unique(calls["entry"]))
+    params = set(np.unique(t.select(np.isin(t["kind"], ["param", "param_grad"]))["module"]))
+    assert params and all(m.split(".")[:2] in (["blocks", "0"], ["blocks", "1"])
+                          for m in params), params
+
+
+def test_list_and_backward_names_keep_only_what_they_name(tmp_path):
+    """msprobe's `list` names calls: an API name keeps no parameter (with task tensor every
+    weight and gradient would be stored in full), a module entry keeps that module's; a
+    backward name (`Functional.linear.1.backward`, as msprobe's guides write it) stands for
+    its call."""
+    dump, dbg = dump_once(tmp_path / "api", task="tensor", level="api",
+                          api_list=["Functional.gelu", "Functional.linear.1.backward"])
+    t = dump.records(step=0)
+    assert set(np.unique(t["kind"])) == {"api"}, set(np.unique(t["entry"]))
+    assert {e.rsplit(".", 1)[0] for e in np.unique(t["entry"])} == \
+        {"Functional.gelu.0", "Functional.gelu.1", "Functional.linear.1"}
+    dump, dbg = dump_once(tmp_path / "op", level="api", api_list=["Tensor.__add__"])
+    assert {e.rsplit(".", 2)[0] for e in np.unique(dump.records(step=0)["entry"])} == \
+        {"Tensor.add"}                    # msprobe's name of `x + y`, as torch hands it over
+    dump, dbg = dump_once(tmp_path / "module",
+                          api_list=["Module.blocks.1.mlp.MLP.forward.0"])
+    t = dump.records(step=0)
+    params = set(np.unique(t.select(np.isin(t["kind"], ["param", "param_grad"]))["module"]))
+    assert params and all(m.startswith("blocks.1.mlp") for m in params), params
 
 
 def test_forward_only_dump_never_reads_the_autograd_graph(tmp_path, monkeypatch):

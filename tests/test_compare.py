@@ -83,6 +83,9 @@ def test_forward_op_change_gelu_tanh(dumps):
     first = cs.assert_first(result, step=0, direction="forward", kind="api",
                             module="blocks.1.mlp.act", op="gelu", reason=["'approximate'"])
     assert "tanh" in first["reason"], cs.describe(result)
+    # inside the model: the line of the model's code that called it, no `when`
+    assert first["call_site"]["baseline"].split(" in ")[-1] == "forward", first
+    assert "gpt_torch.py:" in first["call_site"]["baseline"] and "when" not in first, first
     # what follows the culprit is listed as its consequences, never before it
     assert result["consequences"], "the changed GELU output changes everything after it"
     assert all(c["module"] not in ("blocks.0.ln_1", "blocks.0.attn.qkv")
@@ -545,3 +548,92 @@ def test_stored_complex_tensors_are_compared_in_both_parts():
         apart = tensor_metrics(a, a + 0.5j)
     assert same["rmse"] == 0.0 and same["cosine"] == pytest.approx(1.0)
     assert apart["rmse"] > 0.2 and apart["cosine"] < 0.99
+
+
+def _clipped_steps(path: str, max_norm: float, micro: int = 1, scale_dw: bool = False) -> int:
+    """Two SGD steps of a small MLP, clipped to `max_norm`, each dumped with the four lines
+    (`micro` micro-batches accumulated per step); returns the line of the clipping call."""
+    from precdbg_pt import PrecisionDebugger
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    debugger = PrecisionDebugger(task="statistics", level="mix", dump_path=path, step=[])
+    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    parts = list(zip(x.chunk(micro), y.chunk(micro)))
+    for _ in range(2):
+        debugger.start(model)
+        if scale_dw and _ == 0:        # after start(model): it runs after precdbg's hook
+            model[0].weight.register_hook(lambda grad: grad * 1.5)
+        for xs, ys in parts:
+            (torch.nn.functional.mse_loss(model(xs), ys) / micro).backward()
+        line = _line() + 1
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        opt.zero_grad()
+        debugger.stop()
+        debugger.step()
+    debugger.close()
+    return line
+
+
+def _line() -> int:
+    import inspect
+    return inspect.currentframe().f_back.f_lineno
+
+
+def test_a_clipping_difference_says_when_it_ran_and_which_line(tmp_path):
+    """Clipping's calls run outside every module like the model's own first op: the verdict
+    says it ran after the backward and names the script's line that made it."""
+    line = _clipped_steps(str(tmp_path / "a"), 1.0)
+    _clipped_steps(str(tmp_path / "b"), 0.05)
+    result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    first = cs.assert_first(result, step=0, direction="forward", kind="api", module="",
+                            reason=["argument"])
+    assert first["when"].startswith("after the backward"), first
+    site = f"{__file__}:{line} in _clipped_steps"
+    assert first["call_site"] == {"baseline": site, "candidate": site}, first
+    text = summary_text(result)
+    assert "after the backward, outside the model" in text and f"called at {site}" in text
+
+
+def test_micro_batches_against_one_batch_are_named_as_such(tmp_path):
+    """Two accumulated micro-batches against one batch of both: the model runs twice in one
+    run, which is named as that (not as a list of calls), the clipping after the backward
+    pairs with the other run's, and the weights after the step agree, which a note says."""
+    _clipped_steps(str(tmp_path / "a"), 1.0)
+    _clipped_steps(str(tmp_path / "b"), 1.0, micro=2)
+    result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    first = cs.assert_first(result, step=0, direction="forward", kind="module", module="",
+                            reason=["runs 1 time(s) in the baseline and 2 in the candidate"])
+    assert "structure" in first, first
+    only_a = {u["name"] for u in result["unmatched"] if u["side"] == "a"}
+    assert not only_a, only_a              # clipping's calls pair, although the model ran twice
+    assert any(n.startswith("every parameter agrees at the start of step(s) 1") for n in
+               result["notes"]), result["notes"]
+
+
+def test_clipping_bound_neither_run_reaches_is_noted_as_absorbed(tmp_path):
+    _clipped_steps(str(tmp_path / "a"), 50.0)
+    _clipped_steps(str(tmp_path / "b"), 100.0)
+    result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    cs.assert_first(result, step=0, direction="forward", kind="api", module="",
+                    reason=["argument"])
+    assert any(n.startswith("every parameter agrees at the start of step(s) 1") for n in
+               result["notes"]), result["notes"]
+    # one that bites does reach the weights: no such note
+    _clipped_steps(str(tmp_path / "c"), 0.05)
+    result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "c"))
+    assert not any(n.startswith("every parameter agrees") for n in result["notes"])
+
+
+def test_gradient_changed_after_its_hook_recorded_it_is_named_at_the_gradient(tmp_path):
+    """A user's gradient hook registered after start(model) scales a weight's gradient after
+    precdbg's hook recorded it: the dw records agree, `.grad` as clipping reads it does not.
+    The verdict names that weight's gradient and says what changes one after it is recorded,
+    not the clipping call that first read it."""
+    _clipped_steps(str(tmp_path / "a"), 100.0)
+    _clipped_steps(str(tmp_path / "b"), 100.0, scale_dw=True)
+    result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
+    first = cs.assert_first(result, step=0, direction="backward", kind="param_grad", module="0",
+                            reason=["after it was recorded", "registered after start()"])
+    assert first["name_a"] == "Param.0.weight.grad", first

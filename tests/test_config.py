@@ -264,6 +264,38 @@ def test_msprobe_selection_in_another_tasks_section_is_refused(tmp_path):
     assert load_config(_write(tmp_path / "template.json", data)).task is Task.TENSOR
 
 
+def test_msprobe_data_mode_in_another_tasks_section_is_refused(tmp_path):
+    """The same for a data_mode or summary_mode: a forward-only md5 wish under `statistics`
+    with task tensor would otherwise store every tensor of both directions."""
+    data = {k: v for k, v in MSPROBE.items() if k not in ("statistics", "tensor")}
+    data.update(task="tensor", statistics={"data_mode": ["forward"], "summary_mode": "md5"})
+    message = _error(load_config, _write(tmp_path / "config.json", data))
+    assert "statistics.data_mode: set, but the task is 'tensor'" in message, message
+
+
+def test_msprobe_task_given_as_argument_reads_its_own_section(tmp_path):
+    """msprobe's PrecisionDebugger(config_path, task="tensor") on a file of several sections
+    applies the tensor section, not the file's task's."""
+    data = dict(MSPROBE, task="statistics")
+    data["statistics"] = {"scope": [], "list": ["layer_norm"], "data_mode": ["all"]}
+    data["tensor"] = {"scope": [], "list": ["gelu"], "data_mode": ["forward"]}
+    cfg = load_config(_write(tmp_path / "config.json", data), task="tensor")
+    assert cfg.task is Task.TENSOR
+    assert cfg.api_list == ["gelu"] and cfg.data_mode == [DataMode.FORWARD]
+
+
+@pytest.mark.parametrize("level,ends", [
+    ("L0", ["Functional.layer_norm.1.forward", "Torch.addmm.3.forward"]),
+    ("L1", ["Module.blocks.0.Block.forward.0", "Module.blocks.1.Block.forward.0"]),
+])
+def test_msprobe_range_of_calls_the_level_does_not_record_is_refused(tmp_path, level, ends):
+    data = dict(MSPROBE, level=level)
+    data["statistics"] = {"scope": ends, "list": [], "data_mode": ["all"]}
+    message = _error(load_config, _write(tmp_path / "config.json", data))
+    assert message.startswith(f"{tmp_path / 'config.json'}: scope: {ends}: at level "), message
+    assert "\n" not in message
+
+
 def test_msprobe_overflow_check_section_is_read(tmp_path):
     data = dict(MSPROBE, task="overflow_check", level="L1")
     data["overflow_check"] = {"overflow_nums": 3, "check_mode": "all"}
@@ -281,7 +313,7 @@ def test_msprobe_md5_summary_mode_means_checksum(tmp_path):
 
 def test_msprobe_scope_of_two_entry_names_is_a_range(tmp_path):
     first, last = "Module.blocks.0.Block.forward.0", "Functional.linear.3.forward"
-    data = dict(MSPROBE)
+    data = dict(MSPROBE, level="mix")
     data["statistics"] = {"scope": [first, last], "list": [], "data_mode": ["all"]}
     cfg = load_config(_write(tmp_path / "config.json", data))
     assert cfg.scope_range == [first, last]
@@ -463,3 +495,10 @@ def test_a_key_given_twice_or_a_switch_that_is_no_boolean_is_refused(tmp_path):
     yes = _write(tmp_path / "yes.yaml", "stack: no\ninclude_optimizer: yes\n")   # YAML booleans
     config = load_config(yes)
     assert config.stack is False and config.include_optimizer is True
+
+
+def test_precdbg_settings_in_an_msprobe_file(tmp_path):
+    """precdbg's own keys, which msprobe has none for, may sit at the top of an msprobe file."""
+    data = dict(MSPROBE, stack=False, include_optimizer=True, queue_mb=64)
+    cfg = load_config(_write(tmp_path / "config.json", data))
+    assert cfg.stack is False and cfg.include_optimizer is True and cfg.queue_mb == 64

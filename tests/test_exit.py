@@ -451,10 +451,11 @@ def test_guide_pattern_that_dumps_some_listed_steps_says_which_it_missed(tmp_pat
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 3 and "trained" in proc.stdout, proc.stderr[-3000:]
     said = [line for line in proc.stderr.splitlines() if "were not dumped" in line]
-    assert said == ["precdbg: config step is [0, 2], and steps [2] were not dumped: start() "
-                    "also ran on step 1, which the config leaves out; steps are counted by "
-                    "debugger.step() calls from 0 (call step() after every training iteration, "
-                    "or list the steps start() runs on)"], proc.stderr[-3000:]
+    assert said == ["precdbg: config step is [0, 2], and steps [2] were not dumped: the step "
+                    "count reached 1 (start() also ran on step 1, which the config leaves out); "
+                    "if training went further, note that steps are counted by debugger.step() "
+                    "calls from 0 (call step() after every training iteration, or list the "
+                    "steps start() runs on)"], proc.stderr[-3000:]
     assert os.path.exists(tmp_path / "dump" / "step0")
 
 

@@ -318,14 +318,27 @@ def test_hook_failures_never_reach_training(tmp_path, caplog, monkeypatch):
     assert one_row(t, entry="Functional.embedding.0.forward", role="output")["shape"] == (4, 3)
 
 
-def test_unwritable_dump_path_is_one_clear_error_at_start(tmp_path, gpt, optimizer, batches):
+def test_unwritable_dump_path_is_one_clear_error_before_training(tmp_path, gpt, optimizer,
+                                                                 batches):
+    """A dump folder that cannot be made is refused when the debugger is made, not at the
+    first dumped step hours into training; one that becomes unusable later is refused at
+    start(), which then installs nothing."""
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    dbg = PrecisionDebugger(dump_path=str(blocker / "dump"))
+    for path, words in ((blocker / "dump", f"{blocker} is a file, so"),
+                        (blocker, f"{blocker} is a file, not a folder")):
+        with pytest.raises(precdbg.ConfigError) as info:
+            PrecisionDebugger(dump_path=str(path))
+        message = str(info.value)
+        assert message.startswith(f"dump_path: {path}: ") and words in message, message
+        assert "\n" not in message
+    later = tmp_path / "later"
+    dbg = PrecisionDebugger(dump_path=str(later / "dump"))
+    later.write_text("made a file after the debugger")
     with pytest.raises(precdbg.ConfigError) as info:
         dbg.start(gpt)
     message = str(info.value)
-    assert message.startswith("dump_path: ") and str(blocker / "dump") in message
+    assert message.startswith("dump_path: ") and str(later / "dump") in message
     assert "\n" not in message and "Not a directory" in message
     assert not dbg.capturing and torch_hooks_left(gpt) == []
     # the refused start installed nothing: training goes on as if no debugger were there
@@ -648,3 +661,51 @@ def test_training_in_another_thread_than_start_is_said_once(tmp_path, caplog):
     with precdbg.open_dump(dump_path) as dump:
         assert "api" not in set(dump.records(step=1)["kind"].tolist())
         assert {"api", "module"} <= set(dump.records(step=2)["kind"].tolist())
+
+
+def test_model_given_to_the_constructor_is_what_start_hooks(tmp_path):
+    """msprobe's signature, PrecisionDebugger(config_path, model=model), then start() without
+    a model: the modules are hooked as with start(model). The debugger holds the model weakly:
+    a script that drops its model gets the memory back."""
+    import gc
+    import weakref
+    model = make_model()
+    path = str(tmp_path / "dump")
+    dbg = PrecisionDebugger(model=model, dump_path=path, step=[])
+    dbg.start()
+    loss_of(model, *make_batch_list(1)[0]).backward()
+    dbg.stop()
+    dbg.step()
+    assert dbg.close() and dbg.failures == 0
+    kinds = set(precdbg.open_dump(path).records(step=0)["kind"].tolist())
+    assert {"module", "api", "param", "param_grad"} <= kinds, kinds
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+    dbg.start()                      # the model is gone: a window without module hooks
+    dbg.stop()
+    assert dbg.failures == 0
+
+
+def test_a_debugger_made_again_for_the_same_folder_goes_on_counting(tmp_path):
+    """A debugger that is a local of a function called once per epoch, made again with the
+    same config: msprobe's one debugger per process counts on, so each epoch's dumped
+    iteration is a step of its own, not a second part of step 0 holding another iteration."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    path = str(tmp_path / "dump")
+
+    def train_epoch() -> None:
+        dbg = PrecisionDebugger(dump_path=path, step=[1, 4], level="mix")
+        for iteration in range(3):
+            dbg.start(model)
+            model(torch.randn(3, 4)).sum().backward()
+            dbg.stop()
+            dbg.step()
+        assert dbg.close() and dbg.failures == 0
+
+    train_epoch()
+    train_epoch()
+    dump = precdbg.open_dump(path)
+    assert dump.steps == [1, 4] and not dump.warnings()
+    assert sorted(os.listdir(os.path.join(path, "step4"))) == ["rank0.h5"]

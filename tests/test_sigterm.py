@@ -146,3 +146,13 @@ def test_a_forked_child_takes_sigterm_as_default(tmp_path):
     assert f"child ended by signal {int(signal.SIGTERM)}" in run.stdout, run.stdout
     assert "main done" in run.stdout and WAITING not in run.stderr, run.stderr[-2000:]
     _complete_step(str(tmp_path / "dump"))
+
+
+def test_sigterm_inside_a_capture_window_says_that_step_is_not_written(tmp_path):
+    """A SIGTERM between start() and stop() ends the process at once (nothing stopped waits;
+    Python does not run to stop the capture): one line says that step is not written."""
+    run = _run(tmp_path, "torch", "inside")
+    assert run.returncode == -signal.SIGTERM, run.stderr[-2000:]
+    said = [line for line in run.stderr.splitlines() if line.startswith("precdbg:")]
+    assert said == ["precdbg: SIGTERM while a step was being captured (start() ran, stop() "
+                    "had not): that step is not written; steps stopped before it are"], said

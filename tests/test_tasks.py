@@ -2,6 +2,8 @@
 checksums, and overflow (only what is non-finite and what led to it)."""
 from __future__ import annotations
 
+import logging
+
 import re
 
 import h5py
@@ -320,9 +322,15 @@ def test_overflow_keeps_non_finite_records_and_their_inputs(tmp_path):
                                                      np.isnan(full_rows[key][col])), (key, col)
 
 
-def test_overflow_nums_keeps_the_first_overflowing_op(tmp_path):
-    over = _overflow_run(str(tmp_path), task="overflow", overflow_nums=1)
+def test_overflow_nums_keeps_the_first_overflowing_op(tmp_path, caplog):
+    """msprobe stops training at overflow_nums; precdbg never does, and says so once."""
+    with caplog.at_level(logging.WARNING, logger="precdbg"):
+        over = _overflow_run(str(tmp_path), task="overflow", overflow_nums=1)
     assert set(over["entry"]) == {"Torch.exp.0.forward"}
+    said = [r.getMessage() for r in caplog.records if "overflow_nums" in r.getMessage()]
+    assert said == ["precdbg: step 0: overflow_nums 1 reached: later non-finite values are "
+                    "not recorded; training goes on (precdbg never stops it, where msprobe "
+                    "would)"], said
 
 
 def test_overflow_without_non_finite_values_keeps_nothing(tmp_path):

@@ -19,6 +19,7 @@ from ..errors import DumpError
 from ..reader import Dump, open_dump
 from ..schema import RecordKind, Role
 from .align import align, load_mapping, rename_module
+from .callsite import place_first
 from .entries import Entry, StepCompare, StepEntries, pair_row
 from .localize import contains, locate
 from .structure import StructuralDiff, structural_differences
@@ -26,7 +27,7 @@ from .floors import apply_floors
 from .metrics import integer_plumbing, stat_errors, tensor_metrics
 from .multistep import NoisePolicy, optimizer_setup, other_setup
 from .notes import (level_note, note_extra_calls, note_loss_scale, other_causes, uncompared,
-                    unobserved_modules, unobserved_note, unused_mapping)
+                    unobserved_modules, unobserved_note, unused_mapping, weights_agree_after)
 from .progress import CompareProgress
 from .rows import Row
 
@@ -96,7 +97,7 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
         row = pair_row(ta, tb, i, j, st, p, tm)
         step_rows.append(row)
         sc.add(row, i, j)
-    noise.remember(step, rank, ta, tb, al.pairs_a, al.pairs_b, st["diverged"])
+    noise.remember(step, rank, ta, tb, al.pairs_a, al.pairs_b, st)
     for side, table, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
         for i in idx.tolist():
             r = table.row(i)
@@ -204,7 +205,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                                  other_setup(setup["findings"], optimizer_differs), before)
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
             unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
-            other_causes(steps, structural, first)
+            other_causes(steps, structural, first) + weights_agree_after(steps, first)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
                          f"the candidate's step {own_b[0][0]} rank {own_b[0][1]} (the one step "
@@ -246,6 +247,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         if first is not None and "structure" not in first:
             note_extra_calls(first, unmatched, rows)
             note_loss_scale(first, setup["findings"])
+        place_first(first, a, b)
         return {"verdict": "diverged" if first else "match", "first_divergence": first,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched), "notes": notes,

@@ -105,6 +105,9 @@ def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapp
             for i in range(n)]
 
 
+_OUTSIDE = -2        # _module_call_of: an API call of a module's path outside its calls
+
+
 def _module_call_of(table: RecordTable, module: List[str]) -> List[int]:
     """Per record, which forward call of its module it ran in (the last one begun before it;
     -1 before the first, for backward records, and where no module call was recorded): an
@@ -112,20 +115,22 @@ def _module_call_of(table: RecordTable, module: List[str]) -> List[int]:
     pairs of that call only."""
     kind, direction, seq = table["kind"].tolist(), table["direction"].tolist(), \
         table["seq"].tolist()
-    begun: Dict[str, Dict[str, int]] = {}
+    begun: Dict[str, Dict[str, List[int]]] = {}      # path -> entry -> [first, last] seq
     entries = table["entry"].tolist()
     for i, k in enumerate(kind):
         if k == "module" and direction[i] == "forward":
-            calls = begun.setdefault(module[i], {})
-            first = calls.get(entries[i])
-            if first is None or seq[i] < first:
-                calls[entries[i]] = seq[i]
-    starts = {path: sorted(calls.values()) for path, calls in begun.items()}
+            span = begun.setdefault(module[i], {}).setdefault(entries[i], [seq[i], seq[i]])
+            span[0], span[1] = min(span[0], seq[i]), max(span[1], seq[i])
+    spans = {path: sorted(calls.values()) for path, calls in begun.items()}
+    starts = {path: [lo for lo, _ in found] for path, found in spans.items()}
     out = []
     for i, path in enumerate(module):
         found = starts.get(path)
-        out.append(bisect.bisect_right(found, seq[i]) - 1
-                   if found and direction[i] == "forward" and kind[i] == "api" else -1)
+        at = bisect.bisect_right(found, seq[i]) - 1 \
+            if found and direction[i] == "forward" and kind[i] == "api" else -1
+        # after its module's call returned: the root's path also owns what runs outside the
+        # model (the loss, clipping), which pairs by its occurrence outside every call
+        out.append(_OUTSIDE if at >= 0 and seq[i] > spans[path][at][1] else at)
     return out
 
 

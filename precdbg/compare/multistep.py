@@ -27,6 +27,11 @@ previous step of the same rank was compared, a `NoisePolicy` judges:
   few elements, so the parameters' element-wise error (3.0e-4 at step 2, 1 vs 2 threads) exceeds
   what the records inherit (<= 8.2e-5, ratio 0.28). A record that reads a parameter reads the
   same tensor and gets the parameter's verdict.
+* a parameter whose weight gradient at step k-1 agreed but was rounding noise in both runs (its
+  norm at most ROUNDING_SHARE_OF_NOISE times the rounding, tolerance x floor, of the gradient
+  it was summed from: precdbg.compare.floors; a BERT attention key bias, 3e-12 against terms of
+  1e-5) is not judged: Adam makes about +-lr of such noise (8 % apart at 1 vs 2 threads), and
+  the runs' other parameters show any optimizer difference. It sets no floor for the others.
 
 With differing optimizer set-up the strict parameter tolerance stays, and the verdict names the
 set-up finding. The parameter explanation gives the share and whether last step's weight
@@ -49,6 +54,7 @@ __all__ = ["NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN", "optimize
 UPDATE_SHARE = 0.02
 NOISE_GAIN = 5.0
 TENSOR_GAIN = 1.0
+ROUNDING_SHARE_OF_NOISE = 10.0   # a gradient under 10x its rounding floor's error is noise
 _STATS = ("min", "max", "mean", "norm")
 _PARAM, _PARAM_GRAD = RecordKind.PARAM.value, RecordKind.PARAM_GRAD.value
 _OPTIMIZER_KINDS = {"optimizer", "optimizer_groups", "loss_scale"}
@@ -76,6 +82,7 @@ class _Last:
     step: int
     stats: Dict[Key, Tuple[np.ndarray, np.ndarray]]     # (baseline, candidate)
     dw_agreed: Dict[Key, bool]
+    dw_rounding: Dict[Key, bool]     # the weight gradient was below its rounding floor
 
 
 class NoisePolicy:
@@ -89,6 +96,7 @@ class NoisePolicy:
         self.conventions = list(conventions)   # optimizer notes of low impact (still alike)
         self._last: Dict[int, _Last] = {}
         self._judged: Dict[int, int] = {}     # step -> parameters judged by their update
+        self._rounding: Dict[int, List[str]] = {}   # step -> parameters updated from rounding
 
     def settle(self, rank: int, entries: Sequence[Any]) -> None:
         """After a step of `rank` (its compare.entries.Entry list): a step that differs is no
@@ -97,8 +105,16 @@ class NoisePolicy:
             self._last.pop(rank, None)
 
     def notes(self) -> List[str]:
+        out = []
+        for step, names in sorted(self._rounding.items()):
+            out.append(f"step {step}: {len(names)} parameter(s) (first: {names[0]}) whose "
+                       f"weight gradient at step {step - 1} was rounding noise in both runs "
+                       "(so small against the gradient it was summed from that rounding is "
+                       "over a tenth of it, like an attention key bias's) differ by what the "
+                       "optimizer made of that noise (Adam turns it into updates of up to about "
+                       "+-lr): not counted as a divergence")
         if not self._judged:
-            return []
+            return out
         steps = ", ".join(str(s) for s in sorted(self._judged))
         if not self.alike:
             return [f"parameters of step(s) {steps} judged against float rounding: the "
@@ -109,9 +125,10 @@ class NoisePolicy:
         if self.conventions and not self.unknown:
             why = ("optimizers configured alike but for a convention of low impact, whose "
                    "effect this measures (see setup)")
-        return [f"step(s) {steps}: parameters judged by how much the runs' last updates "
-                f"differ (diverged above {UPDATE_SHARE:.0%} of the baseline's update), the "
-                f"other records above a floor from the parameters' difference: {why}"]
+        return out + [f"step(s) {steps}: parameters judged by how much the runs' last "
+                      f"updates differ (diverged above {UPDATE_SHARE:.0%} of the baseline's "
+                      "update), the other records above a floor from the parameters' "
+                      f"difference: {why}"]
 
     def adjust(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
                ib: np.ndarray, st: Dict[str, np.ndarray],
@@ -152,6 +169,15 @@ class NoisePolicy:
             if not self.alike:        # explained by its update, judged by rounding
                 continue
             err = float(st["err"][p])
+            if last.dw_rounding.get(keys[p]) and last.dw_agreed.get(keys[p]):
+                # updated from rounding noise alone in both runs: whatever the optimizer made
+                # of it (Adam: about +-lr) is no divergence, nor a floor for the other records
+                st["tol"][p] = max(PARAM_TOLERANCE, err)
+                st["by_update"][p] = True
+                st["diverged"][p] = False
+                if err > PARAM_TOLERANCE:
+                    self._rounding.setdefault(step, []).append(str(ta["entry"][ia[p]]))
+                continue
             # in err's units: the error this parameter may have at UPDATE_SHARE of its update
             # (the same updates: what differs was there before, and step k-1 agreed)
             limit = err * UPDATE_SHARE / share if share > 0 else err
@@ -192,19 +218,27 @@ class NoisePolicy:
                 st["by_update"][q] = True
 
     def remember(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
-                 ib: np.ndarray, diverged: np.ndarray) -> None:
-        """After the step's verdicts per pair: keep what step k+1 is judged against."""
+                 ib: np.ndarray, st: Dict[str, np.ndarray]) -> None:
+        """After the step's verdicts per pair (`st`: metrics.stat_errors with the rounding
+        floors of precdbg.compare.floors): keep what step k+1 is judged against."""
+        diverged, floor, tol = st["diverged"], st["floor"], st["tol"]
+        own = np.fmax(np.abs(ta["norm"][ia].astype(np.float64)),
+                      np.abs(tb["norm"][ib].astype(np.float64)))
         kind, role = ta["kind"][ia], ta["role"][ia]
         keys = list(zip(ta["module"][ia].tolist(), ta["op"][ia].tolist()))
         stats: Dict[Key, Tuple[np.ndarray, np.ndarray]] = {}
         dw: Dict[Key, bool] = {}
+        rounding: Dict[Key, bool] = {}
         for p in range(len(ia)):
             if kind[p] == _PARAM and role[p] == Role.PARAM.value:
                 stats[keys[p]] = (np.array([ta[s][ia[p]] for s in _STATS], dtype=np.float64),
                                   np.array([tb[s][ib[p]] for s in _STATS], dtype=np.float64))
             elif kind[p] == _PARAM_GRAD:
                 dw[keys[p]] = dw.get(keys[p], True) and not bool(diverged[p])
-        self._last[rank] = _Last(step, stats, dw)
+                # rounding of the sum is at least a tenth of the gradient: noise, not signal
+                rounding[keys[p]] = rounding.get(keys[p], True) and \
+                    bool(own[p] <= ROUNDING_SHARE_OF_NOISE * tol[p] * floor[p])
+        self._last[rank] = _Last(step, stats, dw, rounding)
 
 
 def _differs(st: Dict[str, np.ndarray], q: Any = slice(None)) -> Any:
@@ -226,8 +260,10 @@ def param_reason(step: int, metrics: Dict[str, Any], previous_matched: bool,
     share, dw = metrics.get("update_share"), metrics.get("dw_agreed")
     facts = []
     if share is not None:
-        facts.append(f"its update since step {step - 1} differs by {share:.1%} of the baseline's "
-                     f"update (float noise through the optimizer stays under {UPDATE_SHARE:.0%})")
+        facts.append(f"its statistics moved differently since step {step - 1}: by {share:.1%} "
+                     "of the baseline's update as its min, max, mean and norm show it (a "
+                     "detector, not the update's own relative difference; float noise through "
+                     f"the optimizer stays under {UPDATE_SHARE:.0%})")
     if dw is not None:
         agreed = ("agreed within its tolerance, but the set-up differs" if others else
                   "agreed: the same gradient gave a different update")

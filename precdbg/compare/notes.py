@@ -11,7 +11,8 @@ from ..schema import READ_ROLES, WRITE_ROLES, Role
 from .rows import Row
 
 __all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
-           "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes"]
+           "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes",
+           "weights_agree_after"]
 
 _FORWARD_ROLES = frozenset({Role.INPUT.value, Role.OUTPUT.value})
 
@@ -197,3 +198,26 @@ def other_causes(steps: Sequence[Any], structural: Sequence[Any],
         else ""
     return ["also differing in the compared step(s), whatever the numbers: "
             + "; ".join(found[:_OTHER_CAUSES_SHOWN]) + more]
+
+
+def weights_agree_after(steps: Sequence[Any], first: Optional[Dict[str, Any]]) -> List[str]:
+    """When every parameter agrees at the start of each compared step after the verdict's step
+    (on its rank): what differs there did not reach the weights beyond tolerance (micro-batches
+    against one batch, a clipping bound neither run reached, an equivalent computation)."""
+    if first is None:
+        return []
+    later = []
+    for step in steps:
+        if step.step <= first["step"]:
+            continue
+        params = [e for e in step.entries if e.kind == "param" and e.direction == "none"
+                  and e.rank == first["rank"]]
+        if not params or any(e.diverged or e.trainable_differs for e in params):
+            return []
+        later.append(step.step)
+    if not later:
+        return []
+    return [f"every parameter agrees at the start of step(s) {', '.join(map(str, later))} "
+            f"(rank {first['rank']}): the difference of step {first['step']} did not reach "
+            "the weights beyond tolerance (an equivalent computation, such as micro-batches "
+            "against one batch, or a clipping bound neither run reached)"]

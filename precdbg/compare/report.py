@@ -45,11 +45,17 @@ def summary_text(result: Dict[str, Any]) -> str:
     else:
         lines.append("verdict: DIVERGED")
         lines.append(f"first divergence: step {first['step']} rank {first['rank']} "
-                     f"{first['direction']} {first['kind']}")
+                     f"{first['direction']} {first['kind']}"
+                     + (f", {first['when']}" if first.get("when") else ""))
         lines.append(f"  {first['name_a'] or '-'}  <->  {first['name_b'] or '-'}")
         lines.append(f"  module '{first['module']}'"
                      + (f"  op '{first['op']}'" if first.get("op") else "")
                      + (f"  role {first['role']}" if first.get("role") else ""))
+        sites = first.get("call_site") or {}
+        if len(set(sites.values())) == 1:
+            lines.append(f"  called at {next(iter(sites.values()))}")
+        for label, site in sites.items() if len(set(sites.values())) > 1 else ():
+            lines.append(f"  called at {site} ({label})")
         lines.append(f"  why: {first['reason']}")
         chain = first.get("chain") or []
         if chain:

@@ -41,10 +41,10 @@ from ..reader import RecordTable
 from ..schema import Direction, RecordKind, Role
 from .align import rename_module
 from .inert import calls_changing_no_number
+from .structural_diff import StructuralDiff
 
 __all__ = ["StructuralDiff", "structural_differences"]
 
-_SHOWN_CALLS = 8
 # Calls that only change how elements are addressed (or nothing): an extra one of these - torch's
 # backward-hook machinery adds a `view_as`, a port adds a `contiguous` - changes no number.
 LAYOUT_OPS = frozenset({"view", "view_as", "reshape", "contiguous", "detach", "clone", "expand",
@@ -61,89 +61,6 @@ _NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
 _API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
 _CAST = "cast"                 # the canonical op of every dtype conversion (names/ops.yaml)
 _FORWARD, _OUTPUT = Direction.FORWARD.value, Role.OUTPUT.value
-
-
-@dataclasses.dataclass
-class StructuralDiff:
-    """A module whose class or calls differ; `seq` is where it starts in the baseline."""
-    step: int
-    rank: int
-    module: str
-    name_a: str
-    name_b: str
-    class_a: str
-    class_b: str
-    op: str
-    calls_a: List[str]
-    calls_b: List[str]
-    seq: int
-    order: int
-    settings: List[SettingDifference] = dataclasses.field(default_factory=list)
-
-    @property
-    def class_differs(self) -> bool:
-        return self.class_a != self.class_b
-
-    @property
-    def calls_differ(self) -> bool:
-        return self.class_differs or self.calls_a != self.calls_b
-
-    def reason(self) -> str:
-        where = f"module '{self.module}'" if self.module else "the root module"
-        parts = []
-        if self.class_differs:
-            parts.append(f"class {self.class_a} vs {self.class_b}")
-        if self.calls_a != self.calls_b:
-            parts.append(_calls_apart(self.calls_a, self.calls_b))
-        what = "calls differ"
-        if self.settings:
-            parts.append(self.settings_text())
-            what = "calls and layer settings differ" if self.calls_differ else \
-                "layer settings differ"
-        return (f"{what} in {where}: " + "; ".join(parts)
-                + " (a structural difference: it counts whether or not the numbers stay within "
-                  "tolerance)")
-
-    def settings_text(self) -> str:
-        return ", ".join(f"{d.setting} {_value(d.a)} vs {_value(d.b)}" for d in self.settings)
-
-    def as_json(self) -> Dict[str, object]:
-        return {"class_a": self.class_a, "class_b": self.class_b,
-                "calls_a": self.calls_a[:50], "calls_b": self.calls_b[:50],
-                "settings": [d.as_dict() for d in self.settings]}
-
-
-def _value(value: object) -> str:
-    from ..layers import format_value
-    return format_value(value)
-
-
-def _shown(calls: List[str]) -> str:
-    if not calls:
-        return "nothing"
-    text = ", ".join(calls[:_SHOWN_CALLS])
-    return text + (f", ... ({len(calls)} calls)" if len(calls) > _SHOWN_CALLS else "")
-
-
-def _calls_apart(calls_a: List[str], calls_b: List[str]) -> str:
-    """Where two call lists part: the whole lists when short, otherwise the first place they
-    differ (what one run calls in addition, or instead), counting the other places."""
-    if len(calls_a) <= _SHOWN_CALLS and len(calls_b) <= _SHOWN_CALLS:
-        return f"the baseline calls {_shown(calls_a)}, the candidate {_shown(calls_b)}"
-    places = [op for op in difflib.SequenceMatcher(None, calls_a, calls_b, autojunk=False)
-              .get_opcodes() if op[0] != "equal"]
-    tag, i1, i2, j1, j2 = places[0]
-    after = f"after {calls_a[i1 - 1]} (call {i1} of {len(calls_a)})" if i1 else "first"
-    if tag == "insert":
-        text = f"the candidate also calls {_shown(calls_b[j1:j2])} {after}"
-    elif tag == "delete":
-        text = f"the baseline also calls {_shown(calls_a[i1:i2])} {after}"
-    else:
-        text = (f"{after}, the baseline calls {_shown(calls_a[i1:i2])}, the candidate "
-                f"{_shown(calls_b[j1:j2])}")
-    more = len(places) - 1
-    return text + (f"; they differ in {more} more place(s)" if more else "") + \
-        f"; {len(calls_a)} vs {len(calls_b)} calls"
 
 
 @dataclasses.dataclass
@@ -347,10 +264,14 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
             (same_framework and ma.cls != mb.cls and (calls_differ or known))
         changed = by_module.get(path, [])
         if class_differs or calls_differ or changed:
+            first = calls_a[0].labels_and_no_ops()
+            repeated = len(calls_a) != len(calls_b) and \
+                not any(_apart(first, m.labels_and_no_ops()) for m in calls_a + calls_b)
             out.append(StructuralDiff(step, rank, path, ma.entry, mb.entry, ma.cls, mb.cls,
                                       ma.op, seq_a if calls_differ else [],
                                       seq_b if calls_differ else [], ma.seq, ma.order,
-                                      list(changed)))
+                                      list(changed),
+                                      (len(calls_a), len(calls_b)) if repeated else None))
     out.sort(key=lambda d: d.seq)
     return _outermost_first_only(out)
 

@@ -189,6 +189,18 @@ def root_verdict(link: Link, step: StepEntries) -> Tuple[Dict[str, Any], Optiona
         return _verdict(e, "the gradient arriving here already differs (loss or an uncaptured "
                         f"op){ev.why}", role=ev.role), None
     p = link.producer
+    if link.cause is Cause.CHANGED_AFTER and p.entry.kind == _PARAM_GRAD:
+        # the gradient as the parameter's hook saw it agrees; `.grad` as read later does not
+        first = _verdict(e, "", role=Role.PARAM_GRAD.value)
+        first.update(kind=_PARAM_GRAD, name_a=p.entry.name_a, name_b=p.entry.name_b,
+                     module=p.entry.module, op=p.entry.op, direction="backward")
+        first["reason"] = (f"the weight gradient {p.entry.name} agrees as its hook recorded "
+                           f"it, but {e.name} reads it changed (its {ev.role} {ev.arg_index} "
+                           f"differs{ev.why}): something changed the gradient after it was "
+                           "recorded, outside the captured calls - a gradient hook "
+                           "registered after start() (it runs after precdbg's), or code that "
+                           "writes .grad")
+        return first, None
     if link.cause is Cause.CHANGED_AFTER:
         return _verdict(e, f"its {ev.role} {ev.arg_index} differs{ev.why} while "
                         f"{p.entry.name}, which produced it, agrees: something not captured "
@@ -274,9 +286,9 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
     else:       # judged against its last update where the optimizers agree (multistep.py)
         reason = param_reason(e.step, ev.metrics if ev is not None else {}, previous_matched,
                               setup, others)
-    others = len(bad) - 1
-    if others:
-        reason += f" ({others} more parameter(s) differ)"
+    more = len(bad) - 1
+    if more:
+        reason += f" ({more} more parameter(s) differ)"
     if not previous_matched and not e.trainable_differs and \
             (ev is None or (not ev.only_in and ev.shape_ok)):
         if (e.step - 1, e.rank) in differed:
@@ -293,6 +305,9 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
                        "initialisation, the checkpoint, or an earlier step that was not "
                        "dumped); dump from the first training step, or load one checkpoint "
                        "in both")
+            if others:     # what an undumped training step would have carried into them
+                reason += ("; set-up differences an earlier training step turns into other "
+                           "weights: " + "; ".join(list(others)[:2]))
     verdict = _verdict(e, reason)
     verdict["chain"] = [{"name_a": e.name_a, "name_b": e.name_b, "step": e.step, "rank": e.rank,
                          "kind": e.kind, "direction": e.direction, "module": e.module,

@@ -84,8 +84,13 @@
     var box = el('div', { cls: 'culprit-box', id: withLink ? 'culprit-summary' : null }, [
       el('div', { cls: 'names mono', text: (F.name_a || '\u2013') + '  \u2194  ' + (F.name_b || '\u2013') }),
       el('div', { cls: 'muted', text: 'step ' + F.step + ', rank ' + F.rank + ', ' + F.direction + ' ' + F.kind +
-        (F.module ? ', module ' + F.module : '') + (F.op ? ', op ' + F.op : '') + (F.role ? ', ' + F.role : '') }),
+        (F.module ? ', module ' + F.module : '') + (F.op ? ', op ' + F.op : '') + (F.role ? ', ' + F.role : '') +
+        (F.when ? ', ' + F.when : '') }),
       el('div', { cls: 'why' }, [el('b', { text: 'Why: ' }), F.reason || ''])]);
+    var sites = F.call_site || {};
+    Object.keys(sites).forEach(function (label) {
+      box.appendChild(el('div', { cls: 'muted mono', text: 'called at ' + sites[label] + ' (' + label + ')' }));
+    });
     var items = [];
     [['inputs_bad', 'input that differs'], ['outputs_bad', 'differs']].forEach(function (pair) {
       (ev[pair[0]] || []).forEach(function (x) {
