@@ -2,13 +2,14 @@
 the file (missing, a folder, not UTF-8, not parseable, a key given twice, not a mapping)."""
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import ConfigError
 
-__all__ = ["read_config_file"]
+__all__ = ["read_config_file", "unknown_key_message"]
 
 
 class _RepeatedKey(ValueError):
@@ -83,3 +84,11 @@ def read_config_file(path: str) -> Dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
     return data
+
+
+def unknown_key_message(key: str, known: Any, what: str = "key") -> str:
+    """"unknown key — did you mean step?" (for "stpe"), or the known keys when none is close."""
+    close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+    if close:
+        return f"unknown {what} — did you mean {close[0]}?"
+    return f"unknown {what} (known: {', '.join(sorted(known))})"

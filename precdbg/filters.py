@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+import logging
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from .config import DumpConfig
@@ -9,6 +10,8 @@ from .naming import module_entry, normalize_api_name
 from .schema import COMPUTED_ROLES, READ_ROLES, DataMode, Direction, Phase, Record
 
 __all__ = ["CaptureFilter"]
+
+log = logging.getLogger("precdbg")
 
 _OPTIMIZER, _NONE = Phase.OPTIMIZER.value, Direction.NONE.value
 _INPUT_ROLES = READ_ROLES
@@ -196,10 +199,13 @@ class CaptureFilter:
         return True
 
     # -- overflow task ------------------------------------------------------------------------
-    def overflow_only(self, records: List[Record], kept_so_far: int) -> Tuple[List[Record], int]:
+    def overflow_only(self, records: List[Record], kept_so_far: int, step: int
+                      ) -> Tuple[List[Record], int]:
         """Keep every non-finite record, and every record of the entries whose outputs are
         non-finite (what led to them). `overflow_nums` counts those entries in the order their
-        first non-finite output appeared; returns (kept records, entries counted so far)."""
+        first non-finite output appeared; returns (kept records, entries counted so far). The
+        batch (of step `step`) that reaches the count says so once: msprobe stops training
+        there, precdbg never does."""
         first_bad: Dict[str, int] = {}
         for r in records:
             if r.is_nonfinite and r.role in _OUTPUT_ROLES:
@@ -211,6 +217,10 @@ class CaptureFilter:
                 break
             kept_so_far += 1
             keep.add(entry)
+        if 0 <= limit <= kept_so_far and keep:
+            log.warning("precdbg: step %d: overflow_nums %d reached: later non-finite values are "
+                        "not recorded; training goes on (precdbg never stops it, where msprobe "
+                        "would)", step, limit)
         full = limit < 0 or kept_so_far < limit
         return [r for r in records if r.entry in keep or (r.is_nonfinite and full)], kept_so_far
 

@@ -16,7 +16,8 @@ from . import __version__
 from .config import DumpConfig
 from .manifest import base_manifest, jsonable, seed_record
 from .schema import SCHEMA_VERSION, Record
-from .writer import DumpWriter, check_writable, write_json_atomic
+from .dump_folder import check_writable
+from .writer import DumpWriter, write_json_atomic
 
 __all__ = ["RunInfo"]
 

@@ -3,9 +3,8 @@
 A `Session` owns the writer, the filters and every per-step counter; an `Adapter` (PyTorch,
 MindSpore) owns the framework hooks and only translates: it calls `begin_api`/`begin_module`
 (precdbg.call_naming), `capture` and `end_call` with framework tensors, and answers the few
-tensor questions the core cannot (`describe`, `identity`, `summarize`/`resolve` for device
-statistics, `to_host`/`hand_over`).
-Statistics stay on the device until `resolve` is called once per batch of records.
+tensor questions the core cannot (precdbg.protocols.TensorOps). Statistics stay on the device
+until `resolve` is called once per batch of records.
 """
 from __future__ import annotations
 
@@ -32,7 +31,8 @@ from .call_naming import CallNaming
 from .naming import save_entry, uninitialized_output
 from .schema import (NO_PRODUCER, Direction, Phase, Record, RecordKind, Role, Task,
                      scalar_dtype)
-from .writer import DumpWriter, count_step, earlier_dump, steps_counted, unusable_folder
+from .dump_folder import count_step, refuse_dump_folder, steps_counted
+from .writer import DumpWriter
 
 __all__ = ["Adapter", "TensorOps", "Call", "Session", "one_line"]
 
@@ -54,14 +54,7 @@ class Session(CallNaming):
         self.tensors = adapter.tensors
         self.filter = CaptureFilter(config)
         self._every_record = self.filter.keeps_every_record()
-        unusable = unusable_folder(config.dump_path)     # refused here, before training runs
-        if unusable is not None:
-            raise ConfigError(f"dump_path: {config.dump_path}: {unusable}; choose a folder this "
-                              "process can write")
-        earlier = earlier_dump(config.dump_path)
-        if earlier is not None:
-            raise ConfigError(f"dump_path: {config.dump_path} already holds a dump of an earlier "
-                              f"run ({earlier}); choose an empty folder or move that dump away")
+        refuse_dump_folder(config.dump_path)     # here, before training runs
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = steps_counted(config.dump_path)
         self.selection = StepSelection(config)
@@ -398,14 +391,8 @@ class Session(CallNaming):
             return
         records, payloads = self._batch.take()
         if self._overflow:
-            before = self._overflow_kept
-            records, self._overflow_kept = self.filter.overflow_only(records,
-                                                                      self._overflow_kept)
-            limit = self.config.overflow_nums
-            if before < limit <= self._overflow_kept:
-                log.warning("precdbg: step %d: overflow_nums %d reached: later non-finite "
-                            "values are not recorded; training goes on (precdbg never stops "
-                            "it, where msprobe would)", self.current_step, limit)
+            records, self._overflow_kept = self.filter.overflow_only(
+                records, self._overflow_kept, self.current_step)
             ids = {r.tensor_id for r in records}
             payloads = [p for p in payloads if p.tensor_id in ids]
         if records or payloads:

@@ -14,7 +14,6 @@ import collections
 import logging
 import errno
 import os
-import tempfile
 import threading
 import time
 from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
@@ -22,110 +21,21 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from . import lifetime
-from .errors import ConfigError
+from .dump_folder import CLAIMED
 from .rank_lock import lock_rank
 from .schema import SCHEMA_VERSION, Record
 from .stepfile import OpenStep, Payload, free_space, step_file_path, write_json_atomic
 
-__all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic", "earlier_dump",
-           "check_writable", "unusable_folder", "steps_counted", "count_step"]
+__all__ = ["DumpWriter", "Payload", "step_file_path", "write_json_atomic"]
 
 log = logging.getLogger("precdbg")
 
-_CLAIMED: Set[str] = set()         # dump folders this process writes into (any debugger)
-_STEPS_COUNTED: Dict[str, int] = {}     # dump folder -> steps counted there by step() so far
 # step files any debugger of this process has opened: two debuggers capturing into one folder
 # at once (their windows overlapping) each get a part of their own, never the same file (whose
 # `.partial` exists only once the writer thread first writes to it)
 _TAKEN: Set[str] = set()
 _TAKEN_LOCK = threading.Lock()
 
-
-def _process_started() -> Optional[float]:
-    """When this process started (seconds since the epoch), where the system says (Linux).
-
-    The start is read as an age: the boot clock now less the process's start tick, both counted
-    from the same boot, taken off the wall clock. `btime` of /proc/stat is whole seconds and made
-    the start up to a second early; the age is exact to a tick (10 ms)."""
-    try:
-        with open("/proc/self/stat", "r", encoding="ascii") as handle:
-            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])   # field 22, starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-    if age < 0:                     # clocks of different boots (a sandbox): nothing to go by
-        return None
-    return time.time() - age
-
-
-def check_writable(path: str) -> None:
-    """One clear error (ConfigError) at the first start() when the dump folder cannot be
-    created or written."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".precdbg-probe-", dir=path)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as exc:
-        raise ConfigError(f"dump_path: {path} is not a writable folder "
-                          f"({exc.strerror or exc})") from None
-
-
-def steps_counted(dump_path: str) -> int:
-    """How many steps debuggers of this process counted (step()) into `dump_path` so far: a
-    debugger made later for the same folder (a local of a function called once per epoch)
-    goes on from there, as msprobe's one debugger per process does, instead of writing a
-    second, other iteration as a part of step 0."""
-    return _STEPS_COUNTED.get(os.path.abspath(dump_path), 0)
-
-
-def count_step(dump_path: str, step: int) -> None:
-    folder = os.path.abspath(dump_path)
-    _STEPS_COUNTED[folder] = max(step, _STEPS_COUNTED.get(folder, 0))
-
-
-def unusable_folder(path: str) -> Optional[str]:
-    """Why `path` cannot become the dump folder, seen without creating anything (asked when
-    the debugger is made, before training, as check_writable is at the first start()): a file
-    there, or the nearest folder that exists is not writable. None: nothing known against it."""
-    path = os.path.abspath(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{path} is a file, not a folder"
-    existing = path
-    while not os.path.exists(existing):
-        parent = os.path.dirname(existing)
-        if parent == existing:
-            return None
-        existing = parent
-    if not os.path.isdir(existing):
-        return f"{existing} is a file, so {path} cannot be made"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable (or on a read-only file system)"
-    return None
-
-
-def earlier_dump(dump_path: str) -> Optional[str]:
-    """A file of a dump that an earlier run left in `dump_path` (written before this process
-    started, in a folder no debugger of this process writes into), or None. Files of this
-    run's other ranks are newer than this process; where the start time is unknown, None."""
-    import glob
-    folder = os.path.abspath(dump_path)
-    started = _process_started()
-    if folder in _CLAIMED or started is None or not os.path.isdir(folder):
-        return None
-    candidates = [os.path.join(folder, "run.json")] + \
-        sorted(glob.glob(os.path.join(folder, "step*", "rank*.h5*")))
-    for path in candidates:
-        try:
-            mtime_ns = os.stat(path).st_mtime_ns
-        except OSError:
-            continue
-        # file systems that keep whole seconds (or two: FAT) need that much slack; others
-        # only the start's tick (a rerun right after the last run ended is still refused)
-        slack = 2.0 if mtime_ns % 1_000_000_000 == 0 else 0.05
-        if mtime_ns / 1e9 < started - slack:
-            return path
-    return None
 
 _WRITER_NICE = 10
 _IDLE_POLL_SECONDS = 0.5      # an idle thread notices retire() this often
@@ -194,7 +104,7 @@ class DumpWriter:
         """Step files of this rank in the dump folder that no debugger of this process wrote
         (an earlier run's, or another job's writing into the same folder)."""
         import glob
-        if os.path.abspath(self.dump_path) in _CLAIMED:
+        if os.path.abspath(self.dump_path) in CLAIMED:
             return []
         pattern = os.path.join(self.dump_path, "step*", f"rank{rank}.*h5*")
         return sorted(glob.glob(pattern))
@@ -210,7 +120,7 @@ class DumpWriter:
         refused = lock_rank(folder, rank)
         if refused is not None:
             return refused
-        _CLAIMED.add(folder)
+        CLAIMED.add(folder)
         return None
 
     def open_step(self, step: int, rank: int, attrs: Dict[str, Any]) -> None:

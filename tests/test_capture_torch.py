@@ -791,8 +791,8 @@ def test_records_of_all_steps(tmp_path):
 
 def test_a_second_debugger_into_the_same_dump_path(tmp_path):
     """A second debugger of the same process dumping into one path must not mix the two in
-    one file nor overwrite the first: its step 0 is part 1 of step 0, each part whole (a
-    rerun in another process is refused by the constructor: test_lifecycle)."""
+    one file nor overwrite the first: it counts on from the first one's steps, so its step is
+    step 1, whole (a rerun in another process is refused by the constructor: test_lifecycle)."""
     first, _ = dump_once(tmp_path)
     n = len(first.records(step=0))
     first_file = first.files(step=0)[0].path
@@ -800,12 +800,11 @@ def test_a_second_debugger_into_the_same_dump_path(tmp_path):
     with open(first_file, "rb") as handle:
         before = handle.read()
     second, dbg = dump_once(tmp_path, seed=None)
-    assert [sf.part for sf in second.files(step=0)] == [0, 1]
-    t = second.records(step=0)
-    for part in (0, 1):
-        mine = t["part"] == part
-        keys = list(zip(t["entry"][mine], t["role"][mine], t["arg_index"][mine]))
-        assert len(keys) == len(set(keys)) == n, "records of two debuggers mixed in one part"
+    assert second.steps == [0, 1]
+    assert [sf.part for sf in second.files(step=1)] == [0]
+    t = second.records(step=1)
+    keys = list(zip(t["entry"], t["role"], t["arg_index"]))
+    assert len(keys) == len(set(keys)) == n, "records of two debuggers mixed in one file"
     with open(first_file, "rb") as handle:
         assert handle.read() == before
 

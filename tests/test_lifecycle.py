@@ -533,9 +533,10 @@ def test_a_rerun_into_the_same_folder_is_refused_before_training(tmp_path):
 
 def test_debuggers_of_one_process_share_a_folder_and_never_overwrite(tmp_path, caplog):
     """A debugger made per dumped step (a local of a function) writes into the folder the
-    first one started: the same step number again becomes part 1. Files that appear in the
-    folder from elsewhere after the constructor looked make start() dump nothing, in one line,
-    without raising into training or touching them."""
+    first one started, and counts on from the steps it counted: another iteration is another
+    step, never a second part of the first one's. Files that appear in the folder from
+    elsewhere after the constructor looked make start() dump nothing, in one line, without
+    raising into training or touching them."""
     dump = str(tmp_path / "dump")
     model = make_model()
     for _ in range(2):
@@ -543,8 +544,9 @@ def test_debuggers_of_one_process_share_a_folder_and_never_overwrite(tmp_path, c
         run_steps(dbg, model, make_optimizer(model), make_batch_list(1), 1)
         assert dbg.close() and not dbg.failures
     opened = precdbg.open_dump(dump)
-    assert [len(parts) for parts in opened._files.values()] == [2]
-    assert len(opened.records(step=0)) > 0
+    assert opened.steps == [0, 1]
+    assert [len(parts) for parts in opened._files.values()] == [1, 1]
+    assert len(opened.records(step=0)) == len(opened.records(step=1)) > 0
     opened.close()
 
     other = str(tmp_path / "other")
