@@ -99,6 +99,11 @@ def _inspect(args: argparse.Namespace) -> int:
                   f"device {run.get('device', '?')}  world size {run.get('world_size', '?')}\n")
         out.write(f"task      {cfg.get('task', '?')}  level {cfg.get('level', '?')}  "
                   f"schema {run.get('schema_version', '?')}\n")
+        chosen = [f"{key} {cfg[key]}" for key in ("step", "rank", "scope", "scope_range", "list",
+                                                  "data_mode", "summary_mode")
+                  if cfg.get(key) and cfg[key] not in (["all"], "statistics")]
+        if chosen:          # what the config selected: a thin dump may be what was asked
+            out.write(f"selected  {'  '.join(chosen)}\n")
     out.write(f"steps     {dump.steps}\nranks     {dump.ranks}\n")
     if dump.partial:
         out.write(f"incomplete (skipped): {', '.join(dump.partial)}\n")

@@ -232,6 +232,9 @@ def _pydantic_message(exc: ValidationError, where: str) -> str:
                f"got {given!r}{kind}")
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+    elif err.get("type") == "enum":        # the value given, and the key it is an item of
+        msg = f"{err.get('input')!r}: {msg}"
+        key = re.sub(r"\.\d+$", "", key)
     extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     if not err.get("loc"):             # a rule over several keys: its message names them
         return f"{where}: {msg}{extra}"

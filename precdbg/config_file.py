@@ -58,7 +58,7 @@ def read_config_file(path: str) -> Dict[str, Any]:
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: config file not found")
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with open(path, "r", encoding="utf-8-sig") as handle:    # a BOM (Windows editors)
             text = handle.read()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
@@ -66,8 +66,11 @@ def read_config_file(path: str) -> Dict[str, Any]:
         raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
                           ) from None
     lower = path.lower()
+    yaml_file = lower.endswith((".yaml", ".yml"))
+    if not text.strip() and not yaml_file:
+        raise ConfigError(f"{path}: the file is empty (write {{}} for every default)")
     try:
-        if lower.endswith((".yaml", ".yml")):
+        if yaml_file:
             data = _load_yaml(text)
         else:
             data = json.loads(text, object_pairs_hook=_unique_keys)
@@ -79,7 +82,7 @@ def read_config_file(path: str) -> Dict[str, Any]:
     except Exception as exc:  # yaml.YAMLError and friends
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"{path}: invalid YAML: {reason}") from None
-    if data is None:
+    if data is None and yaml_file:       # a YAML file of comments only: every default
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")

@@ -75,7 +75,8 @@ def from_msprobe(raw: Mapping[str, Any], where: str, task: Optional[str] = None
             flat[key] = value
         elif key in _MSPROBE_TOP_RENAMED:
             flat[_MSPROBE_TOP_RENAMED[key]] = value
-        elif key in ("enable_dataloader", "dump_enable") and not isinstance(value, bool):
+        elif key in ("enable_dataloader", "dump_enable", "async_dump") \
+                and not isinstance(value, bool):
             raise ConfigError(f"{where}: {key}: expected true or false, got {value!r}")
         elif key == "enable_dataloader":
             if value:

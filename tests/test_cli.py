@@ -34,6 +34,7 @@ def test_inspect_prints_steps_ranks_and_counts(dump_dir):
     assert re.search(r"^ranks\s+\[0\]$", out, re.M), out
     assert re.search(r"framework pytorch", out)
     assert re.search(r"task\s+tensor\s+level mix", out)
+    assert re.search(r"^selected\s+step \[0, 2\]$", out, re.M), out   # what the config chose
     for step in (0, 2):
         t = dump.records(step=step)
         entries = len(set(t["entry"].tolist()))

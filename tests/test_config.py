@@ -502,3 +502,23 @@ def test_precdbg_settings_in_an_msprobe_file(tmp_path):
     data = dict(MSPROBE, stack=False, include_optimizer=True, queue_mb=64)
     cfg = load_config(_write(tmp_path / "config.json", data))
     assert cfg.stack is False and cfg.include_optimizer is True and cfg.queue_mb == 64
+
+
+@pytest.mark.parametrize("text,words", [
+    ("", "the file is empty"),
+    ("null", "expected a mapping of settings, got NoneType"),
+    ('{"data_mode": ["forwards"]}', "data_mode: 'forwards': Input should be 'all'"),
+    ('{"task": "statistics", "async_dump": "yes", "statistics": {}}',
+     "async_dump: expected true or false, got 'yes'"),
+])
+def test_config_file_mistakes_are_one_line_naming_them(tmp_path, text, words):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    message = _error(load_config, str(path))
+    assert message.startswith(f"{path}: ") and words in message, message
+
+
+def test_config_file_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b'\xef\xbb\xbf{"task": "tensor"}')     # as some Windows editors save
+    assert load_config(str(path)).task is Task.TENSOR
