@@ -1,7 +1,7 @@
 """Noise between two dumps of the same training step, by the precision each record's values
 carry (the `precision` column): the largest statistics error (relative differences of min, max,
 mean, norm; what the compare's tolerance is held against) and, where both dumps hold tensors,
-the largest relative RMSE. Used to calibrate precdbg/compare/metrics.py's TOLERANCE.
+the largest relative RMSE. Used to calibrate precdbg/compare/judge/metrics.py's TOLERANCE.
 
     python benchmarks/calibrate_tolerance.py BASELINE CANDIDATE [--step S] [--show NAME_SUBSTRING]
 """
@@ -14,8 +14,8 @@ import sys
 import numpy as np
 
 import precdbg
-from precdbg.compare.align import align
-from precdbg.compare.metrics import stat_errors, tensor_metrics
+from precdbg.compare.align.alignment import align
+from precdbg.compare.judge.metrics import stat_errors, tensor_metrics
 
 
 def main(argv=None) -> int:

@@ -89,7 +89,7 @@ def _apply(variant: str, patches: _Patches) -> None:
     import precdbg_pt.adapter as adapter
     import precdbg_pt.hooks as hooks
     import precdbg_pt.tensors as tensors
-    from precdbg.session import Session
+    from precdbg.capture.session import Session
     level = VARIANTS.index(variant)
     if level >= 1:      # a finished row: what host statistics return, nothing left to resolve
         patches.set(tensors, "summarize", lambda t: (0.0, 0.0, 0.0, 0.0, 0, 0))

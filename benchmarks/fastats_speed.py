@@ -1,4 +1,4 @@
-"""How fast `precdbg._fastats` summarises host memory, per float32 pass this CPU has (plain C,
+"""How fast `precdbg.capture._fastats` summarises host memory, per float32 pass this CPU has (plain C,
 AVX2, AVX-512; `_fastats.simd(cap)` picks one), on its own and inside a dumped step.
 
     python benchmarks/fastats_speed.py                 # buffers of 4 K .. 1 M float32, hot
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from precdbg import _fastats  # noqa: E402
+from precdbg.capture import _fastats  # noqa: E402
 
 _LEVELS = {"plain": 0, "avx2": 1, "avx512": 2}
 

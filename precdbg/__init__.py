@@ -8,10 +8,9 @@ first use, so `import precdbg` (and the command's start-up) stays cheap.
 from typing import Any
 
 from .errors import ConfigError, DumpError, FrameworkError, PrecdbgError
+from .version import __version__
 
-__version__ = "0.1.0"
-
-_LAZY = {"open_dump": "reader", "Dump": "reader", "RecordTable": "reader",
+_LAZY = {"open_dump": "storage", "Dump": "storage", "RecordTable": "storage",
          "DumpConfig": "config", "load_config": "config"}
 
 __all__ = ["__version__", "open_dump", "Dump", "RecordTable", "DumpConfig", "load_config",

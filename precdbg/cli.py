@@ -8,39 +8,9 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from .errors import DumpError, PrecdbgError
+from .storage.layout import dump_root, run_json_path, step_of_folder, would_overwrite_dump
 
 __all__ = ["main"]
-
-
-_STEP_DIR = re.compile(r"^step\d+$")
-_RANK_NAME = re.compile(r"^rank\d+(\.part\d+)?\.h5(\.partial)?$")
-
-
-def _dump_root(path: str) -> str:
-    """The root folder of the dump that `path` (a root, a step folder or a step file) is in."""
-    path = os.path.abspath(path)
-    if os.path.isfile(path):
-        path = os.path.dirname(path)
-    if _STEP_DIR.match(os.path.basename(path)):
-        path = os.path.dirname(path)
-    return path
-
-
-def _in_a_dump(target: str) -> bool:
-    """Whether a file would overwrite part of a dump: a dump's run.json (beside its step
-    folders), or anything in a step folder that holds step files."""
-    folder = os.path.dirname(target)
-    if _STEP_DIR.match(os.path.basename(folder)):
-        return any(_RANK_NAME.match(name) for name in _names(folder))
-    return os.path.basename(target) == "run.json" and any(
-        _STEP_DIR.match(name) for name in _names(folder))
-
-
-def _names(folder: str) -> List[str]:
-    try:
-        return os.listdir(folder)
-    except OSError:
-        return []
 
 
 def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> None:
@@ -48,10 +18,10 @@ def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> N
     being read (a dump's run.json, its step folders, an input file itself)."""
     guarded = set()
     for given in inputs:
-        root = _dump_root(given)
+        root = dump_root(given)
         guarded.add(os.path.abspath(given))
-        guarded.add(os.path.join(root, "run.json"))
-    roots = {_dump_root(given) for given in inputs}
+        guarded.add(run_json_path(root))
+    roots = {dump_root(given) for given in inputs}
     chosen: Dict[str, str] = {}
     for out in outputs:
         if out is None:
@@ -59,11 +29,11 @@ def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> N
         if not out.strip():
             raise DumpError("an output file name given is empty (\"\"); give a path")
         target = os.path.abspath(out)
-        inside_step = _STEP_DIR.match(os.path.basename(os.path.dirname(target))) and \
+        inside_step = step_of_folder(os.path.basename(os.path.dirname(target))) is not None and \
             os.path.dirname(os.path.dirname(target)) in roots
         if target in guarded or inside_step:
             raise DumpError(f"{out}: is part of a dump being read; write the output elsewhere")
-        if _in_a_dump(target):
+        if would_overwrite_dump(target):
             raise DumpError(f"{out}: is part of a dump (its run.json or step files); write the "
                             "output elsewhere")
         if target in chosen:
@@ -83,7 +53,7 @@ def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> N
 def _inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .reader import open_dump
+    from .storage.reader import open_dump
     dump = open_dump(args.dump)
     for flag, asked, present in (("--step", args.step, dump.steps),
                                  ("--rank", args.rank, dump.ranks)):
@@ -161,8 +131,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_dumps
-    from .compare.progress import TerminalProgress
-    from .compare.report import summary_text, write_csv, write_html, write_json
+    from .compare.report.progress import TerminalProgress
+    from .compare.report.formats import summary_text, write_csv, write_html, write_json
     _check_outputs((args.baseline, args.candidate), (args.json, args.csv, args.html))
     progress = TerminalProgress(sys.stderr)     # draws only on a terminal, after a while
     try:
@@ -191,13 +161,13 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _scan(args: argparse.Namespace) -> int:
-    from .compare.scan import scan_main
+    from .scan.scanner import scan_main
     _check_outputs((args.dump,), (args.json,))
     return scan_main(args)
 
 
 def _weights(args: argparse.Namespace) -> int:
-    from .compare.weights import weights_main
+    from .weights.compare_weights import weights_main
     _check_outputs((args.a, args.b), (args.json,))
     return weights_main(args)
 
@@ -223,7 +193,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
     parser = _Parser(prog="precdbg", description="precision debugger for training")
     parser.add_argument("--version", action="version", version=f"precdbg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,7 +1,7 @@
 """The PrecdbgError family: every error precdbg raises on purpose is one of these."""
 from __future__ import annotations
 
-__all__ = ["PrecdbgError", "ConfigError", "DumpError", "FrameworkError"]
+__all__ = ["PrecdbgError", "ConfigError", "DumpError", "FrameworkError", "one_line"]
 
 
 class PrecdbgError(Exception):
@@ -18,3 +18,9 @@ class DumpError(PrecdbgError):
 
 class FrameworkError(PrecdbgError):
     """The framework cannot be hooked as asked (e.g. MindSpore GRAPH_MODE)."""
+
+
+def one_line(exc: BaseException, limit: int = 240) -> str:
+    """An exception's message on one line, shortened (how precdbg says a failure)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."

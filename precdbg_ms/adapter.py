@@ -27,10 +27,8 @@ from mindspore.graph.api import _pynative_executor
 
 import precdbg
 from precdbg.errors import FrameworkError
-from precdbg.instrumentor import BaseInstrumentor, NamedTensor, named_through
-from precdbg.manifest import jsonable
-from precdbg.naming import framework_table, in_place, inventory_role
-from precdbg.protocols import Recorder
+from precdbg.capture import BaseInstrumentor, NamedTensor, Recorder, jsonable, named_through
+from precdbg.records import framework_table, in_place, inventory_role
 
 from . import tensors, wrappers
 from .aliasing import CopyOrigins

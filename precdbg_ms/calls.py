@@ -7,7 +7,7 @@ from typing import Any, List, Optional, Tuple
 
 import mindspore as ms
 
-from precdbg.arguments import tensor_arguments, tensor_results, value_arguments
+from precdbg.capture import tensor_arguments, tensor_results, value_arguments
 
 from . import tensors
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from mindspore import nn
 
-from precdbg.instrumentor import ClassPatch
+from precdbg.capture import ClassPatch
 
 from .aliasing import CopyOrigins, wrap_cell_backward_hook
 from .backward import replace_arguments, replace_result, through_hook, top_level

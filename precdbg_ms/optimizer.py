@@ -8,9 +8,8 @@ from typing import Any, Dict, List
 
 from mindspore import nn
 
-from precdbg.instrumentor import ClassPatch
-from precdbg.manifest import jsonable
-from precdbg.naming import param_alias
+from precdbg.capture import ClassPatch, jsonable
+from precdbg.records import param_alias
 
 from . import tensors
 

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import mindspore as ms
 
-from precdbg.instrumentor import ClassPatch
-from precdbg.naming import framework_table
+from precdbg.capture import ClassPatch
+from precdbg.records import framework_table
 
 __all__ = ["PatchRegistry"]
 

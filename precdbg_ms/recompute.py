@@ -25,7 +25,7 @@ from typing import (Any, Callable, Dict, FrozenSet, Hashable, Iterable, List, Op
 
 import mindspore as ms
 
-from precdbg.instrumentor import ClassPatch
+from precdbg.capture import ClassPatch
 
 from .calls import is_floating
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mindspore.graph.api import _PyNativeExecutor
 
-from precdbg.instrumentor import ClassPatch
+from precdbg.capture import ClassPatch
 
 from . import tensors
 from .calls import tensor_outputs

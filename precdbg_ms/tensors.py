@@ -12,7 +12,7 @@ shape when it is captured:
 - CPU statistics are deferred (where the API wrappers are installed, levels mix and api: at
   level module nothing sees an in-place write coming, so they are read at capture): the handle
   holds the tensor, and `resolve` (once per batch) or
-  `settle` reads every held tensor after one wait, with `precdbg._fastats` (one pass: min, max,
+  `settle` reads every held tensor after one wait, with `precdbg.capture._fastats` (one pass: min, max,
   finite sum and sum of squares in float64, NaN and Inf counts). The value read is the value
   at capture because the adapter settles before anything captured writes in place (in-place
   APIs, primitives with memory side effects, optimizers); parameters that are not trainable
@@ -31,7 +31,7 @@ import numpy as np
 from mindspore import ops
 
 try:
-    from precdbg import _fastats
+    from precdbg.capture import fastats as _fastats
 except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 

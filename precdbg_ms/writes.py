@@ -15,7 +15,7 @@ from typing import Any, List
 
 import mindspore as ms
 
-from precdbg.instrumentor import ClassPatch
+from precdbg.capture import ClassPatch
 
 from . import tensors
 

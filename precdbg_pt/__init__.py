@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from typing import Any, Optional
 
-from precdbg.debugger import BaseDebugger
+from precdbg.capture import BaseDebugger
 
 __all__ = ["PrecisionDebugger", "seed_all"]
 
@@ -15,7 +15,7 @@ def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
 
     import numpy as np
     import torch
-    from precdbg.manifest import record_seed_all
+    from precdbg.capture import record_seed_all
     random.seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     np.random.seed(seed)

@@ -13,10 +13,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 import torch
 
 import precdbg
-from precdbg.instrumentor import BaseInstrumentor, NamedTensor
-from precdbg.manifest import jsonable
-from precdbg.naming import in_place, writes_arguments
-from precdbg.protocols import Recorder
+from precdbg.capture import BaseInstrumentor, NamedTensor, Recorder, jsonable
+from precdbg.records import in_place, writes_arguments
 
 from . import compiled, module_patches, plumbing, tensors, wrappers
 from .api import CaptureMode, ModeHandle, call_args, tensor_outputs

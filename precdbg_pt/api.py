@@ -2,7 +2,7 @@
 Tensor method and operator called inside the captured region, with nothing to patch or restore.
 
 Which prefix and name an API gets comes from the namespaces it is found in (table built once, on
-the first start) and the core's name table (`precdbg/names/torch.yaml`).
+the first start) and the core's name table (`precdbg/records/tables/torch.yaml`).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 
-from precdbg.arguments import call_arguments, tensor_arguments, tensor_results
-from precdbg.naming import framework_table
+from precdbg.capture import call_arguments, tensor_arguments, tensor_results
+from precdbg.records import framework_table
 
 from .recompute import ENGINE_ENTRIES
 

@@ -6,7 +6,7 @@ from typing import Dict, Mapping, Tuple
 import numpy as np
 import torch
 
-from precdbg.compare.weights import as_float_format
+from precdbg.weights import as_float_format
 from precdbg.errors import DumpError
 
 __all__ = ["load_state"]

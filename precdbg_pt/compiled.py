@@ -23,7 +23,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from precdbg.instrumentor import ClassPatch
+from precdbg.capture import ClassPatch
 
 from . import wrappers
 

@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from precdbg.instrumentor import GuardedHook
-from precdbg.schema import Direction, Role
+from precdbg.capture import GuardedHook
+from precdbg.records import Direction, Role
 
 try:                     # the walk in C (optional: without a C compiler, the same walk in Python)
     from . import _graphwalk

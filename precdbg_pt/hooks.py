@@ -9,8 +9,8 @@ from typing import Any, List, Optional, TYPE_CHECKING
 
 import torch
 
-from precdbg.instrumentor import GuardedHook
-from precdbg.schema import Direction, Role
+from precdbg.capture import GuardedHook
+from precdbg.records import Direction, Role
 
 from .api import tensor_args, tensor_outputs
 from .graph import input_targets

@@ -23,7 +23,7 @@ from typing import Any, Callable, List, Set
 
 import torch
 
-from precdbg.instrumentor import ClassPatch
+from precdbg.capture import ClassPatch
 
 __all__ = ["hookless_copies", "fast_path_patches"]
 

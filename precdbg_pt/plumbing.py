@@ -24,7 +24,7 @@ import functools
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
-from precdbg.instrumentor import ClassPatch
+from precdbg.capture import ClassPatch
 
 __all__ = ["plumbing_patches", "model_class"]
 

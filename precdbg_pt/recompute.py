@@ -22,7 +22,7 @@ That is, a frame whose function is named `recompute_fn`, `_recompute`, `recomput
 or `checkpoint_function_backward` and whose qualified name mentions a checkpoint. The answer is
 kept for the node being executed, so the frames are read once per node, not once per call; the
 recompute frame also says which module is replayed (`replayed_functions`). What a replayed
-call records is the core's rule (`precdbg.replay`). Other torch calls
+call records is the core's rule (`precdbg.capture.recompute`). Other torch calls
 the engine runs (a custom Function's backward, a hook) are backward work, not forward calls: the
 adapter lets them through unrecorded (ENGINE), however backward was entered.
 
@@ -41,7 +41,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-from precdbg.instrumentor import ClassPatch
+from precdbg.capture import ClassPatch
 
 __all__ = ["RecomputeDetector", "CheckpointReplays", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES",
            "replayed_functions", "forward_owner", "note_owner", "checkpoint_patches",

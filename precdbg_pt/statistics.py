@@ -1,7 +1,7 @@
 """Statistics of PyTorch tensors: `summarize` queues a tensor's row (min, max, mean, norm, NaN and
 Inf counts), `resolve` turns a batch of handles into rows.
 
-CPU tensors (whose device *is* host memory) go through `precdbg._fastats`: one vectorised pass
+CPU tensors (whose device *is* host memory) go through `precdbg.capture._fastats`: one vectorised pass
 over the bytes gives min, max, the finite sum and sum of squares, NaN and Inf counts (float64
 exact); a handle is then the finished row. Tensors of other dtypes or without the extension use
 torch's reductions, resolved per batch.
@@ -29,7 +29,7 @@ from .host_copies import HostCopy as _HostCopy
 from .host_copies import has_memory as _has_memory
 
 try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
-    from precdbg import _fastats
+    from precdbg.capture import fastats as _fastats
 except ImportError:  # pragma: no cover - exercised on machines without the extension
     _fastats = None
 
@@ -131,7 +131,7 @@ def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
 _FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 # Every CPU tensor of these dtypes goes through the C pass, whatever its size: float64 sums
 # (exact against numpy float64), min/max over non-NaN values, one read. From 1 M elements it
-# splits across two threads (precdbg/_fastats.c: PAR_MIN).
+# splits across two threads (precdbg/capture/_fastats.c: PAR_MIN).
 
 
 HostRow = Tuple[float, float, float, float, int, int]

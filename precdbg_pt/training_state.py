@@ -7,8 +7,7 @@ from typing import Any, Callable, List
 
 import torch
 
-from precdbg.instrumentor import BaseInstrumentor, ClassPatch
-from precdbg.manifest import jsonable
+from precdbg.capture import BaseInstrumentor, ClassPatch, jsonable
 
 __all__ = ["watch_training_state"]
 

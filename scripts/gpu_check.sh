@@ -52,11 +52,11 @@ build_extensions() {
     local include suffix module flags
     include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
     suffix="$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
-    for module in precdbg._fastats precdbg._frames precdbg._termguard precdbg_pt._graphwalk; do
+    for module in precdbg.capture._fastats precdbg.capture._frames precdbg.storage._termguard precdbg_pt._graphwalk; do
         "$PY" -c "import $module" 2>/dev/null && continue
         flags="-O2"
-        [ "$module" = precdbg._termguard ] && flags="-O2 -pthread"
-        [ "$module" = precdbg._fastats ] && flags="-O3 -pthread -fno-trapping-math \
+        [ "$module" = precdbg.storage._termguard ] && flags="-O2 -pthread"
+        [ "$module" = precdbg.capture._fastats ] && flags="-O3 -pthread -fno-trapping-math \
 -fno-math-errno -fassociative-math -fno-signed-zeros -ffinite-math-only -ffp-contract=off"
         # shellcheck disable=SC2086
         cc $flags -shared -fPIC -I"$include" "${module//.//}.c" -o "${module//.//}$suffix" \

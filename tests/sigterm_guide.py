@@ -85,8 +85,8 @@ def main() -> None:
     if VARIANT == "handler":
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
     if "STALL" in os.environ:
-        import precdbg.lifetime
-        precdbg.lifetime._SIGTERM_STALL_SECONDS = float(os.environ["STALL"])
+        import precdbg.storage.process_exit
+        precdbg.storage.process_exit._SIGTERM_STALL_SECONDS = float(os.environ["STALL"])
     model, train, PrecisionDebugger = (build_torch if FRAMEWORK == "torch" else build_mindspore)()
     debugger = PrecisionDebugger(task="tensor", level="mix", dump_path=DUMP)
     for step in range(3):

@@ -48,7 +48,7 @@ def test_extra_call_per_micro_batch_pairs_within_each_module_call(tmp_path):
     _dump(str(tmp_path / "b"), extra_cast=True)
     result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
     # `.float()` of a float32 tensor hands the tensor itself back: nothing reads a result of
-    # its own, so it is no structural difference either (precdbg.compare.structure)
+    # its own, so it is no structural difference either (precdbg.compare.judge.structure)
     assert result["verdict"] == "match", result["first_divergence"]
     # nothing differs: the second micro-batch's casts pair with each other, never with
     # the first micro-batch's extra cast

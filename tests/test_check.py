@@ -151,7 +151,8 @@ import importlib.util  # noqa: E402
 
 import pytest  # noqa: E402
 
-from precdbg.check import _CONDITIONS, check_dumps, semantics  # noqa: E402
+from precdbg.check import check_dumps, semantics  # noqa: E402
+from precdbg.check.values import _CONDITIONS  # noqa: E402
 from precdbg.compare import compare_dumps  # noqa: E402
 
 _OWN_ENV = ("CUBLAS_WORKSPACE_CONFIG", "HCCL_ALGO", "HCCL_DETERMINISTIC", "PYTHONHASHSEED",

@@ -105,7 +105,7 @@ def test_a_window_leaves_no_garbage_cycles_behind(tmp_path):
     """Training loops that turn the collector off (Megatron's --manual-gc) collect only now
     and then: a dumped step's bookkeeping must be freed by reference counting when its window
     ends, not pile up until a collection."""
-    from precdbg import batch
+    from precdbg.capture import batch
     model = _model()
     debugger = PrecisionDebugger(task="statistics", level="mix", dump_path=str(tmp_path))
     gc.collect()

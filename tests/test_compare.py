@@ -27,7 +27,7 @@ import torch
 
 import compare_support as cs
 from precdbg.compare import compare_dumps
-from precdbg.compare.report import summary_text
+from precdbg.compare.report.formats import summary_text
 
 # name -> keyword arguments of compare_support.dump_gpt
 SPECS: Dict[str, Dict[str, Any]] = {
@@ -540,7 +540,7 @@ def test_stored_complex_tensors_are_compared_in_both_parts():
     """A complex tensor that differs only in its imaginary part differs (it was cast to float64,
     which drops the imaginary part with a ComplexWarning, and matched)."""
     import warnings
-    from precdbg.compare.metrics import tensor_metrics
+    from precdbg.compare.judge.metrics import tensor_metrics
     a = np.array([1 + 0j, 2 + 0j, -1 + 0j], dtype=np.complex64)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,4 +1,4 @@
-"""`precdbg.compare.weights`: real checkpoints written by torch.save, mindspore.save_checkpoint,
+"""`precdbg.weights.compare_weights`: real checkpoints written by torch.save, mindspore.save_checkpoint,
 safetensors.numpy.save_file and numpy.savez, compared by name across formats and frameworks."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from precdbg.compare.weights import compare_weights, format_weights, load_weights, weights_main
+from precdbg.weights.compare_weights import compare_weights, format_weights, load_weights, weights_main
 from precdbg.errors import DumpError
 
 

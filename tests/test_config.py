@@ -10,7 +10,7 @@ import pytest
 
 import precdbg
 from precdbg import ConfigError, PrecdbgError, load_config
-from precdbg.schema import DataMode, Level, SummaryMode, Task
+from precdbg.records.schema import DataMode, Level, SummaryMode, Task
 from precdbg_pt import PrecisionDebugger
 
 from conftest import REPO
@@ -362,7 +362,7 @@ def test_config_is_recorded_in_run_json(tmp_path):
     assert run["config"]["list"] == ["linear"]
     assert run["config"]["step"] == [0]
     assert run["framework"] == "pytorch"
-    assert run["schema_version"] == precdbg.schema.SCHEMA_VERSION
+    assert run["schema_version"] == precdbg.records.schema.SCHEMA_VERSION
 
 
 EXAMPLES = sorted(glob.glob(os.path.join(REPO, "config_examples", "*.*")))
@@ -422,7 +422,7 @@ def test_a_rank_filter_no_rank_of_the_run_passes_is_what_the_notice_names():
     """rank [1] in a one-process run: start() ran on the listed steps, the rank filter left them
     out. The notice names the rank filter (not step counting); where another rank of the run
     is listed, this rank says nothing."""
-    from precdbg.selection import StepSelection
+    from precdbg.capture.step_selection import StepSelection
     alone = StepSelection(load_config(step=[1, 3], rank=[1]))
     for step in range(5):
         assert not alone.selects(step, 0, 1)

@@ -327,7 +327,7 @@ def test_cuda_dumped_step_syncs_and_peak_memory(tmp_path):
 
 def count_flushes(monkeypatch) -> List[int]:
     """A spy on the real Session.flush_batch: how many batches crossed to the writer."""
-    from precdbg.session import Session
+    from precdbg.capture.session import Session
     calls = [0]
     original = Session.flush_batch
 
@@ -343,7 +343,7 @@ def test_host_statistics_stream_and_device_statistics_wait_for_stop(tmp_path, mo
                                                                       backend):
     """CPU statistics go to the writer in batches of BATCH_TENSORS; device ones (deferrable,
     holding nothing) cross once, at stop()."""
-    from precdbg import batch as batch_module
+    from precdbg.capture import batch as batch_module
     monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", backend)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(150)])
@@ -367,7 +367,7 @@ def test_host_statistics_stream_and_device_statistics_wait_for_stop(tmp_path, mo
 def test_host_copies_of_the_tensor_task_bound_a_batch_by_their_bytes(tmp_path, monkeypatch):
     """Device statistics wait for stop(), but host copies of full tensors do not pile up: a
     batch crosses once they hold BATCH_BYTES."""
-    from precdbg import batch as batch_module
+    from precdbg.capture import batch as batch_module
     monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", "torch")
     model = torch.nn.Sequential(*[torch.nn.ReLU() for _ in range(10)])
     x = torch.randn(2 << 20)                              # 8 MiB per activation

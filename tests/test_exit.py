@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 import precdbg
-from precdbg import rank_lock
+from precdbg.storage import rank_lock
 
 from conftest import PYTHON, REPO
 
@@ -464,7 +464,7 @@ def test_compare_names_the_compared_steps_that_are_incomplete(tmp_path):
     marked interrupted: compare says so first, for each side, of the steps it compares (a
     verdict speaks only for what they hold), and says nothing of whole steps."""
     from precdbg.compare import compare_dumps
-    from precdbg.compare.report import summary_text
+    from precdbg.compare.report.formats import summary_text
 
     run = run_guide(str(tmp_path / "run"), "torch", "exception")
     assert run.rc == 1, run

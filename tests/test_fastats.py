@@ -1,4 +1,4 @@
-"""The C statistics pass of host memory (precdbg._fastats) against numpy float64, below and above
+"""The C statistics pass of host memory (precdbg.capture._fastats) against numpy float64, below and above
 the size where it splits across two threads, with NaN/Inf, from concurrent Python threads and
 in a forked child (whose worker thread must be started anew)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-fastats = pytest.importorskip("precdbg._fastats")
+fastats = pytest.importorskip("precdbg.capture._fastats")
 
 CODES = {np.float32: 0, np.float64: 1, np.float16: 2}
 SIZES = [1, 1000, (1 << 20) - 1, 1 << 20, (1 << 20) + 12345, 3 << 20]   # splits from 1 << 20

@@ -369,7 +369,7 @@ def test_a_disk_full_from_the_first_start_leaves_no_stray_file(tmp_path, level):
 
 
 FILLED_WHILE_WRITING = GPT_SETUP + r"""
-import precdbg.stepfile as stepfile
+import precdbg.storage.step_file as stepfile
 real_reserve = stepfile.reserve
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import precdbg
-from precdbg.schema import Record
-from precdbg.stepfile import Payload
-from precdbg.writer import DumpWriter
+from precdbg.records.schema import Record
+from precdbg.storage.step_file import Payload
+from precdbg.storage.writer import DumpWriter
 from precdbg_pt import PrecisionDebugger
 
 

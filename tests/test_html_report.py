@@ -26,7 +26,7 @@ import pytest
 
 import compare_support as cs
 from precdbg import open_dump
-from precdbg.compare.html_report import ROW_NUMBER_COLUMNS, ROW_STRING_COLUMNS
+from precdbg.compare.report.html import ROW_NUMBER_COLUMNS, ROW_STRING_COLUMNS
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CULPRIT = "Functional.gelu.1.forward"    # the second GELU call: blocks.1
@@ -130,7 +130,7 @@ def test_embedded_module_trees_are_the_dumps(report):
 
 
 def test_page_without_its_dumps_still_renders_from_the_records(report, tmp_path):
-    from precdbg.compare.html_report import page_data, render_html
+    from precdbg.compare.report.html import page_data, render_html
     moved = dict(report["result"], baseline={"path": str(tmp_path / "gone"), "framework": ""})
     page = render_html(moved, trees={})
     data = _embedded(page)
@@ -232,7 +232,7 @@ def test_browser_opens_another_rank_from_the_address(report, tmp_path):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
 def test_browser_shows_the_chain_that_led_to_the_culprit(report, tmp_path):
-    from precdbg.compare.html_report import write_html
+    from precdbg.compare.report.html import write_html
     result = json.loads(json.dumps(report["result"]))
     first = result["first_divergence"]
     first["chain"] = [
@@ -254,7 +254,7 @@ def test_browser_shows_the_chain_that_led_to_the_culprit(report, tmp_path):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
 def test_browser_draws_a_match_all_green(report, tmp_path):
     from precdbg.compare import compare_dumps
-    from precdbg.compare.html_report import write_html
+    from precdbg.compare.report.html import write_html
     result = compare_dumps(report["base"], report["base"])
     assert result["verdict"] == "match"
     page = str(tmp_path / "match.html")

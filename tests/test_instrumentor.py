@@ -1,4 +1,4 @@
-"""The core adapter base (precdbg.instrumentor) on the real frameworks: install/uninstall are
+"""The core adapter base (precdbg.capture.instrumentor) on the real frameworks: install/uninstall are
 idempotent and leave nothing behind, a failing `remove()` neither stops the others nor is
 reported more than once, one optimizer-phase rule (the previous phase comes back), and
 ClassPatch restores an owner's own attribute and lets an inherited one show through again."""
@@ -16,7 +16,7 @@ import torch
 
 import precdbg
 from precdbg.errors import PrecdbgError
-from precdbg.instrumentor import BaseInstrumentor, ClassPatch
+from precdbg.capture.instrumentor import BaseInstrumentor, ClassPatch
 from precdbg_pt import PrecisionDebugger as TorchDebugger
 
 from conftest import loss_of, rows_where, torch_hooks_left

@@ -1,4 +1,4 @@
-"""Layer settings recorded by both adapters in one neutral vocabulary (precdbg/names/layers.yaml),
+"""Layer settings recorded by both adapters in one neutral vocabulary (precdbg/records/tables/layers.yaml),
 read back with `Dump.module_settings`, and judged by `precdbg check`: a conv built with torch's
 padding and a MindSpore cell built with pad_mode="pad" agree; MindSpore's default pad_mode="same"
 is named at its first module; keep_prob, axis and the BatchNorm momentum convention are
@@ -19,7 +19,7 @@ import precdbg  # noqa: E402
 import precdbg_ms  # noqa: E402
 import precdbg_pt  # noqa: E402
 from precdbg.check import check_dumps  # noqa: E402
-from precdbg.layers import dump_setting_differences, setting_differences  # noqa: E402
+from precdbg.records.layers import dump_setting_differences, setting_differences  # noqa: E402
 
 
 def _torch_net() -> Any:

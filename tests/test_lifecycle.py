@@ -427,9 +427,9 @@ def test_both_call_patterns_give_the_same_dump(tmp_path, batches):
 
 
 def test_core_does_not_import_torch():
-    result = run_python("import precdbg, sys; import precdbg.cli, precdbg.reader, "
-                        "precdbg.session, precdbg.writer, precdbg.filters, precdbg.naming, "
-                        "precdbg.debugger; assert 'torch' not in sys.modules, 'torch imported'; "
+    result = run_python("import precdbg, sys; import precdbg.cli, precdbg.storage.reader, "
+                        "precdbg.capture.session, precdbg.storage.writer, precdbg.capture.filters, precdbg.records.naming, "
+                        "precdbg.capture.debugger; assert 'torch' not in sys.modules, 'torch imported'; "
                         "assert not any(m.startswith('mindspore') for m in sys.modules); "
                         "print('ok')")
     assert result.returncode == 0, result.stderr

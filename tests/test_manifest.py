@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from precdbg.manifest import environment_allowlisted, looks_secret
+from precdbg.records.environment import environment_allowlisted, looks_secret
 from precdbg_pt import PrecisionDebugger, seed_all
 
 

@@ -1,4 +1,4 @@
-"""Multi-step noise (precdbg/compare/multistep.py): step k >= 1 of clean pairs across thread
+"""Multi-step noise (precdbg/compare/judge/multistep.py): step k >= 1 of clean pairs across thread
 counts and frameworks matches although Adam turns sub-tolerance gradient noise into parameter
 differences far beyond float rounding; a real optimizer difference, or a real defect of step k,
 is still named, with the parameter's difference as a share of its last update.
@@ -18,8 +18,8 @@ import pytest
 
 import compare_support as cs
 from precdbg.compare import compare_dumps
-from precdbg.compare.metrics import PARAM_TOLERANCE
-from precdbg.compare.multistep import UPDATE_SHARE
+from precdbg.compare.judge.metrics import PARAM_TOLERANCE
+from precdbg.compare.judge.multistep import UPDATE_SHARE
 
 
 @pytest.fixture(scope="module")

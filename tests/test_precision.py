@@ -20,8 +20,8 @@ import pytest
 import precdbg
 from compare_support import (PYTHON, REPO, THIS, assert_first, assert_match)
 from precdbg.compare import compare_dumps
-from precdbg.compare.report import summary_text
-from precdbg.compare.metrics import TOLERANCE
+from precdbg.compare.report.formats import summary_text
+from precdbg.compare.judge.metrics import TOLERANCE
 
 BF16_TOL = 2.0 ** -8
 

@@ -9,13 +9,13 @@ import textwrap
 import pytest
 
 from conftest import PYTHON, REPO
-from precdbg import rank_lock
+from precdbg.storage import rank_lock
 
 fcntl = pytest.importorskip("fcntl")
 
 HOLD_AND_FORK = textwrap.dedent("""
     import os, sys, time
-    from precdbg import rank_lock
+    from precdbg.storage import rank_lock
     folder, mode = sys.argv[1], sys.argv[2]
     assert rank_lock.lock_rank(folder, 0) is None
     if mode == "fork":

@@ -23,7 +23,7 @@ import compare_support as cs
 import precdbg
 import realloop_support as rl
 from precdbg.compare import compare_dumps
-from precdbg.schema import scalar_mask
+from precdbg.records.schema import scalar_mask
 
 pytest.importorskip("transformers")
 

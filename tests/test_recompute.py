@@ -73,7 +73,7 @@ def test_the_replayed_module_is_named_from_the_checkpoint(tmp_path: Any, how: st
     the session is told its path when the replay starts, not left to guess it from the first
     replayed submodule (a plain function may have none)."""
     import torch
-    from precdbg.session import Session
+    from precdbg.capture.session import Session
     from precdbg_pt import PrecisionDebugger
     from recompute_guide import Net
 

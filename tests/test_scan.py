@@ -1,4 +1,4 @@
-"""`precdbg.compare.scan`: the first non-finite value and the anomalies of one real dump
+"""`precdbg.scan.scanner`: the first non-finite value and the anomalies of one real dump
 (small PyTorch models run under a PrecisionDebugger), the terminal text, the JSON and the exit
 codes of `scan_main`."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from precdbg.compare.scan import (EXPLODING_GRAD_RATIO, VANISHING_GRAD_RATIO, format_scan,
+from precdbg.scan.scanner import (EXPLODING_GRAD_RATIO, VANISHING_GRAD_RATIO, format_scan,
                                   scan_dump, scan_main)
 from precdbg.errors import DumpError
 from precdbg_pt import PrecisionDebugger
@@ -309,8 +309,8 @@ def test_gradients_of_a_loss_scaled_backward_are_judged_unscaled(tmp_path):
     with open(tmp_path / "dump" / "run.json", "r", encoding="utf-8") as handle:
         run = json.load(handle)
     assert run["manifest"]["loss_scale"]["scale"] == 65536.0
-    from precdbg.compare.anomalies import gradient_findings
-    from precdbg.reader import open_dump
+    from precdbg.scan.anomalies import gradient_findings
+    from precdbg.storage.reader import open_dump
     with open_dump(path) as dump:
         table = dump.records(step=0)
     exploding = [f for f in gradient_findings(table, 1.0) if f["kind"] == "exploding_grad"]

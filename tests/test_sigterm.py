@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 import pytest
 
 import precdbg
-from precdbg import lifetime
+from precdbg.storage import process_exit as lifetime
 
 from conftest import PYTHON, REPO
 
@@ -24,7 +24,7 @@ WAITING = "precdbg: SIGTERM: writing the stopped step"
 GAVE_UP = "precdbg: SIGTERM: the writer made no progress"
 
 pytestmark = pytest.mark.skipif(lifetime._termguard is None or not hasattr(signal, "SIGTERM"),
-                                reason="precdbg._termguard is not built here")
+                                reason="precdbg.storage._termguard is not built here")
 
 
 def _env(**extra: str) -> Dict[str, str]:

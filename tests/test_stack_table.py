@@ -1,4 +1,4 @@
-"""precdbg.stacks: the C walk (`_frames.key`) and the Python walk name the same user frames."""
+"""precdbg.capture.call_stacks: the C walk (`_frames.key`) and the Python walk name the same user frames."""
 from __future__ import annotations
 
 import os
@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from precdbg import stacks
-from precdbg.stacks import StackTable
+from precdbg.capture import call_stacks as stacks
+from precdbg.capture.call_stacks import StackTable
 
-_frames = pytest.importorskip("precdbg._frames")
+_frames = pytest.importorskip("precdbg.capture._frames")
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="the C walk needs 3.11")
 
 _THIS = os.path.abspath(__file__)

@@ -149,7 +149,7 @@ def test_model_prefixed_layer_classes_read_as_their_layer(tmp_path):
     an RMSNorm epsilon changed in one layer of a Qwen2 (nothing was read of it before). A
     suffix alone names nothing else (LlamaRotaryEmbedding is no embedding lookup)."""
     from precdbg.check import check_dumps
-    from precdbg.naming import canonical_op
+    from precdbg.records.naming import canonical_op
 
     assert {canonical_op(c) for c in ("Qwen2RMSNorm", "MistralRMSNorm", "MixedFusedRMSNorm",
                                       "LlamaRMSNorm", "MT5LayerNorm")} == {"rms_norm"}

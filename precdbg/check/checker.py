@@ -8,9 +8,9 @@ import numpy as np
 from .values import (_HIGH_HYPER, _LOW_HYPER, _Run, _display,
                      _first_inputs, _fmt, _is_int, _names, _nonzero, _optimizer_family,
                      _per_parameter, _same, _stat_difference, _summary, stat_gap)
-from ..layers import setting_differences
+from ..records.layers import setting_differences
 from .setup_checks import SetupChecks
-from ..schema import is_scalar_dtype
+from ..records.schema import is_scalar_dtype
 
 
 class _Checker(SetupChecks):

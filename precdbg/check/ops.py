@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ..precision import is_floating
+from ..records.precision import is_floating
 from .values import _Run
 
 __all__ = ["RANDOM_OPS", "compute_dtypes", "dtype_counts", "dtype_mix", "first_apart"]

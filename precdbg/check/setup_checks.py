@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-from ..layers import SettingDifference, format_value, same_setting
+from ..records.layers import SettingDifference, format_value, same_setting
 from .ops import RANDOM_OPS, compute_dtypes, dtype_counts, dtype_mix, first_apart
 from .values import (_CONDITIONS, _DEVICE_KIND, _ENV_LOW, _ENV_MINDSPORE_ONLY,
                      _ENV_PYTORCH_ONLY, _Run, _deterministic, _fmt, _names, _nonzero, _same,
@@ -108,7 +108,7 @@ class SetupChecks:
                      f"{_fmt(lsb)}", lsa, lsb)
 
     def environment(self) -> None:
-        from ..manifest import looks_secret
+        from ..records.environment import looks_secret
         ea = self.a.manifest.get("environment") or {}
         eb = self.b.manifest.get("environment") or {}
         la, lb = self.a.label, self.b.label

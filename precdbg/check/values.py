@@ -3,14 +3,15 @@ manifest and records, and value helpers."""
 from __future__ import annotations
 
 import functools
+import os
 import math
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from ..naming import canonical_op, name_table
-from ..reader import Dump, RecordTable
-from ..schema import is_scalar_dtype, scalar_mask
+from ..records.naming import canonical_op, read_table
+from ..storage.reader import Dump, RecordTable
+from ..records.schema import is_scalar_dtype, scalar_mask
 
 
 SEVERITIES = ("high", "medium", "low")
@@ -42,8 +43,8 @@ _CONDITIONS = {"frameworks", "op", "module_class", "optimizer", "other_optimizer
 # --------------------------------------------------------------------------- the data file
 @functools.lru_cache(maxsize=1)
 def semantics() -> Dict[str, Any]:
-    """precdbg/names/semantics.yaml: optimizer families, hyperparameter names, entries."""
-    data = dict(name_table("semantics.yaml"))
+    """precdbg/check/semantics.yaml: optimizer families, hyperparameter names, entries."""
+    data = dict(read_table(os.path.join(os.path.dirname(__file__), "semantics.yaml")))
     data.setdefault("optimizer_classes", {})
     data.setdefault("hyperparameters", {})
     data.setdefault("entries", [])

@@ -1,0 +1,257 @@
+"""The entries of one compared step: each call (of an API or module, a parameter) of both runs
+with what of it differs, built from the step's aligned record pairs, and where each differing
+read came from (the record of the step that produced it, a record of one run only, or nothing
+captured). `localize.py` walks them to the first divergence."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ...storage.reader import RecordTable
+from ...records.schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, Direction, RecordKind, is_scalar_dtype
+from ..align.alignment import Alignment
+from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
+
+__all__ = ["Entry", "StepEntries", "StepCompare", "pair_row"]
+
+_BACKWARD, _NONE = Direction.BACKWARD.value, Direction.NONE.value
+_PARAM, _MODULE = RecordKind.PARAM.value, RecordKind.MODULE.value
+_PARAM_GRAD = RecordKind.PARAM_GRAD.value
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One entry (a call of an API or module, a parameter) of one step and rank, with what of
+    it differs between the runs."""
+    step: int
+    rank: int
+    direction: str
+    kind: str
+    name_a: str
+    name_b: str
+    module: str
+    op: str
+    order: int
+    seq: int                       # position in the step's timeline (first record emitted)
+    first_bad: int = 1 << 62       # when it was first seen to differ (its first differing record)
+    inputs_bad: List[Evidence] = dataclasses.field(default_factory=list)
+    outputs_bad: List[Evidence] = dataclasses.field(default_factory=list)
+    args_bad: List[ArgDiff] = dataclasses.field(default_factory=list)
+    inputs_ok: int = 0
+    outputs_ok: int = 0
+    inputs_ok_err: float = 0.0     # the largest relative error among the agreeing inputs
+    trainable_differs: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.name_a or self.name_b
+
+    @property
+    def diverged(self) -> bool:
+        return bool(self.inputs_bad or self.outputs_bad or self.args_bad)
+
+    @property
+    def is_candidate(self) -> bool:
+        """Tensor inputs agree (or there are none); outputs, or a non-tensor argument, do not."""
+        return bool(self.outputs_bad or self.args_bad) and not self.inputs_bad
+
+    @property
+    def is_inventory(self) -> bool:
+        return self.direction == _NONE
+
+
+@dataclasses.dataclass
+class StepEntries:
+    """Every entry of one step, all ranks."""
+    step: int
+    entries: List[Entry]
+
+    def __post_init__(self) -> None:
+        self._ranks = sorted({e.rank for e in self.entries})
+        self._forward = {(e.rank, e.kind, e.order): e for e in self.entries
+                         if e.direction == Direction.FORWARD.value and e.order > 0}
+
+    def forward_of(self, entry: Entry) -> Optional[Entry]:
+        """The forward call whose backward `entry` is (its saved tensors feed the backward)."""
+        return self._forward.get((entry.rank, entry.kind, entry.order)) \
+            if entry.direction == _BACKWARD else None
+
+    def ranks(self) -> List[int]:
+        return self._ranks
+
+    def timeline(self, rank: int) -> List[Entry]:
+        return sorted((e for e in self.entries if e.rank == rank and not e.is_inventory),
+                      key=lambda e: e.seq)
+
+    def counterparts(self, entry: Entry) -> List[Entry]:
+        """The same entry on the other ranks, lowest rank first."""
+        return sorted((e for e in self.entries if e.rank != entry.rank
+                       and e.direction == entry.direction and e.name_a == entry.name_a),
+                      key=lambda e: e.rank)
+
+
+
+def pair_row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndarray], p: int,
+         tm: Optional[Dict[str, Any]]) -> Row:
+    ra, rb = ta.row(i), tb.row(j)
+    row = Row(ra["step"], ra["rank"], ra["entry"], rb["entry"], ra["kind"], ra["direction"],
+              ra["module"], ra["op"], ra["role"], ra["arg_index"], ra["dtype"], rb["dtype"],
+              list(ra["shape"]), list(rb["shape"]), ra["order"], ra["seq"],
+              "diverged" if st["diverged"][p] else
+              "precision" if st["precision_explained"][p] else
+              "integer" if st["integer_plumbing"][p] else "match")
+    row.module_b = rb["module"]
+    for stat in ("min", "max", "mean", "norm"):
+        setattr(row, f"{stat}_a", finite_or_none(ra[stat]))
+        setattr(row, f"{stat}_b", finite_or_none(rb[stat]))
+    for key in ("d_min", "d_max", "d_mean", "d_norm", "err", "tol"):
+        setattr(row, key, finite_or_none(st[key][p]))
+    row.nan_a, row.nan_b = ra["nan_count"], rb["nan_count"]
+    row.inf_a, row.inf_b = ra["inf_count"], rb["inf_count"]
+    if ra["checksum"] and rb["checksum"]:      # None: a side has none, nothing was compared
+        row.checksum_equal = bool(st["checksum_equal"][p])
+    if st["floor_decided"][p]:
+        row.floor = float(st["floor"][p])
+    if tm is not None:
+        row.tensor = {k: finite_or_none(v) for k, v in tm.items()}
+    if np.isfinite(st["update_share"][p]):
+        row.update_share = finite_or_none(st["update_share"][p])
+    if st["dw_agreed"][p] >= 0:
+        row.dw_agreed = bool(st["dw_agreed"][p])
+    return row
+
+
+class StepCompare:
+    """One step and rank of both dumps: rows, entries, and where each read tensor came from."""
+
+    def __init__(self, ta: RecordTable, tb: RecordTable, al: Alignment) -> None:
+        self.ta, self.tb, self.al = ta, tb, al
+        self.entries: Dict[Tuple[str, str], Entry] = {}
+        self.entry_of_a: Dict[int, Entry] = {}
+        self.entry_of_b: Dict[int, Entry] = {}
+        self.row_of_seq = ({s: i for i, s in enumerate(ta["seq"].tolist())},
+                           {s: i for i, s in enumerate(tb["seq"].tolist())})
+        self.unpaired = (set(al.only_a.tolist()), set(al.only_b.tolist()))
+        self.reads: List[Tuple[Evidence, int, int]] = []
+
+    def add(self, row: Row, i: int, j: int) -> None:
+        ta, tb = self.ta, self.tb
+        key = (row.direction, row.name_a)
+        e = self.entries.get(key)
+        if e is None:
+            e = self.entries[key] = Entry(row.step, row.rank, row.direction, row.kind,
+                                          row.name_a, row.name_b, row.module, row.op,
+                                          row.order, row.seq)
+        self.entry_of_a[i], self.entry_of_b[j] = e, e
+        e.seq = min(e.seq, row.seq)
+        if row.diverged:
+            e.first_bad = min(e.first_bad, row.seq)
+        if row.kind == _PARAM and bool(ta["trainable"][i]) != bool(tb["trainable"][j]):
+            e.trainable_differs = True
+        is_read = row.role in READ_ROLES
+        if is_scalar_dtype(row.dtype_b):        # a non-tensor argument: a cause, not data
+            if row.diverged:
+                e.args_bad.append(ArgDiff(row.role, row.arg_index, str(ta["arg_key"][i]),
+                                          str(ta["text"][i]), str(tb["text"][j])))
+            return
+        if row.diverged:
+            ev = Evidence.of(row)
+            (e.inputs_bad if is_read else e.outputs_bad).append(ev)
+            if is_read or row.kind == _PARAM_GRAD:     # a dw may pass a dx on unchanged
+                self.reads.append((ev, i, j))
+        elif is_read:
+            e.inputs_ok += 1
+            if row.err is not None and row.err > e.inputs_ok_err:
+                e.inputs_ok_err = row.err
+        else:
+            e.outputs_ok += 1
+
+    def one_run_param(self, side: str, r: Dict[str, Any], step: int, rank: int) -> None:
+        """A parameter present in one run only is an inventory difference (buffers are
+        framework plumbing: MindSpore has none where PyTorch has some)."""
+        key = ("none", r["entry"])
+        e = self.entries.setdefault(key, Entry(step, rank, "none", _PARAM,
+                                               r["entry"] if side == "a" else "",
+                                               r["entry"] if side == "b" else "",
+                                               r["module"], r["op"], 0, int(r["seq"])))
+        e.first_bad = min(e.first_bad, int(r["seq"]))
+        e.outputs_bad.append(Evidence(r["role"], 0, "", True, {},
+                                      only_in="baseline" if side == "a" else "candidate"))
+
+    # ------------------------------------------------------------------ provenance
+    def _producer_row(self, side: int, i: int) -> Optional[int]:
+        table = self.ta if side == 0 else self.tb
+        seq = int(table["producer"][i])
+        return None if seq == NO_PRODUCER else self.row_of_seq[side].get(seq)
+
+    def producer_names(self, rows: List[Row]) -> None:
+        for side, table, pairs in ((0, self.ta, self.al.pairs_a), (1, self.tb, self.al.pairs_b)):
+            entry = table["entry"]
+            for row, i in zip(rows, pairs.tolist()):
+                k = self._producer_row(side, i)
+                if k is not None:
+                    setattr(row, "producer_a" if side == 0 else "producer_b", str(entry[k]))
+
+    def _writers(self) -> Dict[int, List[Tuple[int, int]]]:
+        """Per storage of the baseline: (seq, row) of the paired records that wrote into it."""
+        ta = self.ta
+        out: Dict[int, List[Tuple[int, int]]] = {}
+        storage, seq, role = ta["storage"], ta["seq"], ta["role"]
+        for i in self.entry_of_a:
+            if storage[i] >= 0 and role[i] in WRITE_ROLES:
+                out.setdefault(int(storage[i]), []).append((int(seq[i]), i))
+        for rows in out.values():
+            rows.sort(reverse=True)
+        return out
+
+    def resolve_reads(self) -> None:
+        """Each differing read learns its producer: an entry of both runs, a record of one run
+        only, or nothing captured; and what else wrote into the same memory before it."""
+        writers = self._writers() if self.reads else {}
+        for ev, i, j in self.reads:
+            seq, store = int(self.ta["seq"][i]), int(self.ta["storage"][i])
+            seen = set()
+            for s, k in writers.get(store, ()):
+                e = self.entry_of_a[k]
+                if s < seq and e.diverged and id(e) not in seen:
+                    seen.add(id(e))
+                    ev.same_memory.append(e)
+            ka, kb = self._producer_row(0, i), self._producer_row(1, j)
+            entry = (self.entry_of_a.get(ka) if ka is not None else None) or \
+                (self.entry_of_b.get(kb) if kb is not None else None)
+            if entry is not None:
+                ev.producer = Producer(Source.ENTRY, entry)
+            elif (ka is not None and ka in self.unpaired[0]) or \
+                    (kb is not None and kb in self.unpaired[1]):
+                ev.producer = self._one_run(ka if ka in self.unpaired[0] else None,
+                                            kb if kb in self.unpaired[1] else None)
+            else:
+                ev.producer = Producer(Source.NONE)
+
+    def _one_run(self, ka: Optional[int], kb: Optional[int]) -> Producer:
+        """Producers without counterpart: named by the innermost module holding both, through
+        that module's own entries when it has some in either run."""
+        paths = [str(t["module"][k]) for t, k in ((self.ta, ka), (self.tb, kb)) if k is not None]
+        module = paths[0]
+        for other in paths[1:]:
+            parts = []
+            for x, y in zip(module.split("."), other.split(".")):
+                if x != y:
+                    break
+                parts.append(x)
+            module = ".".join(parts)
+        names, kind, op = ["", ""], "", ""
+        for side, table, k in ((0, self.ta, ka), (1, self.tb, kb)):
+            if k is None:
+                continue
+            # the root's path ("") also owns what runs outside the model (a loss scaled
+            # before backward): a call there is named itself, not by the model's entry
+            rows = np.nonzero((table["kind"] == _MODULE) & (table["module"] == module)
+                              & (table["direction"] == table["direction"][k]))[0] \
+                if module else ()
+            pick = int(rows[0]) if len(rows) else k
+            names[side] = str(table["entry"][pick])
+            kind, op = kind or str(table["kind"][pick]), op or str(table["op"][pick])
+        return Producer(Source.ONE_RUN, None, names[0], names[1], module, kind, op)

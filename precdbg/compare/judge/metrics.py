@@ -1,0 +1,203 @@
+"""How far apart two aligned records are, vectorised over all pairs.
+
+Statistics task: relative differences of min, max, mean and norm, each against the tensor's
+scale (its RMS, so a mean near zero does not explode), plus NaN/Inf counts and shapes. Tensor task
+(both sides hold data): cosine, max absolute and relative error, RMSE, share of elements beyond
+0.1 % and 0.5 % relative error. Checksums: equal bytes are a match whatever the statistics say.
+
+Tolerances depend on the precision a record's values carry (the `precision` column: the
+coarsest float dtype along the computation that produced them, so the float32 output of a
+LayerNorm of a residual stream that went through bf16 autocast linears is judged as bf16), or its
+dtype in files without the column. Below float32 they are msprobe's published relative
+thresholds (2^-10 float16, 2^-8 bfloat16: about the unit roundoff) and the unit roundoff of
+float8 (2^-4 e4m3, 2^-3 e5m2),
+and for float32/float64 calibrated so that a rerun, another CPU thread count or another
+framework's kernel for the same math stay below them (measured: <= 2e-6 relative for float32 on
+the bundled GPT, PyTorch vs MindSpore; <= 8.5e-7 for 1 vs 2 threads, bf16 autocast or not;
+benchmarks/calibrate_tolerance.py) while a change of 1e-4 relative in one op's output is above.
+Below float32, min and max are single elements that may each round another way in another
+kernel: they are held against four times the tolerance (two units in the last place). Measured,
+PyTorch vs MindSpore on CPU with the bundled GPT in float16 (tests/test_twins.py): min/max
+differ by up to 2.3e-3 relative (a LayerNorm weight gradient; GELU's max 1.9e-3), mean and norm
+by up to 3.6e-4; the worst record stands at 0.59 of the float16 tolerance.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from ...records.precision import MANTISSA_BITS, is_floating
+from ...storage.reader import RecordTable
+from ...records.schema import DTYPE_VALUE, is_scalar_dtype, scalar_mask
+
+__all__ = ["TOLERANCE", "stat_errors", "tensor_metrics", "tolerance_of"]
+
+TOLERANCE: Dict[str, float] = {
+    "float64": 1e-9, "float32": 2e-5, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -8,
+    "float8_e4m3fn": 2.0 ** -4, "float8_e4m3fnuz": 2.0 ** -4, "float8_e5m2": 2.0 ** -3,
+    "float8_e5m2fnuz": 2.0 ** -3,
+}
+_EXTREMES_FACTOR = 4.0      # min and max, below float32: two units in the last place
+_DEFAULT_TOL = 0.0          # integers, bools: exact
+# Parameters at the start of a step are loaded or updated, not computed by different kernels:
+# they match to float32 rounding, so one changed element already counts.
+PARAM_TOLERANCE = 1e-6
+_TINY = 1e-30
+
+
+def tolerance_of(dtype: str) -> float:
+    return TOLERANCE.get(dtype, 2e-5 if dtype.startswith("complex") else _DEFAULT_TOL)
+
+
+def _carried(t: RecordTable, idx: np.ndarray) -> np.ndarray:
+    """Per record, the precision its values carry (its dtype where the file has no precision
+    column or the record none)."""
+    dtype = t["dtype"][idx]
+    if "precision" not in t:
+        return dtype
+    prec = t["precision"][idx]
+    return np.where(prec == "", dtype, prec)
+
+
+def _coarser(pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+    """Per pair, the coarser of the two records' carried precisions."""
+    bits_a = np.array([MANTISSA_BITS.get(p, 99) for p in pa.tolist()], dtype=np.int64)
+    bits_b = np.array([MANTISSA_BITS.get(p, 99) for p in pb.tolist()], dtype=np.int64)
+    return np.where(bits_a < bits_b, pa, pb)
+
+
+def _dtype_arguments_explained(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
+                               pa: np.ndarray, pb: np.ndarray, text_ok: np.ndarray
+                               ) -> np.ndarray:
+    """Pairs of a dtype argument naming two float dtypes (`torch.tensor(x, dtype=q.dtype)`
+    under autocast in one run only) after the point where the runs' values already carry other
+    precisions: a consequence of that precision difference (which `check` names), not a
+    divergence of its own. The first such argument, before any value carries another
+    precision, stays a divergence: it is where the precisions part (a cast to float16 in one
+    run only)."""
+    dtype_b = b["dtype"][ib]
+    dtype_arg = (a["dtype"][ia] == DTYPE_VALUE) & (dtype_b == DTYPE_VALUE) & ~text_ok
+    if not dtype_arg.any():
+        return dtype_arg
+    texts_a, texts_b = a["text"][ia], b["text"][ib]
+    floats = np.array([is_floating(x) and is_floating(y)
+                       for x, y in zip(texts_a.tolist(), texts_b.tolist())], dtype=bool)
+    apart = (pa != pb) & ~scalar_mask(dtype_b)
+    if not apart.any():
+        return np.zeros_like(dtype_arg)
+    seq = b["seq"][ib]
+    return dtype_arg & floats & (seq > seq[apart].min())
+
+
+def _rel(a: np.ndarray, b: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diff = np.abs(a - b) / np.maximum(scale, _TINY)
+    both_nan = np.isnan(a) & np.isnan(b)
+    same_inf = np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b))
+    diff = np.where(both_nan | same_inf, 0.0, diff)
+    return np.where(np.isnan(diff), np.inf, diff)
+
+
+def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
+                ) -> Dict[str, np.ndarray]:
+    """Per pair: relative differences, the worst of them, tolerance, and whether it diverges."""
+    col = lambda t, name, idx: t[name][idx]  # noqa: E731
+    numel_b = np.maximum(col(b, "numel", ib), 1).astype(np.float64)
+    numel_a = np.maximum(col(a, "numel", ia), 1).astype(np.float64)
+    rms_a = np.abs(col(a, "norm", ia)) / np.sqrt(numel_a)
+    rms_b = np.abs(col(b, "norm", ib)) / np.sqrt(numel_b)
+    scale = np.nan_to_num(np.fmax(rms_a, rms_b), nan=0.0, posinf=0.0)
+    out: Dict[str, np.ndarray] = {}
+    for stat in ("min", "max"):
+        va, vb = col(a, stat, ia), col(b, stat, ib)
+        out[f"d_{stat}"] = _rel(va, vb, np.fmax(np.abs(np.nan_to_num(vb)), scale))
+    out["d_mean"] = _rel(col(a, "mean", ia), col(b, "mean", ib), scale)
+    # relative to the larger norm: an all-zero side (a gradient that never arrived) is a 100 %
+    # difference, not one over the 1e-30 floor
+    out["d_norm"] = _rel(col(a, "norm", ia), col(b, "norm", ib),
+                         np.fmax(np.abs(np.nan_to_num(col(a, "norm", ia))),
+                                 np.abs(np.nan_to_num(col(b, "norm", ib)))))
+    dtype_b = col(b, "dtype", ib)
+    pa, pb = _carried(a, ia), _carried(b, ib)
+    precision = _coarser(pa, pb)
+    coarse = np.array([MANTISSA_BITS.get(p, 99) < MANTISSA_BITS["float32"]
+                       for p in precision.tolist()], dtype=bool)
+    extremes = np.where(coarse, _EXTREMES_FACTOR, 1.0)
+    # err is in units of the tolerance of mean and norm: min and max count at 1/extremes
+    err = np.max(np.stack([out["d_min"] / extremes, out["d_max"] / extremes, out["d_mean"],
+                           out["d_norm"]]), axis=0)
+    tol = np.array([tolerance_of(d) for d in precision.tolist()], dtype=np.float64)
+    tol = np.where(col(b, "kind", ib) == "param", np.minimum(tol, PARAM_TOLERANCE), tol)
+    shape_ok = np.all(a["shape"][ia] == b["shape"][ib], axis=1) & (
+        a["ndim"][ia] == b["ndim"][ib])
+    counts_ok = (col(a, "nan_count", ia) == col(b, "nan_count", ib)) & (
+        col(a, "inf_count", ia) == col(b, "inf_count", ib))
+    scalar = scalar_mask(dtype_b)
+    text_ok = col(a, "text", ia) == col(b, "text", ib)
+    ck_a, ck_b = col(a, "checksum", ia), col(b, "checksum", ib)
+    checksum_equal = (ck_a != "") & (ck_a == ck_b)
+    explained = _dtype_arguments_explained(a, b, ia, ib, pa, pb, text_ok)
+    text_ok = text_ok | explained
+    diverged = np.where(scalar, ~text_ok, (err > tol) | ~shape_ok | ~counts_ok)
+    diverged &= ~checksum_equal
+    out.update(err=np.where(scalar, np.where(text_ok, 0.0, np.inf), err), tol=tol,
+               precision_explained=explained, extremes=extremes,
+               shape_ok=shape_ok, counts_ok=counts_ok, checksum_equal=checksum_equal,
+               diverged=diverged)
+    return out
+
+
+def integer_plumbing(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
+                     st: Dict[str, np.ndarray]) -> None:
+    """Pairs of integer or boolean tensors (positions, masks, indices) that differ in a step
+    and rank where no other pair does: the runs reach the same floating-point numbers through
+    integer plumbing computed another way (transformers builds its masks and positions one way
+    with a KV cache and another without, and gradient checkpointing turns the cache off), and
+    the pairing of such calls is by order, not by meaning. They are no divergence there
+    (`st["integer_plumbing"]`). Where an integer difference matters (other token ids, other
+    positions), the floating-point records that read it differ too, and all stay divergences."""
+    dtype_a, dtype_b = a["dtype"][ia], b["dtype"][ib]
+    integer = np.array([_is_integer(x) and _is_integer(y)
+                        for x, y in zip(dtype_a.tolist(), dtype_b.tolist())], dtype=bool)
+    diverged = st["diverged"]
+    plumbing = diverged & integer
+    if not plumbing.any() or (diverged & ~integer).any():
+        plumbing = np.zeros_like(diverged)
+    st["integer_plumbing"] = plumbing
+    st["diverged"] = diverged & ~plumbing
+
+
+def _is_integer(dtype: str) -> bool:
+    """An integer or boolean tensor's dtype (not a float, complex, or non-tensor argument)."""
+    return bool(dtype) and not (is_floating(dtype) or is_scalar_dtype(dtype)
+                                or dtype.startswith("complex"))
+
+
+def _real_elements(x: np.ndarray) -> np.ndarray:
+    """The elements as float64, a complex element as its real and imaginary parts."""
+    x = np.asarray(x)
+    if np.iscomplexobj(x):
+        x = np.stack([x.real, x.imag], axis=-1)
+    return x.astype(np.float64).ravel()
+
+
+def tensor_metrics(x: np.ndarray, y: np.ndarray) -> Optional[Dict[str, Any]]:
+    """Element-wise comparison of two stored tensors (baseline y); None if shapes differ."""
+    if x.shape != y.shape:
+        return None
+    a, b = _real_elements(x), _real_elements(y)
+    finite = np.isfinite(a) & np.isfinite(b)
+    a, b = a[finite], b[finite]
+    if a.size == 0:
+        return {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rmse": 0.0, "rel_rmse": 0.0,
+                "beyond_0.1%": 0.0, "beyond_0.5%": 0.0}
+    diff = np.abs(a - b)
+    rel = diff / np.maximum(np.abs(b), _TINY)
+    rms_b = float(np.sqrt(np.mean(b * b)))
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    cosine = float(np.dot(a, b) / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
+    rmse = float(np.sqrt(np.mean(diff * diff)))
+    return {"cosine": cosine, "max_abs": float(diff.max()), "max_rel": float(rel.max()),
+            "rmse": rmse, "rel_rmse": rmse / rms_b if rms_b > 0 else float(rmse > 0),
+            "beyond_0.1%": float(np.mean(rel > 1e-3)), "beyond_0.5%": float(np.mean(rel > 5e-3))}

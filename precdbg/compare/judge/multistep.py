@@ -1,0 +1,284 @@
+"""Multi-step noise: judge step k >= 1 against the optimizer's update, not against rounding.
+
+Across devices, thread counts or frameworks, step 0 agrees within float noise, but Adam divides
+each gradient by its own RMS: a gradient near zero whose noise flips its sign becomes an update of
+about +-lr of the opposite sign. The parameters at the start of step k then differ by far more
+than float rounding although nothing is wrong. When the optimizers are configured alike (`precdbg
+check` finds no optimizer, param-group, loss-scale or optimizer-semantics difference) and the
+previous step of the same rank was compared, a `NoisePolicy` judges:
+
+* a parameter at the start of step k by how much the runs' last updates disagree, as a share
+  of the baseline's update: with s_a, s_b its statistics (min, max, mean, norm) in baseline and
+  candidate, `share = max_stat |(s_b(k) - s_b(k-1)) - (s_a(k) - s_a(k-1))| / max_stat |s_a(k) -
+  s_a(k-1)|`. Comparing updates, not values, keeps earlier steps' noise from accumulating. It
+  diverges when `share > UPDATE_SHARE`. Measured on the bundled GPT (AdamW lr 1e-2): 1 vs 2 CPU
+  threads over 8 steps share <= 0.0032 (parameter err up to 1.6e-4); PyTorch vs MindSpore, SGD
+  momentum 0.9, 3 steps <= 2.5e-5; real differences: lr 1.1e-2 vs 1e-2 >= 0.098 on every
+  parameter, MindSpore AdamWeightDecay (no bias correction) vs torch AdamW >= 1.05, weight decay
+  0.01 in one run only up to 3.2 (but about 0.01 on LayerNorm weights). UPDATE_SHARE = 0.02.
+* every other record of step k against a noise floor: the parameters it computes from already
+  differ by `param_err` (the largest relative error of any parameter at the start of the step),
+  and a forward/backward pass carries that over with a small gain (measured: the largest record
+  error / param_err <= 1.92 over 8 steps at 1 vs 2 threads); `tol = max(dtype tolerance,
+  NOISE_GAIN * param_err)`, NOISE_GAIN = 5. A real defect of step k above that floor is still
+  found (a 1e-3 change of one output at step 2, floor 8.5e-5 there). With stored tensors
+  (task "tensor") the records' relative RMSE is judged against `max(that floor, TENSOR_GAIN *
+  the parameters' largest relative RMSE)`, TENSOR_GAIN = 1: Adam's noise concentrates on a
+  few elements, so the parameters' element-wise error (3.0e-4 at step 2, 1 vs 2 threads) exceeds
+  what the records inherit (<= 8.2e-5, ratio 0.28). A record that reads a parameter reads the
+  same tensor and gets the parameter's verdict.
+* a parameter whose weight gradient at step k-1 agreed but was rounding noise in both runs (its
+  norm at most ROUNDING_SHARE_OF_NOISE times the rounding, tolerance x floor, of the gradient
+  it was summed from: precdbg.compare.judge.floors; a BERT attention key bias, 3e-12 against terms of
+  1e-5) is not judged: Adam makes about +-lr of such noise (8 % apart at 1 vs 2 threads), and
+  the runs' other parameters show any optimizer difference. It sets no floor for the others.
+
+With differing optimizer set-up the strict parameter tolerance stays, and the verdict names the
+set-up finding. The parameter explanation gives the share and whether last step's weight
+gradients (dw) agreed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ...storage.reader import RecordTable
+from ...records.schema import READ_ROLES, RecordKind, Role, scalar_mask
+from .metrics import PARAM_TOLERANCE
+
+__all__ = ["NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN", "optimizer_setup",
+           "param_reason"]
+
+UPDATE_SHARE = 0.02
+NOISE_GAIN = 5.0
+TENSOR_GAIN = 1.0
+ROUNDING_SHARE_OF_NOISE = 10.0   # a gradient under 10x its rounding floor's error is noise
+_STATS = ("min", "max", "mean", "norm")
+_PARAM, _PARAM_GRAD = RecordKind.PARAM.value, RecordKind.PARAM_GRAD.value
+_OPTIMIZER_KINDS = {"optimizer", "optimizer_groups", "loss_scale"}
+Key = Tuple[str, str]          # (module, op): a parameter, and its gradient record
+
+
+def optimizer_setup(findings: Sequence[Dict[str, Any]], conventions: bool = True) -> List[str]:
+    """The messages of the `check` findings that make the optimizer updates differ: optimizer
+    class, hyperparameters, param groups, loss scale, and semantic notes about optimizers.
+    `conventions=False` leaves out the notes of low impact (two frameworks' conventions that
+    show only in corner cases, e.g. where Adam puts eps): those do not stop a `NoisePolicy`
+    from judging parameters by their update, which measures how much they matter."""
+    from ...check.values import semantics
+    optimizer_notes = {str(e.get("id")) for e in semantics()["entries"]
+                       if "optimizer" in (e.get("applies_when") or {})}
+    return [str(f["message"]) for f in findings if f["kind"] in _OPTIMIZER_KINDS
+            or (f["kind"] == "semantics" and str(f.get("id")) in optimizer_notes
+                and (conventions or f.get("severity") != "low"))]
+
+
+@dataclasses.dataclass
+class _Last:
+    """What a rank's previous compared step left: its step, the baseline's parameter statistics,
+    and whether each weight gradient agreed."""
+    step: int
+    stats: Dict[Key, Tuple[np.ndarray, np.ndarray]]     # (baseline, candidate)
+    dw_agreed: Dict[Key, bool]
+    dw_rounding: Dict[Key, bool]     # the weight gradient was below its rounding floor
+
+
+class NoisePolicy:
+    """Carried across the steps of one compare (steps ascending); `alike` is False when the
+    optimizer set-up differs, and then nothing is relaxed."""
+
+    def __init__(self, alike: bool, unknown: Sequence[str] = (),
+                 conventions: Sequence[str] = ()) -> None:
+        self.alike = alike
+        self.unknown = list(unknown)     # the runs without a manifest (their optimizer unknown)
+        self.conventions = list(conventions)   # optimizer notes of low impact (still alike)
+        self._last: Dict[int, _Last] = {}
+        self._judged: Dict[int, int] = {}     # step -> parameters judged by their update
+        self._rounding: Dict[int, List[str]] = {}   # step -> parameters updated from rounding
+
+    def settle(self, rank: int, entries: Sequence[Any]) -> None:
+        """After a step of `rank` (its compare.entries.Entry list): a step that differs is no
+        base for the next one (it is only relaxed after a step that agreed)."""
+        if any(e.diverged or e.trainable_differs for e in entries):
+            self._last.pop(rank, None)
+
+    def notes(self) -> List[str]:
+        out = []
+        for step, names in sorted(self._rounding.items()):
+            out.append(f"step {step}: {len(names)} parameter(s) (first: {names[0]}) whose "
+                       f"weight gradient at step {step - 1} was rounding noise in both runs "
+                       "(so small against the gradient it was summed from that rounding is "
+                       "over a tenth of it, like an attention key bias's) differ by what the "
+                       "optimizer made of that noise (Adam turns it into updates of up to about "
+                       "+-lr): not counted as a divergence")
+        if not self._judged:
+            return out
+        steps = ", ".join(str(s) for s in sorted(self._judged))
+        if not self.alike:
+            return [f"parameters of step(s) {steps} judged against float rounding: the "
+                    "optimizer set-up differs (see setup)"]
+        why = "optimizers configured alike" if not self.unknown else \
+            (f"the optimizer set-up of the {' and the '.join(self.unknown)} is not known (no "
+             "run manifest), judged as if configured alike")
+        if self.conventions and not self.unknown:
+            why = ("optimizers configured alike but for a convention of low impact, whose "
+                   "effect this measures (see setup)")
+        return out + [f"step(s) {steps}: parameters judged by how much the runs' last "
+                      f"updates differ (diverged above {UPDATE_SHARE:.0%} of the baseline's "
+                      "update), the other records above a floor from the parameters' "
+                      f"difference: {why}"]
+
+    def adjust(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
+               ib: np.ndarray, st: Dict[str, np.ndarray],
+               tms: Sequence[Optional[Dict[str, Any]]]) -> None:
+        """Rewrite `st` (metrics.stat_errors of the pairs ia/ib; `tms` their element-wise
+        metrics where stored) for step k: the parameters' tolerance from their last update (a
+        read of a parameter is judged with it), the other records' from the parameters'
+        difference.
+        Adds `update_share` (NaN where not judged), `by_update` (judged by it: the element-wise
+        metrics do not override) and `dw_agreed` (-1 unknown, 0, 1)."""
+        n = len(ia)
+        st["update_share"] = np.full(n, np.nan)
+        st["by_update"] = np.zeros(n, dtype=bool)
+        st["dw_agreed"] = np.full(n, -1, dtype=np.int8)
+        last = self._last.get(rank)
+        if last is None or last.step != step - 1 or n == 0:
+            return
+        kind = tb["kind"][ib]
+        is_param = (kind == _PARAM) & (ta["role"][ia] == Role.PARAM.value)
+        keys = list(zip(ta["module"][ia].tolist(), ta["op"][ia].tolist()))
+        now_a = np.stack([ta[s][ia] for s in _STATS], axis=1).astype(np.float64)
+        now_b = np.stack([tb[s][ib] for s in _STATS], axis=1).astype(np.float64)
+        param_err = param_rmse = 0.0
+        for p in np.nonzero(is_param)[0].tolist():
+            before = last.stats.get(keys[p])
+            if keys[p] in last.dw_agreed:
+                st["dw_agreed"][p] = int(last.dw_agreed[keys[p]])
+            if before is None or not st["shape_ok"][p] or not st["counts_ok"][p]:
+                continue
+            update_a, update_b = now_a[p] - before[0], now_b[p] - before[1]
+            update = float(np.nanmax(np.abs(update_a)))
+            diff = float(np.nanmax(np.abs(update_b - update_a)))
+            if not np.isfinite(diff) or not np.isfinite(update):
+                continue
+            share = diff / update if update > 0 else (0.0 if diff == 0 else np.inf)
+            st["update_share"][p] = share
+            self._judged[step] = self._judged.get(step, 0) + 1
+            if not self.alike:        # explained by its update, judged by rounding
+                continue
+            err = float(st["err"][p])
+            if last.dw_rounding.get(keys[p]) and last.dw_agreed.get(keys[p]):
+                # updated from rounding noise alone in both runs: whatever the optimizer made
+                # of it (Adam: about +-lr) is no divergence, nor a floor for the other records
+                st["tol"][p] = max(PARAM_TOLERANCE, err)
+                st["by_update"][p] = True
+                st["diverged"][p] = False
+                if err > PARAM_TOLERANCE:
+                    self._rounding.setdefault(step, []).append(str(ta["entry"][ia[p]]))
+                continue
+            # in err's units: the error this parameter may have at UPDATE_SHARE of its update
+            # (the same updates: what differs was there before, and step k-1 agreed)
+            limit = err * UPDATE_SHARE / share if share > 0 else err
+            st["tol"][p] = max(PARAM_TOLERANCE, limit)
+            st["by_update"][p] = True
+            st["diverged"][p] = bool(err > st["tol"][p]) and not st["checksum_equal"][p]
+            tm = tms[p]
+            param_err = max(param_err, err)
+            param_rmse = max(param_rmse, tm["rel_rmse"] if tm is not None else 0.0)
+        if not self.alike:
+            return
+        self._reads_of_parameters(ta, ia, st)
+        stored = np.array([tm is not None for tm in tms], dtype=bool)
+        floor = np.where(stored, max(NOISE_GAIN * param_err, TENSOR_GAIN * param_rmse),
+                         NOISE_GAIN * param_err)
+        others = ~is_param & ~st["by_update"] & (kind != _PARAM) & \
+            ~scalar_mask(tb["dtype"][ib]) & (st["tol"] < floor)
+        if others.any():
+            st["tol"] = np.where(others, floor, st["tol"])
+            st["diverged"] = np.where(others, _differs(st), st["diverged"])
+
+    @staticmethod
+    def _reads_of_parameters(ta: RecordTable, ia: np.ndarray, st: Dict[str, np.ndarray]
+                             ) -> None:
+        """A record that reads a parameter (its producer is the parameter's record at the start
+        of the step) reads the same tensor: it gets the parameter's tolerance, and is judged by
+        its own statistics (something not captured may have changed it in between)."""
+        judged = np.nonzero(st["by_update"])[0]
+        if not len(judged):
+            return
+        of_seq = dict(zip(ta["seq"][ia[judged]].tolist(), judged.tolist()))
+        producer, role = ta["producer"][ia], ta["role"][ia]
+        for q in range(len(ia)):
+            p = of_seq.get(int(producer[q]))
+            if p is not None and role[q] in READ_ROLES and not st["by_update"][q]:
+                st["tol"][q] = st["tol"][p]
+                st["diverged"][q] = _differs(st, q)
+                st["by_update"][q] = True
+
+    def remember(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
+                 ib: np.ndarray, st: Dict[str, np.ndarray]) -> None:
+        """After the step's verdicts per pair (`st`: metrics.stat_errors with the rounding
+        floors of precdbg.compare.judge.floors): keep what step k+1 is judged against."""
+        diverged, floor, tol = st["diverged"], st["floor"], st["tol"]
+        own = np.fmax(np.abs(ta["norm"][ia].astype(np.float64)),
+                      np.abs(tb["norm"][ib].astype(np.float64)))
+        kind, role = ta["kind"][ia], ta["role"][ia]
+        keys = list(zip(ta["module"][ia].tolist(), ta["op"][ia].tolist()))
+        stats: Dict[Key, Tuple[np.ndarray, np.ndarray]] = {}
+        dw: Dict[Key, bool] = {}
+        rounding: Dict[Key, bool] = {}
+        for p in range(len(ia)):
+            if kind[p] == _PARAM and role[p] == Role.PARAM.value:
+                stats[keys[p]] = (np.array([ta[s][ia[p]] for s in _STATS], dtype=np.float64),
+                                  np.array([tb[s][ib[p]] for s in _STATS], dtype=np.float64))
+            elif kind[p] == _PARAM_GRAD:
+                dw[keys[p]] = dw.get(keys[p], True) and not bool(diverged[p])
+                # rounding of the sum is at least a tenth of the gradient: noise, not signal
+                rounding[keys[p]] = rounding.get(keys[p], True) and \
+                    bool(own[p] <= ROUNDING_SHARE_OF_NOISE * tol[p] * floor[p])
+        self._last[rank] = _Last(step, stats, dw, rounding)
+
+
+def _differs(st: Dict[str, np.ndarray], q: Any = slice(None)) -> Any:
+    """metrics.stat_errors' verdict, under the tolerance now in `st`."""
+    return ((st["err"][q] > st["tol"][q]) | ~st["shape_ok"][q] | ~st["counts_ok"][q]) & \
+        ~st["checksum_equal"][q]
+
+
+def param_reason(step: int, metrics: Dict[str, Any], previous_matched: bool,
+                 setup: Sequence[str], others: Sequence[str] = ()) -> str:
+    """Why a parameter differs at the start of `step`, in terms a user can check. `setup`:
+    the optimizer set-up differences; `others`: the other set-up differences of high or
+    medium impact (compute dtypes, world size), which change the update through the gradient
+    (within its tolerance) or through what is reduced across ranks after the dw records."""
+    if not previous_matched:
+        return "parameter values differ at start"
+    head = (f"parameters differ at the start of step {step} while step {step - 1} matched: "
+            + ("the update differs" if others and not setup else "the optimizer update differs"))
+    share, dw = metrics.get("update_share"), metrics.get("dw_agreed")
+    facts = []
+    if share is not None:
+        facts.append(f"its statistics moved differently since step {step - 1}: by {share:.1%} "
+                     "of the baseline's update as its min, max, mean and norm show it (a "
+                     "detector, not the update's own relative difference; float noise through "
+                     f"the optimizer stays under {UPDATE_SHARE:.0%})")
+    if dw is not None:
+        agreed = ("agreed within its tolerance, but the set-up differs" if others else
+                  "agreed: the same gradient gave a different update")
+        facts.append(f"step {step - 1}'s weight gradient (dw) "
+                     + (agreed if dw else "already differed"))
+    if setup or others:
+        facts.append("set-up: " + "; ".join((list(setup) + list(others))[:3]))
+    else:
+        facts.append("optimizer type, hyperparameters, param groups or loss scale")
+    return head + " (" + "; ".join(facts) + ")"
+
+
+def other_setup(findings: Sequence[Dict[str, Any]], optimizer: Sequence[str]) -> List[str]:
+    """The messages of high and medium `check` findings that are not optimizer set-up (nor
+    the parameters' values at the checked step's start: what a parameter verdict itself says)."""
+    return [str(f["message"]) for f in findings if f.get("severity") in ("high", "medium")
+            and str(f["message"]) not in optimizer
+            and f.get("kind") not in ("incomplete", "initial_values")]

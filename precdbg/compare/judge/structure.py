@@ -1,0 +1,298 @@
+"""Structural differences: a module whose class, or whose sequence of calls, differs between the
+two runs is a divergence of its own, whatever the numbers say.
+
+Under bf16 a swapped layer (GPT-2's tanh GELU, seven elementwise calls, replaced by one exact
+`gelu`) changes its output by less than the bf16 tolerance, and the first record that exceeds a
+tolerance is a float32 residual add after it: numbers alone blame the wrong place. The calls a
+module makes are in the dump (every API record names its innermost module), so the two runs'
+structure is compared directly:
+
+- a module's class: a layer the op table knows that became another (`NewGELUActivation`, a
+  gelu, vs `Linear`), compared by canonical op so that `Linear` and `Dense` are the same layer;
+  within one framework also another class name for a known layer, or for a user's class that
+  also makes other calls (a class merely renamed, making the same calls, is not a difference);
+- within one framework, the sequence of calls the module makes itself, in the order they ran:
+  its API calls and the calls of its direct child modules (so a child that exists in one run
+  only shows in its parent); calls that only re-address elements (views, reshapes, contiguous
+  copies, detach) are left out, since an extra one changes no number; so are calls whose
+  results nothing reads, calls computing only integers or booleans (positions, masks) and joins
+  of one non-empty tensor with empty ones (what transformers models do differently when
+  `use_cache` is on: a KV cache filled, cache positions; and when gradient checkpointing turns
+  it off). A cast that returns its input (to the dtype it had) is no call either, and where
+  the other run converts at the same place (the same line under autocast) the two count as
+  the same call: what a cast changes shows in the dtypes and numbers of what reads it. Across
+  frameworks the call sequences legitimately differ (fused ops, casts, leaf cells), so only
+  classes are compared there.
+
+The verdict is the earliest such module in the baseline's timeline (`seq` of its first record);
+`localize.locate` names it when it ran before the first numeric divergence.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ...records.layers import SettingDifference
+from ...records.naming import is_known_op
+from ...storage.reader import RecordTable
+from ...records.schema import Direction, RecordKind, Role
+from ..align.alignment import rename_module
+from .inert import calls_changing_no_number
+from .structural_diff import StructuralDiff
+
+__all__ = ["StructuralDiff", "structural_differences"]
+
+# Calls that only change how elements are addressed (or nothing): an extra one of these - torch's
+# backward-hook machinery adds a `view_as`, a port adds a `contiguous` - changes no number.
+LAYOUT_OPS = frozenset({"view", "view_as", "reshape", "contiguous", "detach", "clone", "expand",
+                        "expand_as", "flatten", "unflatten", "squeeze", "unsqueeze", "permute",
+                        "transpose", "t", "requires_grad", "size", "dim", "numel"})
+# Calls that make a constant (no input's values read): what a constant changes shows in the
+# calls that read it, which are compared; an extra one alone - Megatron's recompute makes zeros
+# for the arguments it was given as None and a tensor of the mask type - changes no number.
+CONSTANT_OPS = frozenset({"zeros", "ones", "empty", "full", "tensor", "as_tensor",
+                          "scalar_tensor", "arange", "linspace", "eye", "zeros_like",
+                          "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
+                          "new_empty", "new_full", "new_tensor"})
+_NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
+_API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
+_CAST = "cast"                 # the canonical op of every dtype conversion (records/tables/ops.yaml)
+_FORWARD, _OUTPUT = Direction.FORWARD.value, Role.OUTPUT.value
+
+
+@dataclasses.dataclass
+class _Module:
+    """One forward call of a module path and the calls it made, in order."""
+    entry: str
+    cls: str
+    op: str
+    seq: int
+    order: int
+    calls: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
+    finished: bool = True      # False: the process ended inside it (no output recorded)
+    # `seq` of its casts that change no number (mostly: returned their input, to the dtype it
+    # had): no call of its structure, but where the other run converts at that place, the same
+    no_op_casts: set = dataclasses.field(default_factory=set)
+
+    @property
+    def labels(self) -> List[str]:
+        """Its calls, no-op casts left out."""
+        return [label for seq, label in sorted(self.calls) if seq not in self.no_op_casts]
+
+    def labels_and_no_ops(self) -> List[Tuple[str, bool]]:
+        """Its calls with its no-op casts, each with whether it is one."""
+        return [(label, seq in self.no_op_casts) for seq, label in sorted(self.calls)]
+
+
+def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]],
+          apis: bool = True, interrupted: bool = False, api_level: bool = False
+          ) -> Dict[str, List[_Module]]:
+    """The forward calls of each module path, in order, each with the calls it made (`apis`:
+    API calls among them, else child modules only). A call counts for a module's call only
+    between that call's first and last record: the root's path ("") also owns what runs
+    outside the model (the loss, hooks in backward, clipping, the optimizer), which is no part
+    of its structure. In a step the process ended inside (`interrupted`), a call with no
+    output recorded had not returned: it runs to the end of what was recorded, unfinished."""
+    forward = table["direction"] == _FORWARD
+    kind = table["kind"]
+    idx = np.nonzero(forward & (((kind == _API) & apis) | (kind == _MODULE)))[0]
+    idx = idx[np.argsort(table["seq"][idx], kind="stable")]
+    path_of = (lambda p: rename_module(p, modules)) if modules else (lambda p: p)  # noqa: E731
+    inert = calls_changing_no_number(table)
+    entry_col, module_col, op_col = table["entry"], table["module"], table["op"]
+    api_col, prefix_col, seq_col, order_col = table["api"], table["prefix"], table["seq"], \
+        table["order"]
+    found: Dict[str, Dict[str, _Module]] = {}             # path -> entry -> its call
+    spans: Dict[str, Dict[str, List[int]]] = {}          # path -> entry -> [first, last] seq
+    for i in idx[kind[idx] == _MODULE].tolist():
+        path, entry, seq = path_of(str(module_col[i])), str(entry_col[i]), int(seq_col[i])
+        span = spans.setdefault(path, {}).setdefault(entry, [seq, seq])
+        span[0], span[1] = min(span[0], seq), max(span[1], seq)
+        calls = found.setdefault(path, {})
+        if entry not in calls:
+            calls[entry] = _Module(entry, str(api_col[i]), str(op_col[i]), seq,
+                                   int(order_col[i]))
+    if api_level:
+        _api_level_calls(table, idx, path_of, found, spans)
+    if interrupted and len(idx):
+        returned = {str(e) for e in entry_col[idx][(kind[idx] == _MODULE)
+                                                   & (table["role"][idx] == _OUTPUT)]}
+        last = int(seq_col[idx].max())
+        for path, calls in found.items():
+            for entry, call in calls.items():
+                if entry not in returned:
+                    call.finished = False
+                    spans[path][entry][1] = last
+
+    def running(path: str, seq: int) -> Optional[_Module]:
+        """The call of `path` that was running at `seq` (the latest begun, when recursive)."""
+        best: Optional[str] = None
+        for entry, (lo, hi) in spans.get(path, {}).items():
+            if lo <= seq <= hi and (best is None or lo > spans[path][best][0]):
+                best = entry
+        return found[path][best] if best is not None else None
+
+    seen_entries = set()
+    for i in idx.tolist():
+        entry = str(entry_col[i])
+        if entry in seen_entries:
+            continue
+        seen_entries.add(entry)
+        path, seq = path_of(str(module_col[i])), int(seq_col[i])
+        if kind[i] == _MODULE:
+            caller = running(path.rpartition(".")[0], seq) if path else None
+            if caller is not None:
+                caller.calls.append((seq, f"{path.rpartition('.')[2]}:{api_col[i]}"))
+        elif str(op_col[i]) not in _NOT_STRUCTURE and (int(order_col[i]) not in inert
+                                                        or op_col[i] == _CAST):
+            caller = running(path, seq)
+            if caller is not None:
+                label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
+                caller.calls.append((seq, label))
+                if int(order_col[i]) in inert:   # changes no number: its input returned,
+                    caller.no_op_casts.add(seq)     # an integer result, or one nothing reads
+    return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
+
+
+def _api_level_calls(table: RecordTable, idx: np.ndarray, path_of: Callable[[str], str],
+                     found: Dict[str, Dict[str, _Module]],
+                     spans: Dict[str, Dict[str, List[int]]]) -> None:
+    """Level api records no module calls, but each API record names its innermost module: the
+    calls a module path made in the step count as one call of it, so a cast one run makes in
+    a module (a softmax in bf16) is still a structural difference there. Not the root's path:
+    at level api it also holds the loss, the clipping and the optimizer."""
+    module_col, seq_col, order_col = table["module"], table["seq"], table["order"]
+    entry_col, op_col = table["entry"], table["op"]
+    named = set()          # paths named by a call that counts as structure (no view, reshape)
+    for i in idx.tolist():
+        path, seq = path_of(str(module_col[i])), int(seq_col[i])
+        if not path:
+            continue
+        span = spans.setdefault(path, {}).setdefault(path, [seq, seq])
+        span[0], span[1] = min(span[0], seq), max(span[1], seq)
+        if path not in found:
+            found[path] = {path: _Module(str(entry_col[i]), "", "", seq, int(order_col[i]))}
+        if path not in named and op_col[i] not in _NOT_STRUCTURE:
+            named.add(path)
+            found[path][path].entry = str(entry_col[i])
+
+
+def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
+                    ) -> Tuple[_Module, _Module, List[str], List[str]]:
+    """The calls of a module to compare: call by call when both runs called it as often (the
+    first call whose calls differ: a weight-shared layer's fourth call, a second micro-batch),
+    otherwise all its calls together, named by the first. Calls that differ only where one
+    run's cast returned its input (see `_apart`) count as the same."""
+    if len(calls_a) == len(calls_b):
+        for ma, mb in zip(calls_a, calls_b):
+            if _apart(ma.labels_and_no_ops(), mb.labels_and_no_ops()):
+                return ma, mb, ma.labels, mb.labels
+        return calls_a[0], calls_b[0], calls_a[0].labels, calls_a[0].labels
+    la = [c for m in calls_a for c in m.labels_and_no_ops()]
+    lb = [c for m in calls_b for c in m.labels_and_no_ops()]
+    if not _apart(la, lb):
+        la = lb = []
+    return (calls_a[0], calls_b[0], [label for label, no_op in la if not no_op],
+            [label for label, no_op in lb if not no_op])
+
+
+def _apart(calls_a: List[Tuple[str, bool]], calls_b: List[Tuple[str, bool]]) -> bool:
+    """Whether two runs' calls of a module differ by more than casts that returned their input
+    (to the dtype it had). Such a cast is no call of its own (a port's extra `.float()` of a
+    float32 tensor changes no number), and in a run of other precision the same line converts:
+    an HF loss's `.float()` of float32 logits, and of bf16 logits under autocast; GPT-2
+    attention's `.type(value.dtype)`. A cast one run makes where the other has none at all
+    (`x.to(bfloat16)` before a softmax) stays a difference."""
+    labels_a, labels_b = [label for label, _ in calls_a], [label for label, _ in calls_b]
+    if labels_a == labels_b:
+        return False
+    matcher = difflib.SequenceMatcher(None, labels_a, labels_b, autojunk=False)
+    return any(not all(no_op for _, no_op in calls_a[i1:i2] + calls_b[j1:j2])
+               for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
+
+
+def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: int,
+                           same_framework: bool,
+                           mapping: Optional[Mapping[str, Mapping[str, str]]] = None,
+                           settings: Sequence[SettingDifference] = (),
+                           unobserved: Sequence[str] = (),
+                           interrupted: Tuple[bool, bool] = (False, False)
+                           ) -> List[StructuralDiff]:
+    """Modules present in both runs whose class (or, within one framework, calls) or numeric
+    layer settings (`settings`, from `precdbg.records.layers.dump_setting_differences`) differ, in the
+    baseline's execution order. `unobserved`: module paths whose inside either run could not
+    see (compiled: TorchScript, ms.jit); their calls are not compared. `interrupted`: whether
+    each run's step ended inside its forward: a call it had not finished is compared as far
+    as it got."""
+    if not len(ta) or not len(tb):
+        return []
+    by_module: Dict[str, List[SettingDifference]] = {}
+    for difference in settings:
+        by_module.setdefault(difference.path_a, []).append(difference)
+    modules = (mapping or {}).get("modules") or None
+    # API calls count among a module's calls only where both runs captured them (a dump of
+    # level module against one of level mix: the calls one run did not record are no change)
+    apis = bool((ta["kind"] == _API).any()) and bool((tb["kind"] == _API).any())
+    # two dumps of level api: each module path's API calls stand for its calls
+    api_level = apis and not (ta["kind"] == _MODULE).any() and not (tb["kind"] == _MODULE).any()
+    mods_a = _side(ta, same_framework, None, apis, interrupted[0], api_level)
+    mods_b = _side(tb, same_framework, modules, apis, interrupted[1], api_level)
+    out: List[StructuralDiff] = []
+    for path, calls_a in mods_a.items():
+        calls_b = mods_b.get(path)
+        if not calls_b:
+            continue
+        # calls a run ended before reaching (a second micro-batch's) are no difference
+        if interrupted[1] and len(calls_b) < len(calls_a):
+            calls_a = calls_a[:len(calls_b)]
+        if interrupted[0] and len(calls_a) < len(calls_b):
+            calls_b = calls_b[:len(calls_a)]
+        ma, mb, seq_a, seq_b = _calls_compared(calls_a, calls_b)
+        hidden = any(path == u or path.startswith(u + ".") or u == "" for u in unobserved)
+        if not all(m.finished for m in calls_a + calls_b):     # as far as both got
+            seq_a = seq_a[:len(seq_b)] if not calls_b[-1].finished else seq_a
+            seq_b = seq_b[:len(seq_a)] if not calls_a[-1].finished else seq_b
+        calls_differ = same_framework and seq_a != seq_b and not hidden
+        # a layer the op table knows (Linear, GELU, LayerNorm, ...) that became another is a
+        # difference by itself; a user's class under another name (GPT2Block vs Block, a
+        # subclass) only when it also calls something else
+        known = is_known_op(ma.op) and is_known_op(mb.op)
+        class_differs = (ma.op != mb.op and known) or \
+            (same_framework and ma.cls != mb.cls and (calls_differ or known))
+        changed = by_module.get(path, [])
+        if class_differs or calls_differ or changed:
+            first = calls_a[0].labels_and_no_ops()
+            repeated = len(calls_a) != len(calls_b) and \
+                not any(_apart(first, m.labels_and_no_ops()) for m in calls_a + calls_b)
+            out.append(StructuralDiff(step, rank, path, ma.entry, mb.entry, ma.cls, mb.cls,
+                                      ma.op, seq_a if calls_differ else [],
+                                      seq_b if calls_differ else [], ma.seq, ma.order,
+                                      list(changed),
+                                      (len(calls_a), len(calls_b)) if repeated else None))
+    out.sort(key=lambda d: d.seq)
+    return _outermost_first_only(out)
+
+
+def _outermost_first_only(diffs: List[StructuralDiff]) -> List[StructuralDiff]:
+    """A parent lists its child's class among its calls; when the child itself differs, the
+    child (which runs inside the parent) is the one to name."""
+    classes_changed = {d.module for d in diffs if d.class_differs}
+    keep = []
+    for d in diffs:
+        if not d.class_differs and not d.settings and any(c.rpartition(".")[0] == d.module
+                                       for c in classes_changed) and \
+                _only_child_classes_differ(d, classes_changed):
+            continue
+        keep.append(d)
+    return keep
+
+
+def _only_child_classes_differ(d: StructuralDiff, changed: set) -> bool:
+    """The parent's call lists differ only where a changed child's `name:Class` appears."""
+    names = {c.rpartition(".")[2] for c in changed if c.rpartition(".")[0] == d.module}
+    strip = lambda calls: [c for c in calls if c.partition(":")[0] not in names  # noqa: E731
+                           or ":" not in c]
+    return strip(d.calls_a) == strip(d.calls_b)

@@ -1,0 +1,304 @@
+"""Compare two dumps: align their records, measure each pair, name the first divergence.
+
+`compare_dumps(baseline, candidate)` returns the JSON-ready result of the compare contract:
+`{"verdict", "first_divergence", "consequences", "unmatched", "notes", "rows", "setup"}`, where
+"setup" lists the set-up differences `precdbg check` finds (run first, see precdbg/check.py).
+`first_divergence["chain"]` is the producer chain the verdict was found through (see
+localize.py): from the first differing entry seen in execution order to the culprit, each link
+with `name_a`, `name_b`, `step`, `rank`, `text`. Each row (`rows.Row`) names the entries that
+produced the tensor it reads (`producer_a`, `producer_b`; "" when nothing captured did).
+At steps k >= 1 a `multistep.NoisePolicy` judges parameters by how much the runs' last updates
+differ (`update_share`, `dw_agreed` on their rows) and the step's other records above a floor
+from the parameters' difference, when `check` finds the optimizers configured alike.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..errors import DumpError
+from ..storage.reader import Dump, open_dump
+from ..records.schema import RecordKind, Role
+from .align.alignment import align, load_mapping, rename_module
+from .localize.callsite import place_first
+from .judge.entries import Entry, StepCompare, StepEntries, pair_row
+from .localize.locate import contains, locate
+from .judge.structure import StructuralDiff, structural_differences
+from .judge.floors import apply_floors
+from .judge.metrics import integer_plumbing, stat_errors, tensor_metrics
+from .judge.multistep import NoisePolicy, optimizer_setup, other_setup
+from .report.notes import (level_note, note_extra_calls, note_loss_scale, other_causes, uncompared,
+                    unobserved_modules, unobserved_note, unused_mapping, weights_agree_after)
+from .report.progress import CompareProgress
+from .judge.rows import Row
+
+__all__ = ["compare_dumps", "load_mapping", "CompareProgress"]
+
+Progress = Optional[Callable[[CompareProgress], None]]
+
+_MAX_CONSEQUENCES = 20
+_PARAM = RecordKind.PARAM.value
+
+
+def _framework(dump: Dump) -> str:
+    return dump.setting("framework")
+
+
+def _rel_rmse(tm: Dict[str, Any], floor: float, numel: int) -> float:
+    """The RMSE relative to the baseline's RMS, or to the pair's rounding floor where it has
+    one above that (floors.py)."""
+    if floor <= 0.0:
+        return float(tm["rel_rmse"])
+    rms_b = tm["rmse"] / tm["rel_rmse"] if tm["rel_rmse"] > 0 else 0.0
+    return float(tm["rmse"] / max(rms_b, floor / max(numel, 1) ** 0.5, 1e-300))
+
+
+def _interrupted(dump: Dump, step: int, rank: int) -> bool:
+    """Whether the process ended while this step was being captured (no stop() ran)."""
+    return any(f.attrs.get("interrupted") for f in dump.files(step, rank))
+
+
+def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
+                  rows: List[Row], unmatched: List[Dict[str, Any]],
+                  progress: Progress, files: Tuple[int, int], noise: NoisePolicy,
+                  structural: List[StructuralDiff]) -> List[Entry]:
+    def report(done: int, total: int, phase: str) -> None:
+        if progress is not None:
+            progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
+    ta, tb = a.records(step, rank), b.records(step, rank)
+    report(0, 0, "aligning")
+    al = align(ta, tb, same, mapping)
+    structural.extend(structural_differences(ta, tb, step, rank, same, mapping,
+                                             _setting_differences(a, b, step, rank, mapping),
+                                             unobserved_modules(a) + unobserved_modules(b),
+                                             (_interrupted(a, step, rank),
+                                              _interrupted(b, step, rank))))
+    st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
+    apply_floors(ta, tb, al.pairs_a, al.pairs_b, st)
+    stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
+    sc = StepCompare(ta, tb, al)
+    step_rows: List[Row] = []
+    total = len(al.pairs_a)
+    pairs = list(zip(al.pairs_a.tolist(), al.pairs_b.tolist()))
+    tms: List[Optional[Dict[str, Any]]] = [None] * total
+    for p, (i, j) in enumerate(pairs):
+        if stored[p]:
+            tms[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
+        if p % 200 == 0:
+            report(p, total, "comparing")
+    noise.adjust(step, rank, ta, tb, al.pairs_a, al.pairs_b, st, tms)
+    for p, (i, j) in enumerate(pairs):
+        tm = tms[p]
+        if tm is not None and not st["checksum_equal"][p] and not st["by_update"][p]:
+            st["diverged"][p] = (_rel_rmse(tm, st["floor"][p], int(tb["numel"][j]))
+                                 > max(st["tol"][p], 1e-12)) or not st["counts_ok"][p]
+    integer_plumbing(ta, tb, al.pairs_a, al.pairs_b, st)
+    for p, (i, j) in enumerate(pairs):
+        tm = tms[p]
+        row = pair_row(ta, tb, i, j, st, p, tm)
+        step_rows.append(row)
+        sc.add(row, i, j)
+    noise.remember(step, rank, ta, tb, al.pairs_a, al.pairs_b, st)
+    for side, table, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
+        for i in idx.tolist():
+            r = table.row(i)
+            unmatched.append({"side": side, "step": step, "rank": rank, "name": r["entry"],
+                              "kind": r["kind"], "module": r["module"], "op": r["op"],
+                              "role": r["role"], "arg_index": r["arg_index"]})
+            if r["kind"] == _PARAM and r["role"] == "param":
+                sc.one_run_param(side, r, step, rank)
+    sc.producer_names(step_rows)
+    sc.resolve_reads()
+    rows.extend(step_rows)
+    return list(sc.entries.values())
+
+
+def _setting_differences(a: Dump, b: Dump, step: int, rank: int, mapping: Any
+                         ) -> List[Any]:
+    """Modules whose recorded numeric settings (eps, approximate, momentum, ...) differ."""
+    from ..records.layers import dump_setting_differences
+    modules = (mapping or {}).get("modules") or {}
+    paths = {p: rename_module(p, modules) for p in b.module_settings(step, rank)} \
+        if modules else None
+    return dump_setting_differences(a, b, step, rank, paths)
+
+
+def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]
+              ) -> List[Tuple[int, int]]:
+    """The (step, rank) pairs both dumps hold (of those asked). Two dumps of one step and rank
+    each, different ones (two named files: rank 0 against rank 1), are compared with each
+    other, under the baseline's step and rank."""
+    only_a, only_b = [(s, r) for s in a.steps for r in a.ranks if a.files(s, r)], \
+        [(s, r) for s in b.steps for r in b.ranks if b.files(s, r)]
+    if len(only_a) == len(only_b) == 1 and only_a != only_b and step is None and rank is None:
+        b.relabel(*only_a[0])
+        return only_a
+    common = [(s, r) for s in a.steps for r in a.ranks
+              if a.files(s, r) and b.files(s, r)
+              and (step is None or s == step) and (rank is None or r == rank)]
+    if not common:
+        asked = " ".join(f"{what} {value}" for what, value in (("step", step), ("rank", rank))
+                         if value is not None)
+        raise DumpError(f"no step/rank present in both dumps (baseline steps {a.steps} ranks "
+                        f"{a.ranks}; candidate steps {b.steps} ranks {b.ranks}"
+                        + (f"; asked {asked}" if asked else "") + ")")
+    return common
+
+
+def _refuse_overflow_dumps(a: Dump, b: Dump, baseline: str, candidate: str) -> None:
+    """A dump of task `overflow` keeps only the records whose values are not finite: which of
+    them one run has and the other lacks is what `precdbg scan` reports of each run, not a
+    comparison of numbers."""
+    for dump, path in ((a, baseline), (b, candidate)):
+        if dump.setting("task") == "overflow":
+            raise DumpError(f"{path}: a dump of task 'overflow' holds only non-finite records, "
+                            f"nothing to align with the other run; run `precdbg scan {path}` "
+                            "for its first non-finite value, or dump task 'statistics'")
+
+
+def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
+                  rank: Optional[int] = None, mapping_file: Optional[str] = None,
+                  progress: Progress = None) -> Dict[str, Any]:
+    """Compare two dumps (roots, step folders or step files). Baseline is `a`. `progress`, when
+    given, is called with a CompareProgress as the compare goes (see compare/progress.py)."""
+    mapping = load_mapping(mapping_file) if mapping_file else None
+    a, b = open_dump(baseline), open_dump(candidate)
+    try:
+        from ..check import check_dumps, incomplete_findings
+        _refuse_overflow_dumps(a, b, baseline, candidate)
+        own_b = [(s, r) for s in b.steps for r in b.ranks if b.files(s, r)]
+        pairs = _pairs_of(a, b, step, rank)
+        setup = check_dumps(a, b, step=step, rank=rank, labels=("baseline", "candidate"))
+        fa, fb = _framework(a), _framework(b)
+        same = bool(fa) and fa == fb
+        rows: List[Row] = []
+        unmatched: List[Dict[str, Any]] = []
+        per_step: Dict[int, List[Entry]] = {}
+        structural: List[StructuralDiff] = []
+        optimizer_differs = optimizer_setup(setup["findings"])
+        strict = optimizer_setup(setup["findings"], conventions=False)
+        noise = NoisePolicy(alike=not strict,
+                            unknown=[setup[side]["label"] for side in ("a", "b")
+                                     if not setup[side]["manifest"]],
+                            conventions=[m for m in optimizer_differs if m not in strict])
+        before: Dict[Tuple[int, int], bool] = {}   # a step before --step S: whether it agrees
+        unread: List[str] = []        # such a step that cannot be read: --step S goes on
+        for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
+            try:
+                found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise,
+                                      [])
+            except DumpError as exc:
+                unread.append(f"step {s} rank {r}, the step before the one compared, could not "
+                              f"be read to judge it ({exc})")
+                continue
+            noise.settle(r, found)
+            before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
+        for k, (s, r) in enumerate(pairs):
+            found = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
+                                  (k, len(pairs)), noise, structural)
+            noise.settle(r, found)
+            per_step.setdefault(s, []).extend(found)
+        if progress is not None:
+            progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
+        stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
+        steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
+        first, involved = locate(steps, optimizer_differs, structural,
+                                 other_setup(setup["findings"], optimizer_differs), before)
+        notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
+            unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
+            other_causes(steps, structural, first) + weights_agree_after(steps, first)
+        if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
+            notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
+                         f"the candidate's step {own_b[0][0]} rank {own_b[0][1]} (the one step "
+                         "and rank each holds); results name the baseline's")
+        if fa != fb:
+            notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
+                         "module path, canonical op and order")
+        notes.extend(noise.notes())
+        explained = [row for row in rows if row.status == "precision"]
+        if explained:
+            notes.append(f"{len(explained)} dtype argument(s) name another float dtype where "
+                         f"the runs' values already carry other precisions (first: "
+                         f"{explained[0].name_a}): counted as that "
+                         "precision difference (status 'precision'), not as divergences")
+        plumbing = [row for row in rows if row.status == "integer"]
+        if plumbing:
+            notes.append(f"{len(plumbing)} integer or boolean record(s) differ (first: "
+                         f"{plumbing[0].name_a} {plumbing[0].role} {plumbing[0].arg_index}) in "
+                         "step(s) where every floating-point record agrees: positions, masks "
+                         "or indices computed another way (transformers with and without "
+                         "use_cache, which gradient checkpointing turns off), not divergences "
+                         "(status 'integer'); where such a difference changes numbers, the "
+                         "floating-point records that read it differ and are compared")
+        floored = [row for row in rows if row.floor is not None]
+        if floored:
+            # name where a floor starts (a gradient reduced from dy), not a value it reached
+            origin = next((row for row in floored if row.role == Role.GRAD_INPUT.value),
+                          floored[0])
+            notes.append(f"{len(floored)} record(s) far smaller than the gradient they were "
+                         f"reduced from (first: {origin.name_a} {origin.role} "
+                         f"{origin.arg_index}: a sum whose terms cancel, like an attention key "
+                         "bias's gradient, and what is computed from it) judged against that "
+                         "gradient's rounding, not their own scale (column 'floor')")
+        if stats_only:
+            notes.append("statistics only: a permutation or a compensating change keeps min, "
+                         "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
+                         "to confirm a match bit for bit")
+        consequences = _consequences(steps, first, involved)
+        if first is not None and "structure" not in first:
+            note_extra_calls(first, unmatched, rows)
+            note_loss_scale(first, setup["findings"])
+        place_first(first, a, b)
+        return {"verdict": "diverged" if first else "match", "first_divergence": first,
+                "consequences": consequences, "unmatched": unmatched[:1000],
+                "unmatched_count": len(unmatched), "notes": notes,
+                # every compared step that is not whole (check looks at one step)
+                "setup": incomplete_findings((("baseline", a, set(pairs)),
+                                              ("candidate", b, set(pairs))))
+                + [f for f in setup["findings"] if f["kind"] != "incomplete"],
+                "setup_notes": setup["notes"], "setup_unchecked": setup["unchecked"],
+                "baseline": {"path": baseline, "framework": fa},
+                "candidate": {"path": candidate, "framework": fb},
+                "rows": [row.as_json() for row in rows]}
+    finally:
+        a.close()
+        b.close()
+
+
+def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """(step - 1, rank) of each compared step whose previous step both dumps hold but the
+    compare does not cover (`--step S`): the noise policy needs its parameters."""
+    chosen = set(pairs)
+    return sorted({(s - 1, r) for s, r in pairs if (s - 1, r) not in chosen
+                   and a.files(s - 1, r) and b.files(s - 1, r)})
+
+
+def _consequences(steps: List[StepEntries], first: Optional[Dict[str, Any]],
+                  involved: List[Entry]) -> List[Dict[str, Any]]:
+    """What differs besides the verdict's chain and the modules holding the culprit, in the
+    order it ran (step, rank, timeline)."""
+    if first is None:
+        return []
+    skip = {id(e) for e in involved}
+    out = []
+    for step in steps:
+        for e in sorted(step.entries, key=lambda x: (x.rank, x.seq)):
+            if not e.diverged or id(e) in skip or contains(e, first) or \
+                    (e.name_a == first["name_a"] and e.step == first["step"]
+                     and e.rank == first["rank"]):
+                continue
+            ev = (e.outputs_bad or e.inputs_bad or [None])[0]
+            found = {"step": e.step, "rank": e.rank, "direction": e.direction,
+                     "kind": e.kind, "name_a": e.name_a, "name_b": e.name_b,
+                     "module": e.module, "op": e.op,
+                     "role": ev.role if ev else "", "err": ev.metrics.get("err") if ev
+                     else None}
+            if ev is not None and ev.only_in:
+                found["only_in"] = ev.only_in
+            if ev is None and e.args_bad:     # only a non-tensor argument differs (an eps)
+                arg = e.args_bad[0]
+                found["argument"] = {"key": arg.key or str(arg.arg_index), "a": arg.a,
+                                     "b": arg.b}
+            out.append(found)
+            if len(out) >= _MAX_CONSEQUENCES:
+                return out
+    return out

@@ -1,0 +1,8 @@
+"""Report: the compare's result as text, JSON, CSV and one self-contained HTML page.
+
+`formats`: the terminal summary and the JSON and CSV files; `html` (with `assets/`): the page
+with the module tree and the per-step timeline; `notes`: what was not compared and why;
+`progress`: progress on a terminal for long compares.
+
+Imports: precdbg.errors, precdbg.records, precdbg.storage, precdbg.compare.align, precdbg.compare.judge, precdbg.compare.localize
+"""
