@@ -296,7 +296,8 @@ def test_hook_failure_never_reaches_training(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- config files
 def test_shared_config_file(tmp_path):
-    """config_examples/statistics_mix.json (statistics, mix, step [1]) as is, for MindSpore."""
+    """config_examples/statistics_mix.json (statistics, mix, step []: every started step) as
+    is, for MindSpore."""
     path = os.path.join(REPO_CONFIGS, "statistics_mix.json")
     dbg = PrecisionDebugger(path, dump_path=str(tmp_path / "dump"))
     assert dbg.config.task.value == "statistics" and dbg.config.level.value == "mix"
@@ -304,8 +305,8 @@ def test_shared_config_file(tmp_path):
     run_steps(dbg, model, make_optimizer(model), make_batches(2), 2)
     assert dbg.failures == 0
     dump = precdbg.open_dump(str(tmp_path / "dump"))
-    assert dump.steps == [1]
+    assert dump.steps == [0, 1]
     assert dump.run["framework"] == "mindspore"
-    assert dump.run["config"]["level"] == "mix" and dump.run["config"]["step"] == [1]
+    assert dump.run["config"]["level"] == "mix" and dump.run["config"]["step"] == []
     kinds = set(np.unique(dump.records(step=1)["kind"]))
     assert kinds == {"api", "module", "param", "param_grad"}
