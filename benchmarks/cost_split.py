@@ -13,7 +13,7 @@ precdbg runs):
 
 1. full: precdbg as it is;
 2. no statistics: every tensor's statistics are a constant row, nothing read or launched;
-3. no records: `Session.capture` and `capture_value` record nothing (no statistics either);
+3. no records: `CaptureWindow.capture` and `capture_value` record nothing (no statistics either);
 4. no backward watch: no autograd-graph walk, no backward hooks on captured calls;
 5. no API bookkeeping: the capture mode passes every torch call straight through;
 6. no module hooks: the module pre- and post-hooks return at once.
@@ -89,13 +89,13 @@ def _apply(variant: str, patches: _Patches) -> None:
     import precdbg_pt.adapter as adapter
     import precdbg_pt.hooks as hooks
     import precdbg_pt.tensors as tensors
-    from precdbg.capture.session import Session
+    from precdbg.capture.window import CaptureWindow
     level = VARIANTS.index(variant)
     if level >= 1:      # a finished row: what host statistics return, nothing left to resolve
         patches.set(tensors, "summarize", lambda t: (0.0, 0.0, 0.0, 0.0, 0, 0))
     if level >= 2:
-        patches.set(Session, "capture", lambda self, *args, **kwargs: None)
-        patches.set(Session, "capture_value", lambda self, *args, **kwargs: None)
+        patches.set(CaptureWindow, "capture", lambda self, *args, **kwargs: None)
+        patches.set(CaptureWindow, "capture_value", lambda self, *args, **kwargs: None)
     if level >= 3:
         patches.set(adapter, "watch_backward", lambda *args, **kwargs: True)
         patches.set(adapter.TorchAdapter, "watch", lambda *args, **kwargs: None)

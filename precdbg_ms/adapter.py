@@ -28,7 +28,7 @@ from mindspore.graph.api import _pynative_executor
 import precdbg
 from precdbg.errors import FrameworkError
 from precdbg.capture import BaseInstrumentor, NamedTensor, Recorder, jsonable, named_through
-from precdbg.records import framework_table, in_place, inventory_role
+from precdbg.records import Direction, Role, framework_table, in_place, inventory_role
 
 from . import tensors, wrappers
 from .aliasing import CopyOrigins
@@ -41,6 +41,14 @@ from .patches import PatchRegistry
 from .recompute import Replay, model_cells, patch_recompute
 from .returned_grads import GradientLinks, patch_grad_executor
 from .writes import patch_writes
+
+_BACKWARD = Direction.BACKWARD
+_FORWARD = Direction.FORWARD
+_GRAD_INPUT = Role.GRAD_INPUT
+_GRAD_OUTPUT = Role.GRAD_OUTPUT
+_INPUT = Role.INPUT
+_OUTPUT = Role.OUTPUT
+_PARAM_GRAD = Role.PARAM_GRAD
 
 __all__ = ["MindSporeAdapter"]
 
@@ -202,7 +210,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
                      inner: bool = False, writes: bool = False) -> Any:
         """Record one call; the calls it makes are not separate entries unless `inner`.
         `writes`: the call writes memory in place (as do APIs named so, see `in_place`)."""
-        session = self.session
+        session = self.recorder
         watched: List[Tuple[int, str, Any]] = []
         grad_on, replay = self._grad_state()
         given = (args, kwargs)
@@ -242,7 +250,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
     def _grad_state(self) -> Tuple[bool, bool]:
         """(whether a call's backward is watched: gradients are enabled and the backward is
         captured, whether the call replays an earlier one: activation recompute)"""
-        return (self.session.filter.keeps_backward and bool(self._enable_grad()),
+        return (self.recorder.filter.keeps_backward and bool(self._enable_grad()),
                 self._replay.depth > 0)
 
     def _replayed(self, owners: List[Any], run: Callable[..., Any], *args: Any) -> Any:
@@ -250,7 +258,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         `owners` that is a module of the model."""
         if not self.installed:
             return run(*args)
-        self.run_guarded(self.session.replay_begins, "starting a recompute",
+        self.run_guarded(self.recorder.replay_begins, "starting a recompute",
                          self.module_path(owners) or None)
         replay = self._replay
         replay.begin()
@@ -270,11 +278,11 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
 
     def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict, replay: bool,
                     grad_on: bool):
-        session = self.session
+        session = self.recorder
         inputs = tensor_inputs(args, kwargs)
         if not replay:                  # a replay's forward is recorded already
             for index, key, t in inputs:
-                session.capture(call, "forward", "input", index, key, t)
+                session.capture(call, _FORWARD, _INPUT, index, key, t)
             for index, (key, value) in enumerate(scalar_inputs(args, kwargs), len(inputs)):
                 session.capture_value(call, index, key, value)
         if not grad_on or in_place(api):
@@ -290,7 +298,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
                 continue
             view = self._view(t, t.shape)
             try:
-                view.register_hook(self._grad_hook(call, "grad_input", index, key))
+                view.register_hook(self._grad_hook(call, _GRAD_INPUT, index, key))
             except RuntimeError:      # not inside a gradient computation after all
                 continue
             replaced[key] = view
@@ -299,24 +307,24 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         return args, kwargs, watched
 
     def _api_outputs(self, call: Any, watched: list, out: Any, replay: bool) -> None:
-        session = self.session
+        session = self.recorder
         outputs = tensor_outputs(out)
         if not replay:
             for index, key, t in outputs:
-                session.capture(call, "forward", "output", index, key, t)
+                session.capture(call, _FORWARD, _OUTPUT, index, key, t)
         if watched:               # the gradient arriving at each output (dy)
             for index, key, t in outputs:
                 if is_floating(t) and takes_grad(t):
                     try:
-                        t.register_hook(self._grad_hook(call, "grad_output", index, key))
+                        t.register_hook(self._grad_hook(call, _GRAD_OUTPUT, index, key))
                     except RuntimeError:
                         pass
         session.end_call()
 
     def _grad_hook(self, call: Any, role: str, index: int, key: str) -> Callable:
         def record(grad: Any) -> None:
-            self.session.capture(call, "backward", role, index, key, grad)
-            self.session.end_call()
+            self.recorder.capture(call, _BACKWARD, role, index, key, grad)
+            self.recorder.end_call()
 
         def hook(grad: Any) -> None:
             if self.installed and grad is not None:
@@ -327,23 +335,23 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
     def link_returned_grads(self, returned: Any) -> None:
         """A grad function returned: its gradients are the parameter hooks' ones, in new objects."""
         for grad, copy in self._grad_links.pairs(returned):
-            self.session.alias_of(grad, copy)
+            self.recorder.alias_of(grad, copy)
 
     # ------------------------------------------------------------------ parameters
     def _param_grad_hook(self, path: str, param: Any) -> Callable:
         def record(grad: Any) -> None:
-            call = self.session.param_call(path)
+            call = self.recorder.param_call(path)
             if call is not None:
-                self.session.capture(call, "backward", "param_grad", 0, "", grad)
+                self.recorder.capture(call, _BACKWARD, _PARAM_GRAD, 0, "", grad)
                 # the gradient value_and_grad returns is this memory in another object
-                self.session.grad_produced(path, grad, hold=True)
+                self.recorder.grad_produced(path, grad, hold=True)
                 self._grad_links.saw(grad)
             users = self._param_users.pop(id(param), ())
             if len(users) == 1:        # dw of the leaf cell's functional call that read it; a
                 api_call, index, key = users[0]     # parameter two calls read (tied weights,
-                self.session.capture(api_call, "backward", "grad_input", index, key, grad)
+                self.recorder.capture(api_call, _BACKWARD, _GRAD_INPUT, index, key, grad)
             # a cell called twice) has no per-call gradient here: the dw alone holds the sum
-            self.session.end_call()
+            self.recorder.end_call()
 
         def hook(grad: Any) -> None:
             if self.installed and grad is not None:

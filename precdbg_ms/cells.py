@@ -14,11 +14,19 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 from mindspore import nn
 
 from precdbg.capture import ClassPatch
+from precdbg.records import Direction, Role
 
 from .aliasing import CopyOrigins, wrap_cell_backward_hook
 from .backward import replace_arguments, replace_result, through_hook, top_level
 from .calls import is_floating, tensor_inputs, tensor_outputs
 from .recompute import Replay
+
+_BACKWARD = Direction.BACKWARD
+_FORWARD = Direction.FORWARD
+_GRAD_INPUT = Role.GRAD_INPUT
+_GRAD_OUTPUT = Role.GRAD_OUTPUT
+_INPUT = Role.INPUT
+_OUTPUT = Role.OUTPUT
 
 __all__ = ["CellHooks"]
 
@@ -137,7 +145,7 @@ class CellHooks:
         else:
             self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
             self.hold(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
-        if self.session.filter.keeps_backward:
+        if self.recorder.filter.keeps_backward:
             # a backward hook of the user's copies what crosses the cell: linked to originals
             aliased = wrap_cell_backward_hook(cell, self._alias)
             if aliased is not None:
@@ -160,11 +168,11 @@ class CellHooks:
 
     def _link_copy(self, original: Any, copy: Any) -> None:
         self._copies.link(original, copy)
-        self.session.alias_of(original, copy)
+        self.recorder.alias_of(original, copy)
 
     def _cell_pre(self, cell: nn.Cell, path: str, cls: str, leaf_api: Optional[str],
                   args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
-        session = self.session
+        session = self.recorder
         # the module is entered and its slot pushed first, so the forward hook always finds
         # both (and leaves the module) even when capturing below fails
         slot = _CellCall()
@@ -188,16 +196,16 @@ class CellHooks:
             return self._hook_cell_inputs(slot, inputs, args, kwargs)
         if call is not None:
             for index, k, t in inputs:
-                session.capture(call, "forward", "input", index, k, t)
+                session.capture(call, _FORWARD, _INPUT, index, k, t)
         if api_call is not None:
             # the functional form takes the cell's parameters as arguments after its inputs
             # (F.linear(x, weight, bias)); their dw is this call's grad_input too
             for index, k, t in inputs:
-                session.capture(api_call, "forward", "input", index, k, t)
+                session.capture(api_call, _FORWARD, _INPUT, index, k, t)
             for index, (name, param) in enumerate(cell.parameters_and_names(expand=False),
                                                   len(inputs)):
                 key = name.rpartition(".")[2]
-                session.capture(api_call, "forward", "input", index, key, param)
+                session.capture(api_call, _FORWARD, _INPUT, index, key, param)
                 self._param_users.setdefault(id(param), []).append((api_call, index, key))
         return self._hook_cell_inputs(slot, inputs, args, kwargs)
 
@@ -207,13 +215,13 @@ class CellHooks:
         it passes on; None when the cell's backward is not watched."""
         if not slot.backward or not self._requires_grad():
             return None
-        replaced = self._through_hooks(slot, "grad_input", inputs, slot.constant_inputs)
+        replaced = self._through_hooks(slot, _GRAD_INPUT, inputs, slot.constant_inputs)
         return replace_arguments(args, kwargs, replaced) if replaced else None
 
     def _cell_post(self, key: int, output: Any) -> Any:
         """Capture the cell's outputs; with its backward watched, they leave through
         HookBackward (its dy) and the cell returns those (the output returned, or None)."""
-        session = self.session
+        session = self.recorder
         stack = self._cell_calls.get(key)
         if not stack:
             return None
@@ -233,7 +241,7 @@ class CellHooks:
             for target in (slot.api_call, slot.call):
                 if target is not None:
                     for index, k, t in outputs:
-                        session.capture(target, "forward", "output", index, k, t)
+                        session.capture(target, _FORWARD, _OUTPUT, index, k, t)
             session.end_call()
             return hooked
         finally:
@@ -246,7 +254,7 @@ class CellHooks:
         when nothing is hooked."""
         if not slot.backward or slot.identity or not self._requires_grad():
             return None
-        replaced = self._through_hooks(slot, "grad_output", outputs, slot.constant_outputs)
+        replaced = self._through_hooks(slot, _GRAD_OUTPUT, outputs, slot.constant_outputs)
         return replace_result(output, replaced) if replaced else None
 
     def _through_hooks(self, slot: _CellCall, role: str, found: list,
@@ -267,8 +275,8 @@ class CellHooks:
         its functional API."""
         if slot.identity:
             return
-        session = self.session
+        session = self.recorder
         for target in (slot.call, slot.api_call):
             if target is not None:
-                session.capture(target, "backward", role, index, key, grad)
+                session.capture(target, _BACKWARD, role, index, key, grad)
         session.end_call()

@@ -110,6 +110,6 @@ def patch_loss_scalers(adapter: Any) -> List[ClassPatch]:
 def _note_scale(adapter: Any, scaler: Any) -> None:
     value = getattr(scaler, "scale_value", None)
     if value is not None:
-        adapter.session.note_manifest("loss_scale", {
+        adapter.recorder.note_manifest("loss_scale", {
             "class": type(scaler).__name__,
             "scale": float(value.asnumpy() if hasattr(value, "asnumpy") else value)})

@@ -14,7 +14,7 @@ import torch
 
 import precdbg
 from precdbg.capture import BaseInstrumentor, NamedTensor, Recorder, jsonable
-from precdbg.records import in_place, writes_arguments
+from precdbg.records import Direction, Role, in_place, writes_arguments
 
 from . import compiled, module_patches, plumbing, tensors, wrappers
 from .api import CaptureMode, ModeHandle, call_args, tensor_outputs
@@ -23,6 +23,10 @@ from .hooks import GradHolderHook, Guard, ModuleHooks, ParamGradHook, is_module_
 from .recompute import (ENGINE, REPLAY, CheckpointReplays, RecomputeDetector,
                         checkpoint_patches)
 from .training_state import watch_training_state
+
+_FORWARD = Direction.FORWARD
+_INPUT = Role.INPUT
+_OUTPUT = Role.OUTPUT
 
 __all__ = ["TorchAdapter"]
 
@@ -157,7 +161,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         return _initialized(module.named_buffers(recurse=False))
 
     def inventory_role(self, leaf: str, value: Any, is_param: bool) -> Tuple[str, bool]:
-        return ("param", bool(value.requires_grad)) if is_param else ("buffer", False)
+        return (Role.PARAM, bool(value.requires_grad)) if is_param else (Role.BUFFER, False)
 
     def gradient_hooks(self, path: str, param: torch.Tensor) -> Iterable[Any]:
         return (param.register_hook(ParamGradHook(self, path, param)),
@@ -191,8 +195,8 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         self._recompute.forget()
 
     def _replay_begins(self, replayed: List[Any], forward_owner: Optional[str]) -> None:
-        if self.session is not None:
-            self.session.replay_begins(self.module_path(replayed) or forward_owner)
+        if self.recorder is not None:
+            self.recorder.replay_begins(self.module_path(replayed) or forward_owner)
 
     # ------------------------------------------------------------------ backward
     def watch(self, call: Any, targets: list, outputs: list, limit: int) -> None:
@@ -204,7 +208,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
 
     # ------------------------------------------------------------------ API calls
     def _on_api_call(self, func: Any, ident: Tuple[str, str], args: tuple, kwargs: dict) -> Any:
-        session = self.session
+        session = self.recorder
         call = inputs = targets = None
         # the graph is read only when the backward is captured (no walk, no closures otherwise)
         grad_on = _is_grad_enabled() and session.filter.keeps_backward
@@ -220,7 +224,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
                     inputs, values = call_args(args, kwargs)
                     if not replay:
                         for index, key, t in inputs:
-                            session.capture(call, "forward", "input", index, key, t)
+                            session.capture(call, _FORWARD, _INPUT, index, key, t)
                         for index, (key, value) in enumerate(values, len(inputs)):
                             session.capture_value(call, index, key, value)
                     targets = input_targets(inputs) if grad_on else []
@@ -247,12 +251,12 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
                 elif "out" in kwargs and self.is_tensor(kwargs["out"]):
                     session.wrote(kwargs["out"])
                 for index, key, t in outputs:
-                    session.capture(call, "forward", "output", index, key, t)
+                    session.capture(call, _FORWARD, _OUTPUT, index, key, t)
                 if not outputs and writes_arguments(call.api, call.op):
                     # what it wrote are its outputs (collectives and AMP's unscale count no
                     # new version: their statistics are taken afresh)
                     for index, key, t in inputs:
-                        session.capture(call, "forward", "output", index, key, t, written=True)
+                        session.capture(call, _FORWARD, _OUTPUT, index, key, t, written=True)
                 if grad_on:
                     self.watch(call, targets, outputs, _API_NODE_LIMIT)
                 session.end_call()
@@ -304,7 +308,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         if not self.installed:
             return None
         token = self.optimizer_begins(optimizer, self._describe)
-        self._optimizer_tokens.append(token)
+        self._optimizers.tokens.append(token)
         # step(closure): the closure runs the model (LBFGS), captured as the model is
         # (torch hands the hook step's arguments with the optimizer itself first)
         at = 1 if args and args[0] is optimizer else 0
@@ -316,8 +320,8 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         return None
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.installed and self._optimizer_tokens:
-            self.optimizer_ends(self._optimizer_tokens.pop())
+        if self.installed and self._optimizers.tokens:
+            self.optimizer_ends(self._optimizers.tokens.pop())
         return None
 
     def _describe(self, optimizer: Any) -> Dict[str, Any]:

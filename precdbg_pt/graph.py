@@ -57,7 +57,7 @@ _ACCUMULATE_GRAD: type = torch._C._functions.AccumulateGrad   # a leaf's node: .
 def watch_backward(adapter: Any, call: Any, targets: Sequence[Target],
                    outputs: Sequence[Tuple[int, str, torch.Tensor]], node_limit: int) -> bool:
     """Hook dy of every output and dx of every target of `call`; the hooks record through
-    `adapter.session.capture`, guarded by `adapter.Guard`, and are held by `adapter.hold`.
+    `adapter.recorder.capture`, guarded by `adapter.Guard`, and are held by `adapter.hold`.
     An output that *is* one of the inputs (handed through unchanged: T5's position bias, a
     tuple of hidden states that includes the input) has no backward in this call and is left
     out; returns False when every output is so (the call is an identity on its input). Nodes
@@ -168,8 +168,8 @@ def _walk_python(start: List[Any], node_targets: Dict[Tuple[Any, int], List[int]
 _walk = _graphwalk.walk if _graphwalk is not None else _walk_python
 
 
-_GRAD_OUTPUT, _GRAD_INPUT = Role.GRAD_OUTPUT.value, Role.GRAD_INPUT.value
-_BACKWARD = Direction.BACKWARD.value
+_GRAD_OUTPUT, _GRAD_INPUT = Role.GRAD_OUTPUT, Role.GRAD_INPUT
+_BACKWARD = Direction.BACKWARD
 
 
 class DyHook(GuardedHook):

@@ -29,8 +29,8 @@ _is_grad_enabled = torch._C.is_grad_enabled
 _get_ident = threading.get_ident
 _set_grad_enabled = torch._C._set_grad_enabled
 _DisableTorchFunction = torch._C.DisableTorchFunction
-_BACKWARD, _PARAM_GRAD = Direction.BACKWARD.value, Role.PARAM_GRAD.value
-_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
+_BACKWARD, _PARAM_GRAD = Direction.BACKWARD, Role.PARAM_GRAD
+_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD, Role.INPUT, Role.OUTPUT
 
 
 class Guard:
@@ -54,7 +54,7 @@ class Guard:
         try:      # statistics queued by this hook share kernel launches, before torch runs on
             _launch_queued()
         except Exception as error:  # noqa: BLE001 - never raise into training
-            session = self.adapter.session
+            session = self.adapter.recorder
             if session is not None:
                 session.hook_failed(error, "launching statistics kernels")
         _set_grad_enabled(self.prev_grad)
@@ -87,7 +87,7 @@ class ModuleHooks:
         adapter = self.adapter
         if not adapter.installed:
             return None
-        session = adapter.session
+        session = adapter.recorder
         grad_on = _is_grad_enabled() and session.filter.keeps_backward
         replay = adapter._recompute.where() == REPLAY     # activation recompute
         mode = adapter._mode
@@ -116,7 +116,7 @@ class ModuleHooks:
         call, _, replay, grad_on = entry
         if call is None:
             return None
-        session = adapter.session
+        session = adapter.recorder
         try:
             with Guard(adapter):
                 inputs = tensor_args(args, kwargs)
@@ -133,7 +133,7 @@ class ModuleHooks:
         adapter = self.adapter
         if not adapter.installed or not self.calls:
             return None
-        session = adapter.session
+        session = adapter.recorder
         call, targets, replay, _ = self.calls.pop()
         try:
             if call is not None:

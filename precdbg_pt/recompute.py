@@ -242,13 +242,13 @@ class CheckpointReplays:
         forward of an activation checkpoint with a backward (read off the stack). At the first such call of a
         checkpoint, its ctx keeps the module it runs in (the owner of what its replay re-runs)
         and gets the hooks that put the capture mode back for its replay."""
-        if not self.session.filter.keeps_backward:
+        if not self.recorder.filter.keeps_backward:
             return False
         ctx = checkpoint_context(sys._getframe(2))
         if ctx is None:
             return False
         self._in_checkpoint = True
-        if note_owner(ctx, self.session.owning_module):
+        if note_owner(ctx, self.recorder.owning_module):
             hooks = _ReplayHooks(self)
             self.hold(ctx.register_prehook(hooks.enter))
             self.hold(ctx.register_hook(hooks.leave))
@@ -273,7 +273,7 @@ class CheckpointReplays:
     def replay_entered(self) -> bool:
         """A checkpoint's replay starts inside backward: the capture mode goes back on torch's
         stack for it (True when it was put back now)."""
-        session, mode = self.session, self._mode
+        session, mode = self.recorder, self._mode
         if not self.installed or self.paused or mode is None or session is None:
             return False
         try:
@@ -283,7 +283,7 @@ class CheckpointReplays:
             return False
 
     def replay_left(self, put_back: bool) -> None:
-        session, mode = self.session, self._mode
+        session, mode = self.recorder, self._mode
         if put_back and mode is not None and session is not None:
             try:
                 mode.leave_replay()

@@ -26,7 +26,7 @@ def watch_training_state(adapter: BaseInstrumentor) -> List[ClassPatch]:
 
     def scaler(obj: Any) -> None:
         if obj.is_enabled():     # one host read per optimizer step, after the update
-            adapter.session.note_manifest("loss_scale", {"class": type(obj).__name__,
+            adapter.recorder.note_manifest("loss_scale", {"class": type(obj).__name__,
                                                          "scale": float(obj.get_scale())})
 
     def scheduler(obj: Any) -> None:
@@ -34,7 +34,7 @@ def watch_training_state(adapter: BaseInstrumentor) -> List[ClassPatch]:
                  "last_epoch": getattr(obj, "last_epoch", None),
                  "last_lr": jsonable(list(getattr(obj, "_last_lr", []) or [])),
                  "base_lrs": jsonable(list(getattr(obj, "base_lrs", []) or []))}
-        adapter.session.note_manifest("lr_schedulers", state)
+        adapter.recorder.note_manifest("lr_schedulers", state)
 
     grad_scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if grad_scaler is not None:

@@ -326,15 +326,15 @@ def test_cuda_dumped_step_syncs_and_peak_memory(tmp_path):
 
 
 def count_flushes(monkeypatch) -> List[int]:
-    """A spy on the real Session.flush_batch: how many batches crossed to the writer."""
-    from precdbg.capture.session import Session
+    """A spy on the real CaptureWindow.flush_batch: how many batches crossed to the writer."""
+    from precdbg.capture.window import CaptureWindow
     calls = [0]
-    original = Session.flush_batch
+    original = CaptureWindow.flush_batch
 
     def flush_batch(self):
         calls[0] += 1
         return original(self)
-    monkeypatch.setattr(Session, "flush_batch", flush_batch)
+    monkeypatch.setattr(CaptureWindow, "flush_batch", flush_batch)
     return calls
 
 

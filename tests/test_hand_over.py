@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import precdbg
-from precdbg.records.schema import Record
+from precdbg.records.call import Call
+from precdbg.records.schema import Direction, Phase, Record, RecordKind, Role
 from precdbg.storage.step_file import Payload
 from precdbg.storage.writer import DumpWriter
 from precdbg_pt import PrecisionDebugger
@@ -28,8 +29,9 @@ def test_writer_waits_for_a_payload_before_reading_it(tmp_path):
         landing[:] = values
     writer = DumpWriter(str(tmp_path))
     writer.open_step(0, 0, {"framework": "pytorch", "task": "tensor", "level": "mix"})
-    rec = Record("Functional.relu.0.forward", "api", "Functional", "relu", "relu", "", "forward",
-                 "output", "forward", 0, "0", 0, 1, 1, "float32", (12,), 12, tensor_id=0)
+    call = Call(RecordKind.API, "Functional", "relu", "relu", "", 0, 1, Phase.FORWARD, -1, True,
+                "Functional.relu.0.forward")
+    rec = Record(call, Direction.FORWARD, Role.OUTPUT, 0, "0", 1, "float32", (12,), 12, 0)
     writer.submit([rec], [Payload(0, landing, True, False, ready)])
     writer.close_step([], [])
     assert writer.flush(30) and writer.shutdown()

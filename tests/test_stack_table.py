@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from precdbg.capture import call_stacks as stacks
-from precdbg.capture.call_stacks import StackTable
+from precdbg.capture.call_stacks import StackCache, StackTable
 
 _frames = pytest.importorskip("precdbg.capture._frames")
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="the C walk needs 3.11")
@@ -26,7 +26,7 @@ def _outer(table: StackTable, depth: int):
 
 
 def test_the_c_walk_returns_the_python_walks_key_once_every_code_is_known() -> None:
-    table = StackTable(skip=(os.path.dirname(stacks.__file__) + os.sep,))
+    table = StackCache(skip=(os.path.dirname(stacks.__file__) + os.sep,)).window()
     answers = [_outer(table, 0) for _ in range(2)]
     assert answers[0][0] is None         # _inner's and _outer's code were not classified yet
     key, walked, again, _ = answers[1]
@@ -38,7 +38,7 @@ def test_the_c_walk_returns_the_python_walks_key_once_every_code_is_known() -> N
 
 
 def test_internal_frames_are_skipped_and_depth_counts_from_the_caller() -> None:
-    table = StackTable(skip=(_THIS,))    # this file's frames are "framework" code
+    table = StackCache(skip=(_THIS,)).window()    # this file's frames are "framework" code
     _outer(table, 1)
     key, walked, sid, _ = _outer(table, 1)
     assert key == walked                 # the first user frame is the test's, at one instruction
@@ -47,7 +47,7 @@ def test_internal_frames_are_skipped_and_depth_counts_from_the_caller() -> None:
 
 
 def test_call_sites_on_other_lines_get_other_ids() -> None:
-    table = StackTable(skip=())
+    table = StackCache(skip=()).window()
     ids = set()
     for _ in range(2):
         ids.add(_outer(table, 0)[2])
@@ -67,7 +67,8 @@ def test_bad_arguments_raise_instead_of_crashing() -> None:
 
 
 def test_a_new_window_numbers_stacks_again_without_walking_known_ones() -> None:
-    table = StackTable(skip=(os.path.dirname(stacks.__file__) + os.sep,))
+    cache = StackCache(skip=(os.path.dirname(stacks.__file__) + os.sep,))
+    table = cache.window()
 
     def no_walk(frame):
         raise AssertionError("a stack met in an earlier window was walked in Python again")
@@ -75,7 +76,7 @@ def test_a_new_window_numbers_stacks_again_without_walking_known_ones() -> None:
     seen = []
     for window in range(2):
         if window:
-            table.new_window()
+            table = cache.window()
             assert table.texts == []
             table._walk = no_walk
         seen.append(([table.current(1) for _ in range(2)], list(table.texts)))

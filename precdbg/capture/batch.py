@@ -193,15 +193,19 @@ class TensorBatch:
         return seen
 
     def release(self) -> None:
-        """The window is over: its distinct tensors and their statistics reference each other
-        (`_Stats.first`), cycles only Python's cyclic collector would free (gpt2-tiny: ~1,200
-        per dumped step, with their storage references): a loop that turns the collector off
-        (Megatron's --manual-gc) would keep them all until it collects. Cut here, they go by
-        reference counting as the window is dropped."""
+        """The window is over: everything the batch holds is let go (a hook reached after
+        stop() finds an empty batch). Its distinct tensors and their statistics reference each
+        other (`_Stats.first`), cycles only Python's cyclic collector would free (gpt2-tiny:
+        ~1,200 per dumped step, with their storage references): a loop that turns the collector
+        off (Megatron's --manual-gc) would keep them all until it collects. Cut here, they go
+        by reference counting."""
         for stats in self._firsts:
             stats.first = None
         self._firsts = []
         self._objects = {}
+        self._seen, self._stats_seen = {}, {}
+        self._pending, self._copies, self._handles, self._batch_stats = [], [], [], []
+        self._held_bytes = 0
 
     def _holds(self, entry: Any, first: Optional[Seen], key: Hashable,
                store: Optional[Hashable], ref: Any) -> bool:

@@ -10,7 +10,7 @@ try:                     # the walk in C (optional: without a C compiler, the sa
 except ImportError:      # pragma: no cover - depends on the build
     _frames = None
 
-__all__ = ["StackTable"]
+__all__ = ["StackCache", "StackTable"]
 
 _DEPTH = 6          # user frames kept per stack
 
@@ -18,27 +18,37 @@ _DEPTH = 6          # user frames kept per stack
 _TEXTS_KEPT = 100_000   # stack texts remembered across windows (then forgotten, and made again)
 
 
-class StackTable:
-    """Interns the user-code part of the current call stack (frames outside `skip`). Ids and
-    `texts` belong to one capture window (`new_window`); what a walk learns (which code is
-    internal, the text of a key) is kept for the next windows, so a dumped step that runs the
+class StackCache:
+    """What walking call stacks learns, kept for a debugger's lifetime: which code objects are
+    internal (inside `skip`), and the text of each stack key seen. A dumped step that runs the
     same code as the last one walks in C only and makes no text."""
+    __slots__ = ("skip", "internal", "text_of")
 
     def __init__(self, skip: Tuple[str, ...]) -> None:
         self.skip = skip
         # per code object id: inside `skip`? The code object is kept, so its id stays its own.
-        self._internal: Dict[int, Tuple[CodeType, bool]] = {}
-        self._text_of: Dict[Tuple[int, ...], str] = {}    # a key's text, across windows
-        self.new_window()
+        self.internal: Dict[int, Tuple[CodeType, bool]] = {}
+        self.text_of: Dict[Tuple[int, ...], str] = {}    # a key's text, across windows
 
-    def new_window(self) -> None:
-        """Ids start again from 0 (the texts of one window go into its step file)."""
+    def window(self) -> "StackTable":
+        """The stack table of a new capture window."""
+        if len(self.text_of) > _TEXTS_KEPT or len(self.internal) > _TEXTS_KEPT:
+            self.text_of.clear()         # code made at run time (exec, compilers) grows these
+            self.internal.clear()
+        return StackTable(self)
+
+
+class StackTable:
+    """Interns the user-code part of the current call stack (frames outside the cache's `skip`)
+    for one capture window: ids from 0, and `texts`, which go into the window's step file."""
+
+    def __init__(self, cache: StackCache) -> None:
+        self._cache = cache
+        self._internal = cache.internal
+        self._text_of = cache.text_of
         self._ids: Dict[Tuple[int, ...], int] = {}    # (code id, instruction) per frame -> id
         self._by_text: Dict[str, int] = {}
         self.texts: List[str] = []
-        if len(self._text_of) > _TEXTS_KEPT or len(self._internal) > _TEXTS_KEPT:
-            self._text_of.clear()        # code made at run time (exec, compilers) grows these
-            self._internal.clear()
 
     def current(self, depth: int = 2) -> int:
         """The id of the caller's stack, `depth` frames above this call. Runs once per captured
@@ -86,7 +96,7 @@ class StackTable:
             code = frame.f_code
             known = internal.get(id(code))
             if known is None:
-                known = internal[id(code)] = (code, code.co_filename.startswith(self.skip))
+                known = internal[id(code)] = (code, code.co_filename.startswith(self._cache.skip))
             if not known[1]:
                 key.append(id(code))
                 key.append(frame.f_lasti)

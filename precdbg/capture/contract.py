@@ -1,5 +1,6 @@
-"""What a framework adapter provides to the core session, and what the session offers the
-adapters (structural types only: nothing here is imported at run time by the hot path)."""
+"""What a framework adapter provides to the core, and what the core offers the adapter's hooks:
+the capture window they record into (`Recorder`, implemented by `window.CaptureWindow`).
+Structural types only: nothing here runs on the hot path."""
 from __future__ import annotations
 
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Protocol,
@@ -7,16 +8,18 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional
 
 import numpy as np
 
-if TYPE_CHECKING:          # typing only: session.py imports this module
+if TYPE_CHECKING:          # typing only: window.py imports this module
     from ..config.dump_config import DumpConfig
+    from ..records.call import Call
+    from ..records.schema import Direction, Phase, RecordKind, Role
     from .filters import CaptureFilter
-    from .call import Call
 
 __all__ = ["TensorOps", "Adapter", "Recorder"]
 
 
 class TensorOps(Protocol):
-    """The tensor questions only the framework can answer (a module of functions)."""
+    """The tensor questions only the framework can answer: an object each adapter instance owns
+    (two debuggers of one process share none of its state)."""
 
     # The tensor holding `tensor`'s elements in this process (a distributed tensor's local
     # shard, or `tensor` itself): what every record of it describes.
@@ -60,17 +63,18 @@ class TensorOps(Protocol):
 
 
 class Recorder(Protocol):
-    """The part of the session an adapter may use: exactly what the hooks call, so an adapter
-    cannot grow a dependency on the rest of the session's state unnoticed."""
+    """The capture window as an adapter sees it: exactly what the hooks call, so an adapter
+    cannot grow a dependency on the rest of the capture's state unnoticed. A new one at every
+    start() that captures (`install`), done with at stop() (`uninstall`)."""
     config: "DumpConfig"
     filter: "CaptureFilter"
-    phase: str                          # forward / optimizer: the phase new calls are recorded in
+    phase: "Phase"                      # forward / optimizer: the phase new calls are recorded in
     current_step: int                   # the step being captured (counted by step())
     owning_module: str                  # the innermost module whose forward runs ("" for none)
 
     # `watched`: gradients are on, its backward is watched now; `replay`: the call re-runs an
     # earlier forward (activation recompute); `replayable`: a replay may re-run it later (see
-    # CallNaming.begin_api)
+    # CaptureWindow.begin_api)
     def begin_api(self, prefix: str, api: str, watched: bool = True,
                   replay: bool = False, replayable: bool = True) -> Optional["Call"]: ...
     def begin_module(self, prefix: str, path: str, cls: str, watched: bool = True,
@@ -79,13 +83,14 @@ class Recorder(Protocol):
     def replay_begins(self, owner: Optional[str] = None) -> None: ...
     def enter_module(self, path: str, keep_subtree: bool) -> None: ...
     def exit_module(self) -> None: ...
-    def param_call(self, path: str, kind: str = ..., owner_cls: str = "",
-                   role: str = ...) -> Optional["Call"]: ...
-    def capture(self, call: "Call", direction: str, role: str, arg_index: int, arg_key: str,
-                tensor: Any, trainable: bool = False, entry: Optional[str] = None,
+    def param_call(self, path: str, kind: "RecordKind" = ..., owner_cls: str = "",
+                   role: "Role" = ...) -> Optional["Call"]: ...
+    # direction and role are the enums' members (precdbg.records.Direction, Role)
+    def capture(self, call: "Call", direction: "Direction", role: "Role", arg_index: int,
+                arg_key: str, tensor: Any, trainable: bool = False,
                 written: bool = False) -> None: ...
     def capture_value(self, call: "Call", arg_index: int, arg_key: str, value: Any,
-                      role: str = ...) -> None: ...
+                      role: "Role" = ...) -> None: ...
     def end_call(self, launch: bool = True) -> None: ...
     def wrote(self, tensor: Any) -> None: ...
     def grad_produced(self, path: str, tensor: Any, hold: bool = False) -> None: ...

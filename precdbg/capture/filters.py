@@ -9,13 +9,14 @@ from ..config.dump_config import DumpConfig
 from ..records.naming import module_entry, normalize_api_name
 from ..records.schema import COMPUTED_ROLES, READ_ROLES, DataMode, Direction, Phase, Record
 
-__all__ = ["CaptureFilter"]
+__all__ = ["CaptureFilter", "RangePosition", "ModelSelection", "NO_MODEL"]
 
 log = logging.getLogger("precdbg")
 
-_OPTIMIZER, _NONE = Phase.OPTIMIZER.value, Direction.NONE.value
+_OPTIMIZER, _NONE = Phase.OPTIMIZER, Direction.NONE
 _INPUT_ROLES = READ_ROLES
 _OUTPUT_ROLES = COMPUTED_ROLES
+_BOTH_DIRECTIONS = frozenset({Direction.FORWARD, Direction.BACKWARD})
 
 
 _MODULE_PREFIXES = ("Module", "Cell")
@@ -59,7 +60,7 @@ class CaptureFilter:
         directions = {m for m in modes if m in (DataMode.FORWARD, DataMode.BACKWARD)}
         ios = {m for m in modes if m in (DataMode.INPUT, DataMode.OUTPUT)}
         self.directions: FrozenSet[str] = frozenset(
-            d.value for d in directions) if directions else frozenset({"forward", "backward"})
+            Direction(d.value) for d in directions) if directions else _BOTH_DIRECTIONS
         roles = set()
         if DataMode.INPUT in ios:
             roles |= _INPUT_ROLES
@@ -76,17 +77,14 @@ class CaptureFilter:
         self.tensor_list = list(config.tensor_list)
         self.range_first, self.range_last = ([_forward_name(n) for n in config.scope_range]
                                              + [None, None])[:2]
-        self.range_state = 0 if self.range_first else 1   # 0 before, 1 inside, 2 after
-        self.keeps_backward = "backward" in self.directions
+        self.keeps_backward = Direction.BACKWARD in self.directions
         self.keeps_modules = config.keeps_modules
         self.keeps_apis = config.keeps_apis
         self.include_optimizer = config.include_optimizer
-        # scope_range: the module paths whose parameters it keeps (set_modules), None: not known
-        self._range_modules: Optional[FrozenSet[str]] = None
-        self._list_modules: FrozenSet[str] = frozenset()   # modules `list` names as entries
 
-    def reset_step(self) -> None:
-        self.range_state = 0 if self.range_first else 1
+    def range_position(self) -> "RangePosition":
+        """Where a new step stands in the config's `scope_range` (inside it when there is none)."""
+        return RangePosition(0 if self.range_first else 1)
 
     # -- entry level ------------------------------------------------------------------------
     def _named(self, patterns, entry: str, api: str, module: str, substring: bool) -> bool:
@@ -97,7 +95,9 @@ class CaptureFilter:
                                       or _glob_any(module, [p + ".*" for p in patterns]))))
 
     def keep_entry(self, entry: str, api: str, module: str, phase: str, inside_kept_module: bool,
-                   is_module: bool) -> bool:
+                   is_module: bool, position: "RangePosition") -> bool:
+        """Whether a call is captured, asked at its forward; moves the step's `position` in
+        the scope_range."""
         if phase == _OPTIMIZER and not self.include_optimizer:
             return False
         if is_module and not self.keeps_modules:
@@ -105,13 +105,13 @@ class CaptureFilter:
         if not is_module and not self.keeps_apis:
             return False
         if self.range_first is not None:
-            if self.range_state == 0 and entry == self.range_first:
-                self.range_state = 1
+            if position.state == _BEFORE and entry == self.range_first:
+                position.state = _INSIDE
             # after the range: only inside its last module, kept whole (module_selects_subtree)
-            if self.range_state != 1 and not (self.range_state == 2 and inside_kept_module):
+            if position.state != _INSIDE and not (position.state == _AFTER and inside_kept_module):
                 return False
             if entry == self.range_last:
-                self.range_state = 2
+                position.state = _AFTER
         if inside_kept_module:
             return True
         if self.scope and not self._named(self.scope, entry, api, module, substring=False):
@@ -120,12 +120,13 @@ class CaptureFilter:
             return False
         return True
 
-    def module_selects_subtree(self, entry: str, cls: str, path: str) -> bool:
+    def module_selects_subtree(self, entry: str, cls: str, path: str,
+                               position: "RangePosition") -> bool:
         """At level mix a module named by `list`/`scope` is dumped whole, with every call inside;
         so is the last module of a `scope_range` (as msprobe ends a range when that module's
         forward returns)."""
         if self.range_last is not None and entry == self.range_last and \
-                (self.range_state == 1 or entry == self.range_first):
+                (position.state == _INSIDE or entry == self.range_first):
             return True
         if self.api_list and self._named(self.api_list, entry, cls, path, substring=True):
             return True
@@ -154,23 +155,23 @@ class CaptureFilter:
     def stores_tensor(self, entry: str, api: str) -> bool:
         return bool(self.tensor_list) and self._named(self.tensor_list, entry, api, "", True)
 
-    def set_modules(self, modules: Sequence[Tuple[str, str]]) -> None:
-        """The model's modules, (path, class) in the order the model lists them. A
-        `scope_range` whose both ends are module entries keeps the parameters of the modules
-        from the first to the last, the last one's submodules included (any other range keeps
-        none); a `list` item that is a module entry keeps that module's."""
+    def select_model(self, modules: Sequence[Tuple[str, str]]) -> "ModelSelection":
+        """What the config selects of a model whose modules are (path, class) in the order the
+        model lists them. A `scope_range` whose both ends are module entries keeps the
+        parameters of the modules from the first to the last, the last one's submodules
+        included (any other range keeps none); a `list` item that is a module entry keeps that
+        module's."""
         order = [path for path, _ in modules]
         named = [at for at in (self._module_at(item, modules) for item in self.api_list)
                  if at is not None]
-        self._list_modules = frozenset(p for at in named for p in _subtree(order, at))
+        listed = frozenset(p for at in named for p in _subtree(order, at))
         if self.range_first is None:
-            return
+            return ModelSelection(listed, None)
         first = self._module_at(self.range_first, modules)
         last = self._module_at(self.range_last, modules)
         if first is None or last is None or last < first:
-            self._range_modules = frozenset()
-            return
-        self._range_modules = frozenset(order[first:last] + _subtree(order, last))
+            return ModelSelection(listed, frozenset())
+        return ModelSelection(listed, frozenset(order[first:last] + _subtree(order, last)))
 
     @staticmethod
     def _module_at(name: Optional[str], modules: Sequence[Tuple[str, str]]) -> Optional[int]:
@@ -178,23 +179,24 @@ class CaptureFilter:
         `Module` or MindSpore's `Cell`) is; None when it names no module."""
         for at, (path, cls) in enumerate(modules):
             for prefix in _MODULE_PREFIXES:
-                for direction in ("forward", "backward"):
+                for direction in (Direction.FORWARD, Direction.BACKWARD):
                     stem = module_entry(prefix, path, cls, direction, 0)[:-1]
                     if name is not None and name.startswith(stem) and \
                             name[len(stem):].isdigit():
                         return at
         return None
 
-    def keep_param(self, path: str) -> bool:
+    def keep_param(self, path: str, model: "ModelSelection") -> bool:
         """A parameter's inventory record and gradients: under a `scope` glob, named in part by
-        a `list` item (a module path; an API name keeps none), inside a module `scope_range`."""
+        a `list` item (a module path; an API name keeps none), inside a module `scope_range`
+        (of the hooked `model`)."""
         if self.scope and not (_glob_any(path, self.scope)
                                or _glob_any(path, [p + ".*" for p in self.scope])):
             return False
         if self.api_list and not any(p in path for p in self.api_list) and \
-                path.rpartition(".")[0] not in self._list_modules:
+                path.rpartition(".")[0] not in model.listed:
             return False
-        if self._range_modules is not None and path.rpartition(".")[0] not in self._range_modules:
+        if model.in_range is not None and path.rpartition(".")[0] not in model.in_range:
             return False
         return True
 
@@ -227,7 +229,7 @@ class CaptureFilter:
     # -- record level -------------------------------------------------------------------------
     def keeps_every_record(self) -> bool:
         """Whether `keep_record` is true whatever it is asked (the default data mode)."""
-        return self.roles is None and self.directions == frozenset({"forward", "backward"})
+        return self.roles is None and self.directions == _BOTH_DIRECTIONS
 
     def keep_record(self, direction: str, role: str) -> bool:
         if direction != _NONE and direction not in self.directions:
@@ -235,3 +237,28 @@ class CaptureFilter:
         if self.roles is not None and role not in self.roles and direction != _NONE:
             return False
         return True
+
+
+_BEFORE, _INSIDE, _AFTER = 0, 1, 2       # where a step stands in the config's scope_range
+
+
+class RangePosition:
+    """Where one step stands in the config's `scope_range` (made fresh per step)."""
+    __slots__ = ("state",)
+
+    def __init__(self, state: int) -> None:
+        self.state = state
+
+
+class ModelSelection:
+    """What the config selects of one hooked model (made per capture window): the modules a
+    `list` item names as entries (`listed`, their subtrees), and those a module `scope_range`
+    spans (`in_range`; None: no such range)."""
+    __slots__ = ("listed", "in_range")
+
+    def __init__(self, listed: FrozenSet[str], in_range: Optional[FrozenSet[str]]) -> None:
+        self.listed = listed
+        self.in_range = in_range
+
+
+NO_MODEL = ModelSelection(frozenset(), None)

@@ -10,19 +10,19 @@ from __future__ import annotations
 import logging
 
 from typing import (Any, Callable, ClassVar, ContextManager, Dict, Iterable, List, Optional,
-                    Protocol, Tuple, TypeVar)
+                    Protocol, Set, Tuple, TypeVar)
 
 from ..errors import PrecdbgError
 from ..records.layers import raw_settings
 from .model_walk import named_through
 from .contract import Recorder
-from ..records.schema import Phase, RecordKind
+from ..records.schema import Direction, Phase, RecordKind
 
 __all__ = ["BaseInstrumentor", "ClassPatch", "GuardedHook", "Handle", "NamedTensor", "OptimizerToken",
            "named_through"]
 
 T = TypeVar("T")
-_OPTIMIZER, _PARAM = Phase.OPTIMIZER.value, RecordKind.PARAM.value
+_OPTIMIZER, _PARAM, _NONE = Phase.OPTIMIZER, RecordKind.PARAM, Direction.NONE
 # an optimizer stepping this often in one captured step: stop() was most likely skipped
 _STEPS_OF_A_LEFT_OPEN_CAPTURE = 3
 
@@ -83,7 +83,7 @@ class BaseInstrumentor:
     Guard: ClassVar[Optional[Callable[[Any], ContextManager[Any]]]] = None
 
     def __init__(self) -> None:
-        self.session: Optional[Recorder] = None
+        self.recorder: Optional[Recorder] = None    # the capture window, while installed
         self.busy = 0            # > 0 inside our own code: nothing it calls is captured
         self.paused = False      # inside an optimizer whose calls are not captured
         self.installed = False
@@ -91,10 +91,7 @@ class BaseInstrumentor:
         # the one way anything installed is registered: the list's own append (a C method, no
         # Python layer: backward hooks are registered per captured call)
         self.hold: Callable[[Handle], None] = self._handles.append
-        self._optimizers_noted: set = set()
-        self._optimizer_steps: Dict[int, int] = {}      # per optimizer, in this window
-        self._told_left_open = False
-        self._optimizer_tokens: List[OptimizerToken] = []
+        self._optimizers = _OptimizersSeen()     # per capture window
         self._module_paths: Dict[int, str] = {}   # id(module) -> path, while installed
         self._param_paths: Dict[int, str] = {}    # id(parameter) -> its full path, likewise
 
@@ -106,9 +103,8 @@ class BaseInstrumentor:
             return
         self._prepare(session)
         modules = self.walk(model)
-        self.session, self.busy, self.paused = session, 0, False
-        self._optimizers_noted, self._optimizer_tokens = set(), []
-        self._optimizer_steps: Dict[int, int] = {}
+        self.recorder, self.busy, self.paused = session, 0, False
+        self._optimizers = _OptimizersSeen()
         self.installed = True
         params = self.named_tensors(modules, self.own_parameters)
         self._param_paths = {id(value): full for full, value, _ in params}
@@ -139,9 +135,8 @@ class BaseInstrumentor:
             try:
                 handle.remove()
             except Exception as exc:  # noqa: BLE001 - the rest must still be removed
-                if self.session is not None:
-                    self.session.hook_failed(exc, f"removing {type(handle).__name__}")
-        self._optimizer_tokens = []
+                if self.recorder is not None:
+                    self.recorder.hook_failed(exc, f"removing {type(handle).__name__}")
         self._module_paths = {}
         self._param_paths = {}
         self.paused = False
@@ -260,7 +255,7 @@ class BaseInstrumentor:
                 call = session.param_call(full, _PARAM, owner, role=role)
                 if call is None:
                     continue
-                session.capture(call, "none", role, 0, leaf, value, trainable=trainable)
+                session.capture(call, _NONE, role, 0, leaf, value, trainable=trainable)
                 session.end_call(launch=False)      # parameters share statistics launches
         session.end_call()
 
@@ -269,20 +264,19 @@ class BaseInstrumentor:
                          ) -> OptimizerToken:
         """An optimizer starts: noted once in the manifest, phase `optimizer`, capture paused
         unless `include_optimizer`. Returns what `optimizer_ends` restores."""
-        session = self.session
+        session = self.recorder
         token = (session.phase, self.paused)
-        if id(optimizer) not in self._optimizers_noted:
-            self._optimizers_noted.add(id(optimizer))
+        seen = self._optimizers
+        if id(optimizer) not in seen.noted:
+            seen.noted.add(id(optimizer))
             self.run_guarded(self._note_optimizer, "recording the optimizer", optimizer,
                              describe)
-        steps = self._optimizer_steps[id(optimizer)] = \
-            self._optimizer_steps.get(id(optimizer), 0) + 1
-        if steps == _STEPS_OF_A_LEFT_OPEN_CAPTURE and not self._told_left_open:
-            self._told_left_open = True
-            log.warning("precdbg: step %d has been captured through %d steps of %s: stop() "
-                        "did not run (an exception skipped it?); everything runs captured, "
-                        "and slower, until stop()", session.current_step, steps,
-                        type(optimizer).__name__)
+        steps = seen.steps[id(optimizer)] = seen.steps.get(id(optimizer), 0) + 1
+        if steps == _STEPS_OF_A_LEFT_OPEN_CAPTURE:
+            session.say_once("left open", "precdbg: step %d has been captured through %d steps "
+                             "of %s: stop() did not run (an exception skipped it?); everything "
+                             "runs captured, and slower, until stop()", session.current_step,
+                             steps, type(optimizer).__name__)
         session.phase = _OPTIMIZER
         self.paused = self.paused or not session.config.include_optimizer
         self.pause_changed()
@@ -291,7 +285,7 @@ class BaseInstrumentor:
     def optimizer_ends(self, token: OptimizerToken) -> None:
         """The optimizer is done: the phase (and pause) current before it are back, so an
         optimizer run inside another region leaves that region's phase as it was."""
-        self.session.phase, self.paused = token
+        self.recorder.phase, self.paused = token
         self.pause_changed()
 
     def closure_in_step(self, closure: Callable[..., T], token: OptimizerToken
@@ -303,7 +297,7 @@ class BaseInstrumentor:
         def closure_in_step(*args: Any, **kwargs: Any) -> T:
             if not self.installed:
                 return closure(*args, **kwargs)
-            inside = (self.session.phase, self.paused)
+            inside = (self.recorder.phase, self.paused)
             self.optimizer_ends(token)
             try:
                 return closure(*args, **kwargs)
@@ -317,7 +311,7 @@ class BaseInstrumentor:
         while paused) does so here."""
 
     def _note_optimizer(self, optimizer: Any, describe: Callable[[Any], Dict[str, Any]]) -> None:
-        self.session.note_optimizer(describe(optimizer))
+        self.recorder.note_optimizer(describe(optimizer))
 
     # ------------------------------------------------------------------ guarded execution
     def guard(self) -> ContextManager[Any]:
@@ -343,7 +337,7 @@ class BaseInstrumentor:
             with guard(self):
                 return fn(*args)
         except Exception as exc:  # noqa: BLE001 - never raise into training
-            self.session.hook_failed(exc, where)
+            self.recorder.hook_failed(exc, where)
             return None
 
 
@@ -362,7 +356,7 @@ class GuardedHook:
         adapter = self.adapter
         if not adapter.installed:
             return None
-        session = adapter.session
+        session = adapter.recorder
         try:
             with adapter.guard():
                 self.record(session, *args)
@@ -391,3 +385,15 @@ class _Busy:
 
     def __exit__(self, *exc: Any) -> None:
         self.owner.busy -= 1
+
+
+class _OptimizersSeen:
+    """The optimizers one capture window saw: noted in the manifest once, how often each
+    stepped (a capture left open through several steps is said), and the tokens of those
+    stepping now (`optimizer_begins`, innermost last)."""
+    __slots__ = ("noted", "steps", "tokens")
+
+    def __init__(self) -> None:
+        self.noted: Set[int] = set()
+        self.steps: Dict[int, int] = {}
+        self.tokens: List[OptimizerToken] = []

@@ -31,7 +31,7 @@ from ..records.schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, Record, Role
 
 __all__ = ["Provenance"]
 
-_PARAM_GRAD = Role.PARAM_GRAD.value
+_PARAM_GRAD = Role.PARAM_GRAD
 _Entry = Tuple[int, Callable[[], bool]]          # (producing record's seq, storage alive?)
 _MAX_HOLDERS = 8       # live objects kept per (storage, version) whose memory they all hold
 
@@ -51,16 +51,13 @@ class _AnyAlive:
 
 
 class Provenance:
-    """Producers of the tensors of one step, by storage and version."""
+    """Producers of the tensors of one step, by storage and version (made fresh per step)."""
 
     def __init__(self, tensors: TensorOps) -> None:
         self.tensors = tensors
         # a reference of a live storage answers as any other reference of it would: another
         # holder of the same memory adds nothing (PyTorch); else each holder is kept (_hold)
         self._refs_follow_memory = bool(getattr(tensors, "STORAGE_REF_FOLLOWS_MEMORY", False))
-        self.reset()
-
-    def reset(self) -> None:
         self._by_version: Dict[Tuple[Hashable, int], _Entry] = {}
         self._grads: Dict[Tuple[Hashable, Hashable], _Entry] = {}
         self._last_dw: Dict[str, int] = {}

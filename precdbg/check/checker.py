@@ -10,7 +10,7 @@ from .values import (_HIGH_HYPER, _LOW_HYPER, _Run, _display,
                      _per_parameter, _same, _stat_difference, _summary, stat_gap)
 from ..records.layers import setting_differences
 from .setup_checks import SetupChecks
-from ..records.schema import is_scalar_dtype
+from ..records.schema import RecordKind, Role, is_scalar_dtype
 
 
 class _Checker(SetupChecks):
@@ -106,7 +106,7 @@ class _Checker(SetupChecks):
             if not len(t):
                 return {}
             out = {}
-            for i in np.nonzero(t["kind"] == "saved")[0]:
+            for i in np.nonzero(t["kind"] == RecordKind.SAVED)[0]:
                 row = t.row(int(i))
                 out.setdefault((row["api"], row["call_index"], row["arg_index"]), row)
             return out
@@ -150,8 +150,8 @@ class _Checker(SetupChecks):
             self.cannot_check(f"parameter inventory not checked: none recorded in "
                               f"{' and '.join(missing)} (start() without the model?)")
             return
-        pa = {n: r for n, r in inv_a.items() if r["role"] == "param"}
-        pb = {n: r for n, r in inv_b.items() if r["role"] == "param"}
+        pa = {n: r for n, r in inv_a.items() if r["role"] == Role.PARAM}
+        pb = {n: r for n, r in inv_b.items() if r["role"] == Role.PARAM}
         ea, eb = sum(int(r["numel"]) for r in pa.values()), sum(int(r["numel"]) for r in pb.values())
         if len(pa) != len(pb) or ea != eb:
             self.add("high", "inventory", f"parameter count differs: {la} {len(pa)} tensors "
@@ -167,7 +167,7 @@ class _Checker(SetupChecks):
                          only if mine is pb else None)
         if not self.cross:        # buffers: the same framework registers the same ones
             for label, mine, other in ((la, inv_a, inv_b), (lb, inv_b, inv_a)):
-                only = [n for n, r in mine.items() if r["role"] == "buffer" and n not in other]
+                only = [n for n, r in mine.items() if r["role"] == Role.BUFFER and n not in other]
                 if only:
                     self.add("medium", "inventory", f"{len(only)} buffer(s) only in {label}: "
                              f"{_names(only)}")
@@ -180,7 +180,7 @@ class _Checker(SetupChecks):
                 continue
             if ra["dtype"] != rb["dtype"]:
                 dtypes.append(f"{n} {ra['dtype']} vs {rb['dtype']}")
-            if ra["role"] == "param" and rb["role"] == "param" and \
+            if ra["role"] == Role.PARAM and rb["role"] == Role.PARAM and \
                     bool(ra["trainable"]) != bool(rb["trainable"]):
                 (frozen_b if ra["trainable"] else frozen_a).append(n)
             why = _stat_difference(ra, rb) if ra["dtype"] == rb["dtype"] else None

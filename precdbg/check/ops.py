@@ -7,6 +7,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ..records.precision import is_floating
+from ..records.schema import Direction, RecordKind, Role
 from .values import _Run
 
 __all__ = ["RANDOM_OPS", "compute_dtypes", "dtype_counts", "dtype_mix", "first_apart"]
@@ -39,7 +40,8 @@ def compute_dtypes(run: _Run) -> Dict[str, List[Tuple[int, str, str]]]:
     out: Dict[str, List[Tuple[int, str, str]]] = {}
     if not len(t):
         return out
-    mask = (t["kind"] == "api") & (t["direction"] == "forward") & (t["role"] == "output")
+    mask = (t["kind"] == RecordKind.API) & (t["direction"] == Direction.FORWARD) & \
+        (t["role"] == Role.OUTPUT)
     idx = np.nonzero(mask)[0]
     idx = idx[np.argsort(t["seq"][idx], kind="stable")]
     ops, dtypes, modules, seqs = t["op"], t["dtype"], t["module"], t["seq"]

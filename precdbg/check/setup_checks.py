@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..records.layers import SettingDifference, format_value, same_setting
+from ..records.schema import Level
 from .ops import RANDOM_OPS, compute_dtypes, dtype_counts, dtype_mix, first_apart
 from .values import (_CONDITIONS, _DEVICE_KIND, _ENV_LOW, _ENV_MINDSPORE_ONLY,
                      _ENV_PYTORCH_ONLY, _Run, _deterministic, _fmt, _names, _nonzero, _same,
@@ -71,7 +72,7 @@ class SetupChecks:
             return False
         for run in (self.a, self.b):
             config = run.run.get("config") if isinstance(run.run.get("config"), dict) else {}
-            if run.dump.setting("level") not in ("mix", "api") or any(
+            if run.dump.setting("level") not in (Level.MIX, Level.API) or any(
                     config.get(key) for key in ("scope", "scope_range", "list")):
                 return False
         return not (self.a.ops | self.b.ops) & RANDOM_OPS

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..records.naming import canonical_op, read_table
 from ..storage.reader import Dump, RecordTable
-from ..records.schema import is_scalar_dtype, scalar_mask
+from ..records.schema import Direction, RecordKind, Role, is_scalar_dtype, scalar_mask
 
 
 SEVERITIES = ("high", "medium", "low")
@@ -177,7 +177,7 @@ class _Run:
         out: Dict[str, Dict[str, Any]] = {}
         if not len(t):
             return out
-        mask = (t["kind"] == "param") & (t["direction"] == "none")
+        mask = (t["kind"] == RecordKind.PARAM) & (t["direction"] == Direction.NONE)
         for i in np.nonzero(mask)[0][np.argsort(t["seq"][mask], kind="stable")]:
             row = t.row(int(i))
             name = row["alias"] if self.framework == "mindspore" and row["alias"] else row["api"]
@@ -189,7 +189,8 @@ class _Run:
         t = self.table
         if not len(t):
             return set()
-        mask = np.isin(t["kind"], ["api", "module"]) & (t["direction"] == "forward")
+        mask = np.isin(t["kind"], [RecordKind.API, RecordKind.MODULE]) & \
+            (t["direction"] == Direction.FORWARD)
         return set(t["op"][mask].tolist())
 
     @functools.cached_property
@@ -197,7 +198,7 @@ class _Run:
         classes = {cls for _, cls, _ in self.dump.modules(self.step, self.rank)}
         t = self.table
         if len(t):
-            classes |= set(t["api"][t["kind"] == "module"].tolist())
+            classes |= set(t["api"][t["kind"] == RecordKind.MODULE].tolist())
         return classes
 
     @functools.cached_property
@@ -220,7 +221,8 @@ class _Run:
         t = self.table
         if not len(t):
             return set()
-        mask = (t["kind"] == "api") & (t["op"] == op) & (t["direction"] == "forward")
+        mask = (t["kind"] == RecordKind.API) & (t["op"] == op) & \
+            (t["direction"] == Direction.FORWARD)
         values: Set[str] = set()
         entries = set(t["entry"][mask].tolist())
         passed = mask & (t["arg_key"] == key) & scalar_mask(t["dtype"])
@@ -239,7 +241,8 @@ def _first_inputs(t: RecordTable) -> Tuple[List[Dict[str, Any]], str]:
     """The inputs of the first forward module call (the root module's when recorded)."""
     if not len(t):
         return [], ""
-    mask = (t["kind"] == "module") & (t["direction"] == "forward") & (t["role"] == "input")
+    mask = (t["kind"] == RecordKind.MODULE) & (t["direction"] == Direction.FORWARD) & \
+        (t["role"] == Role.INPUT)
     if not mask.any():
         return [], ""
     root = mask & (t["module"] == "")

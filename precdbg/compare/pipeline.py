@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import DumpError
 from ..storage.reader import Dump, open_dump
-from ..records.schema import RecordKind, Role
+from ..records.schema import RecordKind, Role, Task
 from .align.alignment import align, load_mapping, rename_module
 from .localize.callsite import place_first
 from .judge.entries import Entry, StepCompare, StepEntries, pair_row
@@ -36,7 +36,7 @@ __all__ = ["compare_dumps", "load_mapping", "CompareProgress"]
 Progress = Optional[Callable[[CompareProgress], None]]
 
 _MAX_CONSEQUENCES = 20
-_PARAM = RecordKind.PARAM.value
+_PARAM = RecordKind.PARAM
 
 
 def _framework(dump: Dump) -> str:
@@ -104,7 +104,7 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
             unmatched.append({"side": side, "step": step, "rank": rank, "name": r["entry"],
                               "kind": r["kind"], "module": r["module"], "op": r["op"],
                               "role": r["role"], "arg_index": r["arg_index"]})
-            if r["kind"] == _PARAM and r["role"] == "param":
+            if r["kind"] == _PARAM and r["role"] == Role.PARAM:
                 sc.one_run_param(side, r, step, rank)
     sc.producer_names(step_rows)
     sc.resolve_reads()
@@ -149,7 +149,7 @@ def _refuse_overflow_dumps(a: Dump, b: Dump, baseline: str, candidate: str) -> N
     them one run has and the other lacks is what `precdbg scan` reports of each run, not a
     comparison of numbers."""
     for dump, path in ((a, baseline), (b, candidate)):
-        if dump.setting("task") == "overflow":
+        if dump.setting("task") == Task.OVERFLOW:
             raise DumpError(f"{path}: a dump of task 'overflow' holds only non-finite records, "
                             f"nothing to align with the other run; run `precdbg scan {path}` "
                             "for its first non-finite value, or dump task 'statistics'")
@@ -232,7 +232,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         floored = [row for row in rows if row.floor is not None]
         if floored:
             # name where a floor starts (a gradient reduced from dy), not a value it reached
-            origin = next((row for row in floored if row.role == Role.GRAD_INPUT.value),
+            origin = next((row for row in floored if row.role == Role.GRAD_INPUT),
                           floored[0])
             notes.append(f"{len(floored)} record(s) far smaller than the gradient they were "
                          f"reduced from (first: {origin.name_a} {origin.role} "

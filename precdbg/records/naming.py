@@ -12,6 +12,8 @@ import os
 import re
 from typing import Any, Dict, Iterable, Optional, Tuple
 
+from .schema import Role
+
 __all__ = ["COLLECTIVE_OPS", "is_collective", "in_place", "writes_arguments",
            "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
            "normalize_api_name", "param_alias", "torch_param_leaf", "inventory_role"]
@@ -99,9 +101,9 @@ def save_entry(name: str, call_index: int) -> str:
 @functools.lru_cache(maxsize=1 << 16)      # asked per parameter per step: the same names again
 def param_entry(path: str, role: str, call_index: int = 0) -> str:
     """`Param.blocks.0.attn.qkv.weight.grad`; inventory `Param.<path>` / `Buffer.<path>`."""
-    if role == "param_grad":
+    if role == Role.PARAM_GRAD:
         return _join("Param", path, "grad", call_index if call_index else "")
-    return _join("Buffer" if role == "buffer" else "Param", path)
+    return _join("Buffer" if role == Role.BUFFER else "Param", path)
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,10 +216,10 @@ def param_alias(framework: str, path: str, owner_cls: str) -> str:
     return f"{owner}.{other}" if owner else other
 
 
-def inventory_role(framework: str, leaf: str, trainable: bool) -> str:
+def inventory_role(framework: str, leaf: str, trainable: bool) -> Role:
     """`buffer` for a frozen parameter that PyTorch keeps as a buffer (MindSpore BatchNorm's
     `moving_mean`, `moving_variance`), else `param`."""
     if not trainable and leaf in framework_table(framework).get("buffer_params", ()):
-        return "buffer"
-    return "param"
+        return Role.BUFFER
+    return Role.PARAM
 

@@ -27,7 +27,7 @@ def is_floating(dtype: str) -> bool:
     return dtype in MANTISSA_BITS
 
 
-_FORWARD, _NONE, _INPUT = Direction.FORWARD.value, Direction.NONE.value, Role.INPUT.value
+_FORWARD, _NONE, _INPUT = Direction.FORWARD, Direction.NONE, Role.INPUT
 
 # The tracker carries precisions as ranks (ints: coarser is smaller) so that "the lowest of" is a
 # comparison, not a call per operand (it runs several times per record). A rank orders by

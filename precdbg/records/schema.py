@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from enum import Enum
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .call import Call
 
 __all__ = [
     "SCHEMA_VERSION", "Task", "Level", "RecordKind", "Direction", "Role", "Phase", "DataMode",
@@ -28,9 +31,14 @@ MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)
 class _TextEnum(str, Enum):
     """An enum whose members are their text: `str()`, `format()` and f-strings give the value
     (`forward`, not `Direction.FORWARD`), members equal and hash as their value, and a step
-    file's string columns store it as is. Records carry members; the reader gives back text."""
+    file's string columns store it as is. Records carry members; the reader gives back text.
+    Hashing and equality are str's own (C): Enum's Python-level hash made a set lookup of a
+    member 4x slower, and records are made thousands of times per step."""
     __str__ = str.__str__
     __format__ = str.__format__
+    __hash__ = str.__hash__
+    __eq__ = str.__eq__
+    __ne__ = str.__ne__
 
 
 class Task(_TextEnum):
@@ -71,9 +79,9 @@ class Role(_TextEnum):
 
 # The roles that read a tensor (a call's inputs, the gradient arriving at its outputs), and those
 # that write one (what a call produces; a dw, which is also what later reads of .grad see).
-READ_ROLES = frozenset({Role.INPUT.value, Role.GRAD_OUTPUT.value})
-COMPUTED_ROLES = frozenset({Role.OUTPUT.value, Role.GRAD_INPUT.value, Role.PARAM_GRAD.value})
-INVENTORY_ROLES = frozenset({Role.PARAM.value, Role.BUFFER.value})
+READ_ROLES = frozenset({Role.INPUT, Role.GRAD_OUTPUT})
+COMPUTED_ROLES = frozenset({Role.OUTPUT, Role.GRAD_INPUT, Role.PARAM_GRAD})
+INVENTORY_ROLES = frozenset({Role.PARAM, Role.BUFFER})
 WRITE_ROLES = COMPUTED_ROLES | INVENTORY_ROLES
 _SCALAR_PREFIX = "py."      # dtype of a non-tensor argument: py.int, py.float, py.str, ...
 
@@ -123,48 +131,96 @@ class SummaryMode(_TextEnum):
     CHECKSUM = "checksum"
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, init=False)
 class Record:
-    """One captured tensor (or non-tensor argument) of one entry."""
+    """One captured tensor (or non-tensor argument) of one call.
+
+    Made from its call (`precdbg.records.call.Call`) and what is the tensor's own: the fields
+    every record of a call shares (kind, prefix, API, canonical op, owning module, call index,
+    execution order, call stack, alias) are the call's, read by name from it; the entry name
+    and the phase follow from the call and the record's direction. The statistics are filled
+    in when the batch crosses to the host, `producer`, `storage` and `precision` from the
+    step's dataflow, `data_offset`/`data_nbytes` where the tensor is stored. Flat fields, so
+    the writer reads every column in C."""
     entry: str                     # derived entry name, e.g. Functional.linear.3.forward
-    kind: str                      # RecordKind value
+    kind: RecordKind
     prefix: str                    # Functional, Tensor, Torch, Module, Param, ...
     api: str                       # framework API name, module class, or parameter path
     op: str                        # canonical op (same vocabulary in every framework)
     module: str                    # owning module path ('' = root / outside any module)
-    direction: str
-    role: str
-    phase: str
+    direction: Direction
+    role: Role
+    phase: Phase
     arg_index: int                 # ordinal of this tensor within its role
     arg_key: str                   # where it came from: "0", "0.1", "weight", ...
     call_index: int
     order: int                     # execution order of the forward call of the entry
-    seq: int = 0                   # emission order within the step (backward order for grads)
-    dtype: str = ""
-    shape: Tuple[int, ...] = ()
-    numel: int = 0
-    min: float = float("nan")
-    max: float = float("nan")
-    mean: float = float("nan")
-    norm: float = float("nan")
-    nan_count: int = 0
-    inf_count: int = 0
-    checksum: str = ""
-    text: str = ""                 # value of a non-tensor argument
-    alias: str = ""                # a parameter's name in the other framework (gamma <-> weight)
-    trainable: bool = False
-    stack_id: int = -1
-    data_offset: int = -1          # byte offset in the step file's data blob (tensor task)
-    data_nbytes: int = 0
-    tensor_id: int = -1            # distinct-tensor identity within the step (dedup key)
-    producer: int = NO_PRODUCER    # seq of the record of this step that produced the tensor read
-    storage: int = -1              # which memory (storage) of the step the tensor lies in
-    precision: str = ""            # lowest float dtype its values went through ('' unknown/int)
+    seq: int                       # emission order within the step (backward order for grads)
+    dtype: str                     # neutral dtype name, or py.<type> of a non-tensor argument
+    shape: Tuple[int, ...]
+    numel: int
+    min: float
+    max: float
+    mean: float
+    norm: float
+    nan_count: int
+    inf_count: int
+    checksum: str
+    text: str                      # value of a non-tensor argument
+    alias: str                     # a parameter's name in the other framework (gamma <-> weight)
+    trainable: bool                # inventory: a parameter that requires gradients
+    stack_id: int
+    data_offset: int               # byte offset in the step file's data blob (tensor task)
+    data_nbytes: int
+    tensor_id: int                 # distinct-tensor identity within the step (dedup key)
+    producer: int                  # seq of the record of this step that produced the tensor read
+    storage: int                   # which memory (storage) of the step the tensor lies in
+    precision: str                 # lowest float dtype its values went through ('' unknown/int)
+
+    def __init__(self, call: "Call", direction: Direction, role: Role, arg_index: int,
+                 arg_key: str, seq: int, dtype: str, shape: Tuple[int, ...], numel: int,
+                 tensor_id: int = -1) -> None:
+        self.kind = call.kind
+        self.prefix = call.prefix
+        self.api = call.api
+        self.op = call.op
+        self.module = call.module
+        self.call_index = call.call_index
+        self.order = call.order
+        self.stack_id = call.stack_id
+        self.alias = call.alias
+        if direction == _BACKWARD:
+            self.entry = call.backward_entry
+            self.phase = _BACKWARD_PHASE
+        else:
+            self.entry = call.forward_entry
+            self.phase = _SETUP_PHASE if direction == _NONE else call.phase
+        self.direction = direction
+        self.role = role
+        self.arg_index = arg_index
+        self.arg_key = arg_key
+        self.seq = seq
+        self.dtype = dtype
+        self.shape = shape
+        self.numel = numel
+        self.tensor_id = tensor_id
+        self.min = self.max = self.mean = self.norm = _NAN
+        self.nan_count = self.inf_count = 0
+        self.checksum = self.text = self.precision = ""
+        self.trainable = False
+        self.data_offset = -1
+        self.data_nbytes = 0
+        self.producer = NO_PRODUCER
+        self.storage = -1
 
     @property
     def is_nonfinite(self) -> bool:
         return self.nan_count != 0 or self.inf_count != 0
 
+
+_BACKWARD, _NONE = Direction.BACKWARD, Direction.NONE
+_BACKWARD_PHASE, _SETUP_PHASE = Phase.BACKWARD, Phase.SETUP
+_NAN = float("nan")
 
 # (column, numpy dtype or None for utf-8 strings) in storage order
 RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from ..records.schema import scalar_mask
+from ..records.schema import Direction, RecordKind, Role, scalar_mask
 
 EXPLODING_GRAD_RATIO = 1e3     # ||grad|| / ||param|| above this: exploding gradient
 VANISHING_GRAD_RATIO = 1e-10   # 0 < ||grad|| / ||param|| below this: vanishing gradient
@@ -52,10 +52,10 @@ def gradient_findings(table: Any, loss_scale: float = 1.0) -> List[Dict[str, Any
     run's `loss_scale` (the dw records of a scaled backward hold scaled gradients)."""
     kinds, roles = table["kind"], table["role"]
     inventory: Dict[str, Tuple[float, bool]] = {}
-    for i in np.nonzero((kinds == "param") & (roles == "param"))[0]:
+    for i in np.nonzero((kinds == RecordKind.PARAM) & (roles == Role.PARAM))[0]:
         inventory[str(table["api"][i])] = (float(table["norm"][i]), bool(table["trainable"][i]))
     findings = []
-    grads = np.nonzero((kinds == "param_grad") & (roles == "param_grad")
+    grads = np.nonzero((kinds == RecordKind.PARAM_GRAD) & (roles == Role.PARAM_GRAD)
                        & ~scalar_mask(table["dtype"]))[0]
     for i in grads[np.argsort(table["seq"][grads], kind="stable")]:
         row = table.row(int(i))
@@ -89,7 +89,7 @@ def gradient_findings(table: Any, loss_scale: float = 1.0) -> List[Dict[str, Any
 
 # --------------------------------------------------------------------------- saturation
 def _softmax_dim(table: Any, entry: str, ndim: int) -> int:
-    idx = np.nonzero((table["entry"] == entry) & (table["role"] == "input")
+    idx = np.nonzero((table["entry"] == entry) & (table["role"] == Role.INPUT)
                      & np.char.startswith(table["dtype"], "py.int"))[0]
     for i in idx:
         if str(table["arg_key"][i]) in ("dim", "axis", "1"):
@@ -102,19 +102,20 @@ def _softmax_dim(table: Any, entry: str, ndim: int) -> int:
 
 
 def saturation_findings(table: Any) -> List[Dict[str, Any]]:
-    mask = (np.isin(table["op"], SATURATING_OPS) & (table["role"] == "output")
-            & (table["direction"] == "forward") & np.isin(table["kind"], ("api", "module"))
+    mask = (np.isin(table["op"], SATURATING_OPS) & (table["role"] == Role.OUTPUT)
+            & (table["direction"] == Direction.FORWARD)
+            & np.isin(table["kind"], (RecordKind.API, RecordKind.MODULE))
             & ~scalar_mask(table["dtype"]) & (table["nan_count"] == 0)
             & (table["inf_count"] == 0) & (table["numel"] > 0))
     idx = np.nonzero(mask)[0]
     if not len(idx):
         return []
     # a module (nn.Tanh) and the API it runs (torch.tanh) record the same tensor: judge it once
-    api_ids = set(table["tensor_id"][idx][table["kind"][idx] == "api"].tolist()) - {-1}
+    api_ids = set(table["tensor_id"][idx][table["kind"][idx] == RecordKind.API].tolist()) - {-1}
     findings = []
     for i in idx[np.argsort(table["seq"][idx], kind="stable")]:
         row = table.row(int(i))
-        if row["kind"] == "module" and row["tensor_id"] in api_ids:
+        if row["kind"] == RecordKind.MODULE and row["tensor_id"] in api_ids:
             continue
         op, mean = row["op"], float(row["mean"])
         if not math.isfinite(mean):

@@ -37,7 +37,8 @@ import numpy as np
 
 from ..errors import DumpError
 from ..storage.json_files import jsonable
-from ..records.schema import COMPUTED_ROLES, INVENTORY_ROLES, READ_ROLES, scalar_mask
+from ..records.schema import (COMPUTED_ROLES, INVENTORY_ROLES, READ_ROLES, Direction,
+                              RecordKind, Role, scalar_mask)
 from .anomalies import (EXPLODING_GRAD_RATIO, SATURATING_OPS, SIGMOID_SATURATED_HIGH,  # noqa: F401
                         SIGMOID_SATURATED_LOW, SOFTMAX_SATURATED, TANH_SATURATED,
                         VANISHING_GRAD_RATIO, _finding, _metrics, gradient_findings,
@@ -130,13 +131,13 @@ def _nonfinite_events(table: Any) -> Dict[str, Any]:
     entry_in: Dict[str, _Flags] = {}
     entry_in_ids: Dict[str, set] = {}
     fwd: Dict[Tuple[Any, ...], _Flags] = {}
-    forward_rows = ~scalar & (table["direction"] == "forward") & nonfinite
+    forward_rows = ~scalar & (table["direction"] == Direction.FORWARD) & nonfinite
     for i in np.nonzero((tensor_in & nonfinite) | forward_rows)[0]:
         row = table.row(int(i))
         if row["role"] in INPUT_ROLES:
             entry_in.setdefault(row["entry"], _Flags()).add(row["nan_count"], row["inf_count"])
             entry_in_ids.setdefault(row["entry"], set()).add(int(row["tensor_id"]))
-        if row["direction"] == "forward":
+        if row["direction"] == Direction.FORWARD:
             fwd.setdefault(_fkey(row), _Flags()).add(row["nan_count"], row["inf_count"])
 
     seen = _Flags()                    # non-finiteness of every earlier record of the step
@@ -153,7 +154,7 @@ def _nonfinite_events(table: Any) -> Dict[str, Any]:
         intended = tid >= 0 and tid in intended_ids and only_inf
         if role in OUTPUT_ROLES:
             inputs = entry_in.get(row["entry"])
-            if row["direction"] == "backward":
+            if row["direction"] == Direction.BACKWARD:
                 forward = fwd.get(_fkey(row))
                 if forward is not None:
                     merged = _Flags()
@@ -179,7 +180,7 @@ def _nonfinite_events(table: Any) -> Dict[str, Any]:
                         and entry_in_ids[row["entry"]] <= intended_ids):
                     intended = True
                     intended_ids.add(tid)
-            elif row["kind"] == "module" and _seen_before(seen, nan, inf):
+            elif row["kind"] == RecordKind.MODULE and _seen_before(seen, nan, inf):
                 # a module's parameters are not among its recorded inputs: non-finite values
                 # seen earlier in the step (inside it, e.g. a parameter) explain its outputs
                 explained = True
@@ -196,14 +197,14 @@ def _nonfinite_events(table: Any) -> Dict[str, Any]:
                 done_entries.add(row["entry"])
                 out["producers"].append((int(row["seq"]), row, reason))
         elif role in INPUT_ROLES or role in INVENTORY_ROLES:
-            if role == "buffer" and only_inf:
+            if role == Role.BUFFER and only_inf:
                 intended = True        # a mask buffer
                 if tid >= 0:
                     intended_ids.add(tid)
             elif not intended and not (tid >= 0 and tid in seen_ids):
                 if not _seen_before(seen, nan, inf):
                     reason = ("non-finite values are already in the parameter at the start of "
-                              "the step" if role == "param" else
+                              "the step" if role == Role.PARAM else
                               "non-finite values arrive in the input data")
                     out["arrivals"].append((int(row["seq"]), row, reason))
         if not intended:

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ...storage.reader import RecordTable
-from ...records.schema import Direction, RecordKind, scalar_mask
+from ...records.schema import Direction, RecordKind, Role, scalar_mask
 from .casts import CAST, casts, casts_by_shape, pair_casts_by_input
 
 __all__ = ["Alignment", "align", "load_mapping", "rename_module"]
@@ -50,9 +50,9 @@ def _leaf_modules(table: RecordTable) -> Dict[str, str]:
     """path -> op of every leaf module: one whose own calls include its functional op (an
     nn.Linear calling F.linear, a MindSpore Dense cell recorded as Functional.dense)."""
     kind, module, op = table["kind"], table["module"], table["op"]
-    mods = {(m, o) for m, o in zip(module[kind == "module"].tolist(),
-                                   op[kind == "module"].tolist())}
-    calls = {(m, o) for m, o in zip(module[kind == "api"].tolist(), op[kind == "api"].tolist())}
+    mods = {(m, o) for m, o in zip(module[kind == _MODULE].tolist(),
+                                   op[kind == _MODULE].tolist())}
+    calls = {(m, o) for m, o in zip(module[kind == _API].tolist(), op[kind == _API].tolist())}
     return dict(mods & calls)
 
 
@@ -62,7 +62,7 @@ def _leaves_of_either(table: RecordTable, other: RecordTable) -> Dict[str, str]:
     around ops.gelu) in place of the other framework's nn.GELU is a leaf as that one is."""
     leaves = _leaf_modules(table)
     kind, module, op = table["kind"], table["module"], table["op"]
-    calls = {(m, o) for m, o in zip(module[kind == "api"].tolist(), op[kind == "api"].tolist())}
+    calls = {(m, o) for m, o in zip(module[kind == _API].tolist(), op[kind == _API].tolist())}
     for path, leaf_op in _leaf_modules(other).items():
         if path not in leaves and (path, leaf_op) in calls:
             leaves[path] = leaf_op
@@ -86,13 +86,13 @@ def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapp
         # with the same op called directly by that module in the other run (F.gelu in
         # MLP.forward against a GELU cell mlp.act)
         leaves = _leaf_modules(table) if leaves is None else leaves
-        module = [m.rpartition(".")[0] if kind[i] == "api" and leaves.get(m) == op[i] else m
+        module = [m.rpartition(".")[0] if kind[i] == _API and leaves.get(m) == op[i] else m
                   for i, m in enumerate(module)]
         # a module is one object at one path: across frameworks its records pair by the path,
         # whatever its class (nn.GELU against a user's GeluWithBprop cell); within one, a
         # mapping may put a wrapper and the model it holds at one path, told apart by class
         if across:
-            op = ["" if k == "module" else o for k, o in zip(kind, op)]
+            op = ["" if k == _MODULE else o for k, o in zip(kind, op)]
     # before the mapping renames module paths
     within = _module_call_of(table, module) if module_calls else [-1] * n
     if mapping:
@@ -118,7 +118,7 @@ def _module_call_of(table: RecordTable, module: List[str]) -> List[int]:
     begun: Dict[str, Dict[str, List[int]]] = {}      # path -> entry -> [first, last] seq
     entries = table["entry"].tolist()
     for i, k in enumerate(kind):
-        if k == "module" and direction[i] == "forward":
+        if k == _MODULE and direction[i] == _FORWARD:
             span = begun.setdefault(module[i], {}).setdefault(entries[i], [seq[i], seq[i]])
             span[0], span[1] = min(span[0], seq[i]), max(span[1], seq[i])
     spans = {path: sorted(calls.values()) for path, calls in begun.items()}
@@ -127,7 +127,7 @@ def _module_call_of(table: RecordTable, module: List[str]) -> List[int]:
     for i, path in enumerate(module):
         found = starts.get(path)
         at = bisect.bisect_right(found, seq[i]) - 1 \
-            if found and direction[i] == "forward" and kind[i] == "api" else -1
+            if found and direction[i] == _FORWARD and kind[i] == _API else -1
         # after its module's call returned: the root's path also owns what runs outside the
         # model (the loss, clipping), which pairs by its occurrence outside every call
         out.append(_OUTSIDE if at >= 0 and seq[i] > spans[path][at][1] else at)
@@ -171,8 +171,11 @@ def _occurrences(keys: List[Tuple], order: np.ndarray, rows: Optional[List[int]]
     return groups
 
 
-_BACKWARD = Direction.BACKWARD.value
-_CALL_KINDS = frozenset({RecordKind.API.value, RecordKind.MODULE.value})
+_BACKWARD = Direction.BACKWARD
+_FORWARD = Direction.FORWARD
+_API, _MODULE, _PARAM = RecordKind.API, RecordKind.MODULE, RecordKind.PARAM
+_BUFFER = Role.BUFFER
+_CALL_KINDS = frozenset({RecordKind.API, RecordKind.MODULE})
 
 
 def _calls(table: RecordTable) -> Tuple[List[Tuple], List[bool]]:
@@ -231,8 +234,8 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
     tensor_a = ~scalar_mask(a["dtype"])
     tensor_b = ~scalar_mask(b["dtype"])
     # a dump of level api has no module calls to count occurrences within
-    calls = bool((a["kind"] == RecordKind.MODULE.value).any()) and \
-        bool((b["kind"] == RecordKind.MODULE.value).any())
+    calls = bool((a["kind"] == RecordKind.MODULE).any()) and \
+        bool((b["kind"] == RecordKind.MODULE).any())
     if by_name:
         keys_a = _keys(a, by_name, None, module_calls=calls)
         keys_b = _keys(b, by_name, mapping, module_calls=calls)
@@ -339,9 +342,9 @@ def _needs_none(table: RecordTable, rows: List[int], leaves: Dict[str, str]
     keep, skip = [], []
     for i in rows:
         k, m, o = kind[i], module[i], op[i]
-        redundant = (k == "module" and m in leaves) or \
-            (k == "api" and (o in _VALUE_PRESERVING or (m in leaves and leaves[m] != o))) or \
-            (k == "param" and role[i] == "buffer")
+        redundant = (k == _MODULE and m in leaves) or \
+            (k == _API and (o in _VALUE_PRESERVING or (m in leaves and leaves[m] != o))) or \
+            (k == _PARAM and role[i] == _BUFFER)
         (skip if redundant else keep).append(i)
     return keep, skip
 

@@ -7,7 +7,10 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
+from ...records.schema import Role
 from ...storage.reader import RecordTable
+
+_INPUT = Role.INPUT
 
 __all__ = ["CAST", "casts", "pair_casts_by_input", "casts_by_shape"]
 
@@ -60,7 +63,7 @@ def pair_casts_by_input(a: RecordTable, b: RecordTable, casts_a: List[int], cast
     by_input_b: Dict[int, List[Tuple]] = {}           # producer seq -> cast calls reading it
     for j in sorted(casts_b, key=lambda r: seq_b[r]):
         rows_of_b.setdefault(calls_b[j], []).append(j)
-        if role_b[j] == "input" and arg_b[j] == 0 and int(producer_b[j]) >= 0:
+        if role_b[j] == _INPUT and arg_b[j] == 0 and int(producer_b[j]) >= 0:
             by_input_b.setdefault(int(producer_b[j]), []).append(calls_b[j])
     rows_of_a: Dict[Tuple, List[int]] = {}
     for i in sorted(casts_a, key=lambda r: seq_a[r]):
@@ -69,7 +72,7 @@ def pair_casts_by_input(a: RecordTable, b: RecordTable, casts_a: List[int], cast
     out_b: List[int] = []
     taken = set()
     for call, rows in rows_of_a.items():           # in a's order: casts of casts follow
-        source = next((int(producer_a[i]) for i in rows if role_a[i] == "input"
+        source = next((int(producer_a[i]) for i in rows if role_a[i] == _INPUT
                        and arg_a[i] == 0 and int(producer_a[i]) >= 0), None)
         target = counterpart.get(source) if source is not None else None
         other = next((c for c in by_input_b.get(target, []) if c not in taken), None) \

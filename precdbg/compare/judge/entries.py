@@ -16,9 +16,9 @@ from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
 
 __all__ = ["Entry", "StepEntries", "StepCompare", "pair_row"]
 
-_BACKWARD, _NONE = Direction.BACKWARD.value, Direction.NONE.value
-_PARAM, _MODULE = RecordKind.PARAM.value, RecordKind.MODULE.value
-_PARAM_GRAD = RecordKind.PARAM_GRAD.value
+_BACKWARD, _NONE = Direction.BACKWARD, Direction.NONE
+_PARAM, _MODULE = RecordKind.PARAM, RecordKind.MODULE
+_PARAM_GRAD = RecordKind.PARAM_GRAD
 
 
 @dataclasses.dataclass(eq=False)
@@ -71,7 +71,7 @@ class StepEntries:
     def __post_init__(self) -> None:
         self._ranks = sorted({e.rank for e in self.entries})
         self._forward = {(e.rank, e.kind, e.order): e for e in self.entries
-                         if e.direction == Direction.FORWARD.value and e.order > 0}
+                         if e.direction == Direction.FORWARD and e.order > 0}
 
     def forward_of(self, entry: Entry) -> Optional[Entry]:
         """The forward call whose backward `entry` is (its saved tensors feed the backward)."""

@@ -33,7 +33,7 @@ from ...records.schema import NO_PRODUCER, READ_ROLES, Role, scalar_mask
 
 __all__ = ["rounding_floors", "apply_floors"]
 
-_GRAD_OUTPUT, _GRAD_INPUT = Role.GRAD_OUTPUT.value, Role.GRAD_INPUT.value
+_GRAD_OUTPUT, _GRAD_INPUT = Role.GRAD_OUTPUT, Role.GRAD_INPUT
 
 
 def _norms(t: RecordTable, idx: np.ndarray) -> np.ndarray:

@@ -11,8 +11,8 @@ from ...records.schema import Direction, RecordKind, Role, scalar_mask
 
 __all__ = ["calls_changing_no_number"]
 
-_API = RecordKind.API.value
-_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD.value, Role.INPUT.value, Role.OUTPUT.value
+_API = RecordKind.API
+_FORWARD, _INPUT, _OUTPUT = Direction.FORWARD, Role.INPUT, Role.OUTPUT
 
 _INTEGER_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16",
                              "uint32", "uint64"})

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...records.precision import MANTISSA_BITS, is_floating
 from ...storage.reader import RecordTable
-from ...records.schema import DTYPE_VALUE, is_scalar_dtype, scalar_mask
+from ...records.schema import DTYPE_VALUE, RecordKind, is_scalar_dtype, scalar_mask
 
 __all__ = ["TOLERANCE", "stat_errors", "tensor_metrics", "tolerance_of"]
 
@@ -128,7 +128,7 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
     err = np.max(np.stack([out["d_min"] / extremes, out["d_max"] / extremes, out["d_mean"],
                            out["d_norm"]]), axis=0)
     tol = np.array([tolerance_of(d) for d in precision.tolist()], dtype=np.float64)
-    tol = np.where(col(b, "kind", ib) == "param", np.minimum(tol, PARAM_TOLERANCE), tol)
+    tol = np.where(col(b, "kind", ib) == RecordKind.PARAM, np.minimum(tol, PARAM_TOLERANCE), tol)
     shape_ok = np.all(a["shape"][ia] == b["shape"][ib], axis=1) & (
         a["ndim"][ia] == b["ndim"][ib])
     counts_ok = (col(a, "nan_count", ia) == col(b, "nan_count", ib)) & (

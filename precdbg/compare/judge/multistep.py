@@ -56,7 +56,7 @@ NOISE_GAIN = 5.0
 TENSOR_GAIN = 1.0
 ROUNDING_SHARE_OF_NOISE = 10.0   # a gradient under 10x its rounding floor's error is noise
 _STATS = ("min", "max", "mean", "norm")
-_PARAM, _PARAM_GRAD = RecordKind.PARAM.value, RecordKind.PARAM_GRAD.value
+_PARAM, _PARAM_GRAD = RecordKind.PARAM, RecordKind.PARAM_GRAD
 _OPTIMIZER_KINDS = {"optimizer", "optimizer_groups", "loss_scale"}
 Key = Tuple[str, str]          # (module, op): a parameter, and its gradient record
 
@@ -147,7 +147,7 @@ class NoisePolicy:
         if last is None or last.step != step - 1 or n == 0:
             return
         kind = tb["kind"][ib]
-        is_param = (kind == _PARAM) & (ta["role"][ia] == Role.PARAM.value)
+        is_param = (kind == _PARAM) & (ta["role"][ia] == Role.PARAM)
         keys = list(zip(ta["module"][ia].tolist(), ta["op"][ia].tolist()))
         now_a = np.stack([ta[s][ia] for s in _STATS], axis=1).astype(np.float64)
         now_b = np.stack([tb[s][ib] for s in _STATS], axis=1).astype(np.float64)
@@ -230,7 +230,7 @@ class NoisePolicy:
         dw: Dict[Key, bool] = {}
         rounding: Dict[Key, bool] = {}
         for p in range(len(ia)):
-            if kind[p] == _PARAM and role[p] == Role.PARAM.value:
+            if kind[p] == _PARAM and role[p] == Role.PARAM:
                 stats[keys[p]] = (np.array([ta[s][ia[p]] for s in _STATS], dtype=np.float64),
                                   np.array([tb[s][ib[p]] for s in _STATS], dtype=np.float64))
             elif kind[p] == _PARAM_GRAD:

@@ -58,9 +58,9 @@ CONSTANT_OPS = frozenset({"zeros", "ones", "empty", "full", "tensor", "as_tensor
                           "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
                           "new_empty", "new_full", "new_tensor"})
 _NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
-_API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
+_API, _MODULE = RecordKind.API, RecordKind.MODULE
 _CAST = "cast"                 # the canonical op of every dtype conversion (records/tables/ops.yaml)
-_FORWARD, _OUTPUT = Direction.FORWARD.value, Role.OUTPUT.value
+_FORWARD, _OUTPUT = Direction.FORWARD, Role.OUTPUT
 
 
 @dataclasses.dataclass

@@ -18,8 +18,8 @@ from ...records.schema import Direction, RecordKind
 
 __all__ = ["place_first"]
 
-_API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
-_BACKWARD, _FORWARD = Direction.BACKWARD.value, Direction.FORWARD.value
+_API, _MODULE = RecordKind.API, RecordKind.MODULE
+_BACKWARD, _FORWARD = Direction.BACKWARD, Direction.FORWARD
 
 AFTER_BACKWARD = "after the backward, outside the model (gradient clipping, scaling or " \
     "reduction of gradients)"

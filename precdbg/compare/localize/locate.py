@@ -35,7 +35,7 @@ from .verdicts import Cause, Link, chain, inventory_verdict, root_verdict, struc
 
 __all__ = ["locate", "contains"]
 
-_MODULE, _PARAM_GRAD = RecordKind.MODULE.value, RecordKind.PARAM_GRAD.value
+_MODULE, _PARAM_GRAD = RecordKind.MODULE, RecordKind.PARAM_GRAD
 
 
 def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], Link]:
@@ -95,7 +95,7 @@ def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], Link]:
                                    "which agrees; something not captured changed it in between",
                                    Cause.CHANGED_AFTER, p, ev)
         ev = ranked[0]
-        if ev.role == Role.GRAD_OUTPUT.value:
+        if ev.role == Role.GRAD_OUTPUT:
             return None, Link(e, f"the gradient arriving at {e.name}{_where(e)} differs and no "
                                "captured call produced it", Cause.ARRIVING_GRAD, None, ev)
         return None, Link(e, f"{e.name}{_where(e)} reads input data that differs (nothing "

@@ -16,11 +16,11 @@ from ..judge.structure import StructuralDiff
 
 __all__ = ["Cause", "Link", "root_verdict", "chain", "inventory_verdict", "structural_verdict"]
 
-_BACKWARD = Direction.BACKWARD.value
-_API = RecordKind.API.value
-_MODULE, _PARAM_GRAD = RecordKind.MODULE.value, RecordKind.PARAM_GRAD.value
-_OUTPUT_WORDS = {Role.OUTPUT.value: "output", Role.GRAD_INPUT.value: "gradient for input (dx)",
-                 Role.PARAM_GRAD.value: "weight gradient (dw)"}
+_BACKWARD = Direction.BACKWARD
+_API = RecordKind.API
+_MODULE, _PARAM_GRAD = RecordKind.MODULE, RecordKind.PARAM_GRAD
+_OUTPUT_WORDS = {Role.OUTPUT: "output", Role.GRAD_INPUT: "gradient for input (dx)",
+                 Role.PARAM_GRAD: "weight gradient (dw)"}
 _CHAIN_LIMIT = 12
 
 
@@ -191,7 +191,7 @@ def root_verdict(link: Link, step: StepEntries) -> Tuple[Dict[str, Any], Optiona
     p = link.producer
     if link.cause is Cause.CHANGED_AFTER and p.entry.kind == _PARAM_GRAD:
         # the gradient as the parameter's hook saw it agrees; `.grad` as read later does not
-        first = _verdict(e, "", role=Role.PARAM_GRAD.value)
+        first = _verdict(e, "", role=Role.PARAM_GRAD)
         first.update(kind=_PARAM_GRAD, name_a=p.entry.name_a, name_b=p.entry.name_b,
                      module=p.entry.module, op=p.entry.op, direction="backward")
         first["reason"] = (f"the weight gradient {p.entry.name} agrees as its hook recorded "
@@ -319,7 +319,7 @@ def structural_verdict(diff: StructuralDiff, step: StepEntries) -> Tuple[Dict[st
                                                                           List[Entry]]:
     """A module whose class or calls differ, named where it ran."""
     entry = next((e for e in step.entries if e.rank == diff.rank and e.kind == _MODULE
-                  and e.direction == Direction.FORWARD.value and e.name_a == diff.name_a), None)
+                  and e.direction == Direction.FORWARD and e.name_a == diff.name_a), None)
     first = {"step": diff.step, "rank": diff.rank, "direction": "forward", "kind": _MODULE,
              "name_a": diff.name_a, "name_b": diff.name_b, "module": diff.module, "op": diff.op,
              "role": "", "metrics": {}, "reason": diff.reason(),
@@ -333,7 +333,7 @@ def structural_verdict(diff: StructuralDiff, step: StepEntries) -> Tuple[Dict[st
             first["role"] = entry.outputs_bad[0].role
             first["metrics"] = entry.outputs_bad[0].metrics
     first["chain"] = [{"name_a": diff.name_a, "name_b": diff.name_b, "step": diff.step,
-                       "rank": diff.rank, "kind": _MODULE, "direction": Direction.FORWARD.value,
+                       "rank": diff.rank, "kind": _MODULE, "direction": Direction.FORWARD,
                        "module": diff.module,
                        "text": f"{diff.name_a} and {diff.name_b} run different code (a "
                                "structural difference)"}]

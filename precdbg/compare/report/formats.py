@@ -5,6 +5,8 @@ import csv
 import json
 from typing import Any, Dict
 
+from ...records.schema import Role
+
 __all__ = ["summary_text", "write_csv", "write_json", "write_html"]
 
 _CSV_FIELDS = ["step", "rank", "direction", "kind", "name_a", "name_b", "module", "op", "role",
@@ -90,7 +92,7 @@ def summary_text(result: Dict[str, Any]) -> str:
         shown = {}
         # forward records first (where one run calls something the other does not); the
         # backward ones when there are no others (a cast that has a backward in one run only)
-        forward = [u for u in result["unmatched"] if u["role"] in ("input", "output", "param")]
+        forward = [u for u in result["unmatched"] if u["role"] in (Role.INPUT, Role.OUTPUT, Role.PARAM)]
         for u in forward or result["unmatched"]:
             if len(shown) < 6:
                 shown.setdefault((u["side"], u["name"]), u)

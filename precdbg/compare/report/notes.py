@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...storage.reader import Dump
-from ...records.schema import READ_ROLES, WRITE_ROLES, Role
+from ...records.schema import READ_ROLES, WRITE_ROLES, Direction, RecordKind, Role
 from ..judge.rows import Row
 
 __all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
            "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes",
            "weights_agree_after"]
 
-_FORWARD_ROLES = frozenset({Role.INPUT.value, Role.OUTPUT.value})
+_FORWARD_ROLES = frozenset({Role.INPUT, Role.OUTPUT})
 
 
 def unobserved_modules(dump: Dump) -> List[str]:
@@ -117,7 +117,7 @@ def note_loss_scale(first: Dict[str, Any], findings: List[Dict[str, Any]]) -> No
     """A verdict in the root module's backward where the loss scale differs: the calls one
     run makes there are most likely its loss scaling, which scales every gradient after it."""
     scale = next((f for f in findings if f["kind"] == "loss_scale"), None)
-    if scale is not None and first["module"] == "" and first["direction"] == "backward":
+    if scale is not None and first["module"] == "" and first["direction"] == Direction.BACKWARD:
         first["reason"] += (f"; {scale['message']}: a loss scaled in one run only scales every "
                             "gradient computed from it, so the backward differs from here on "
                             "by that factor (compare runs that scale alike, or both unscaled)")
@@ -131,7 +131,7 @@ def note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]],
     """Calls inside the culprit's module that only one run made are part of the evidence (not
     a call with a counterpart, one of whose records the other run lacks: a gradient that never
     arrived)."""
-    if first["kind"] not in ("module", "api"):
+    if first["kind"] not in (RecordKind.MODULE, RecordKind.API):
         return
     paired = {("a", row.step, row.rank, row.name_a) for row in rows} | \
         {("b", row.step, row.rank, row.name_b) for row in rows}
@@ -141,10 +141,11 @@ def note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]],
         m.startswith(first["module"] + ".")  # noqa: E731
     # a forward verdict: the calls made in one run only (their forward records); a backward
     # only in one run (a cast that is an identity in the other) is no other call
-    roles = READ_ROLES | WRITE_ROLES if first["direction"] == "backward" else _FORWARD_ROLES
+    roles = READ_ROLES | WRITE_ROLES if first["direction"] == Direction.BACKWARD \
+        else _FORWARD_ROLES
     extra = {}
     for u in unmatched:
-        if u["step"] == first["step"] and u["kind"] == "api" and inside(u["module"]) \
+        if u["step"] == first["step"] and u["kind"] == RecordKind.API and inside(u["module"]) \
                 and u["role"] in roles:
             extra.setdefault(u["side"], []).append(u["name"])
     zero = first["evidence"].get("all_zero_in")
@@ -178,7 +179,7 @@ def other_causes(steps: Sequence[Any], structural: Sequence[Any],
     non-tensor arguments that differ (a loss's reduction, a clipping norm, an eps) and modules
     whose calls or class differ, which the numbers cannot single out any more (a dump from
     the first training step shows which came first)."""
-    if first is None or first.get("kind") != "param":
+    if first is None or first.get("kind") != RecordKind.PARAM:
         return []
     found: List[str] = []
     for step in steps:
@@ -210,7 +211,7 @@ def weights_agree_after(steps: Sequence[Any], first: Optional[Dict[str, Any]]) -
     for step in steps:
         if step.step <= first["step"]:
             continue
-        params = [e for e in step.entries if e.kind == "param" and e.direction == "none"
+        params = [e for e in step.entries if e.kind == RecordKind.PARAM and e.direction == Direction.NONE
                   and e.rank == first["rank"]]
         if not params or any(e.diverged or e.trainable_differs for e in params):
             return []

@@ -1,17 +1,18 @@
 """One captured call (an API call, a module call, a parameter's gradient or inventory entry, a
-saved item): its forward identity, and its backward entry name made on first use."""
+saved item): its forward identity, which every record of the call reads (`schema.Record.call`),
+and its backward entry name, made on first use."""
 from __future__ import annotations
 
 from typing import Optional
 
-from ..records.naming import api_entry, module_entry
-from ..records.precision import UNKNOWN
-from ..records.schema import Phase, RecordKind
+from .naming import api_entry, module_entry
+from .precision import UNKNOWN
+from .schema import Phase, RecordKind
 
 __all__ = ["Call"]
 
-_API, _MODULE = RecordKind.API.value, RecordKind.MODULE.value
-_BACKWARD = Phase.BACKWARD.value
+_API, _MODULE = RecordKind.API, RecordKind.MODULE
+_BACKWARD = Phase.BACKWARD
 
 
 class Call:
@@ -21,8 +22,9 @@ class Call:
     __slots__ = ("kind", "prefix", "api", "op", "module", "call_index", "order", "phase",
                  "stack_id", "store", "forward_entry", "_backward_entry", "alias", "precision")
 
-    def __init__(self, kind: str, prefix: str, api: str, op: str, module: str, call_index: int,
-                 order: int, phase: str, stack_id: int, store: bool, forward_entry: str,
+    def __init__(self, kind: RecordKind, prefix: str, api: str, op: str, module: str,
+                 call_index: int, order: int, phase: Phase, stack_id: int, store: bool,
+                 forward_entry: str,
                  backward_entry: Optional[str] = None, alias: str = "") -> None:
         self.kind, self.prefix, self.api, self.op, self.module = kind, prefix, api, op, module
         self.call_index, self.order, self.phase = call_index, order, phase
