@@ -13,7 +13,11 @@ from .setup_checks import SetupChecks
 from ..records.schema import RecordKind, Role, is_scalar_dtype
 
 
-class _Checker(SetupChecks):
+class Checker:
+    """Every check of two runs at one step and rank: the findings, ranked later, the notes and
+    what could not be checked. The data checks (first batch, saved items, parameters,
+    optimizers) are its own methods; the set-up checks are its `SetupChecks` helper's."""
+
     def __init__(self, a: _Run, b: _Run) -> None:
         self.a, self.b = a, b
         self.cross = a.framework != b.framework
@@ -37,10 +41,11 @@ class _Checker(SetupChecks):
         self.unchecked.append(note)
 
     def run(self) -> None:
+        setup = SetupChecks(self)
         self.first_batch()
         self.saved_items()
         self.parameters()
-        self.compute_dtypes()
+        setup.compute_dtypes()
         if self.a.manifest is None or self.b.manifest is None:
             missing = [r.label for r in (self.a, self.b) if r.manifest is None]
             self.cannot_check(f"no run manifest in {' and '.join(missing)} (run.json missing or "
@@ -48,13 +53,13 @@ class _Checker(SetupChecks):
                               "environment, device and version checks skipped")
         else:
             self.optimizers()
-            self.seeds()
-            self.determinism()
-            self.platform()
-            self.environment()
-            self.versions()
-        self.semantic_notes()
-        self.layer_settings()
+            setup.seeds()
+            setup.determinism()
+            setup.platform()
+            setup.environment()
+            setup.versions()
+        setup.semantic_notes()
+        setup.layer_settings()
 
     # ------------------------------------------------------------------ data
     def _compare_rows(self, ra: Dict[str, Any], rb: Dict[str, Any]) -> Tuple[Optional[str], str]:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import DumpError
 from ..storage.reader import Dump, open_dump
-from .checker import _Checker
+from .checker import Checker
 from .values import _CONDITIONS, SEVERITIES, _KIND_ORDER, _Run, semantics  # noqa: F401
 
 __all__ = ["check_dumps", "format_check", "check_main", "semantics"]
@@ -63,7 +63,7 @@ def _other_ranks(a: Dump, b: Dump, step: int, rank: int) -> List[int]:
             if r != rank and a.files(step, r) and b.files(step, r)]
 
 
-def _merge_rank(checker: _Checker, other: _Checker, rank: int) -> None:
+def _merge_rank(checker: Checker, other: Checker, rank: int) -> None:
     """The findings and layer-setting differences of another rank's check that the first
     rank's did not find, named by that rank."""
     other.run()
@@ -107,12 +107,12 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
     try:
         sa, sb, ra, rb, notes = _choose(da, db, step, rank, labels)
         run_a, run_b = _Run(da, labels[0], sa, ra), _Run(db, labels[1], sb, rb)
-        checker = _Checker(run_a, run_b)
+        checker = Checker(run_a, run_b)
         checker.run()
         ranks = [ra] + (_other_ranks(da, db, sa, ra) if rank is None and (sa, ra) == (sb, rb)
                         else [])
         for other in ranks[1:]:        # what differs on another rank only (its batch, a layer)
-            _merge_rank(checker, _Checker(_Run(da, labels[0], sa, other),
+            _merge_rank(checker, Checker(_Run(da, labels[0], sa, other),
                                           _Run(db, labels[1], sb, other)), other)
         checker.findings.extend(incomplete_findings(
             ((labels[0], da, {(sa, r) for r in ranks} | {(sa, ra)}),

@@ -1,8 +1,9 @@
-"""The run set-up checks (seeds, determinism, platform, environment, versions) and the notes
-of known framework semantics: a mixin of the checker."""
+"""The run set-up checks (seeds, determinism, platform, environment, versions, compute dtypes,
+layer settings) and the notes of known framework semantics: a helper object of the checker,
+adding its findings and notes to the checker's."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..records.layers import SettingDifference, format_value, same_setting
 from ..records.schema import Level
@@ -12,8 +13,25 @@ from .values import (_CONDITIONS, _DEVICE_KIND, _ENV_LOW, _ENV_MINDSPORE_ONLY,
                      semantics)
 
 
+if TYPE_CHECKING:
+    from .checker import Checker
+
+
 class SetupChecks:
-    """Needs `self.a`, `self.b` (runs), `self.cross`, `self.add(...)`, `self.notes`."""
+    """The set-up checks of one checker's two runs (`a`, `b`), made by the checker."""
+
+    def __init__(self, checker: "Checker") -> None:
+        self.checker = checker
+        self.a, self.b, self.cross = checker.a, checker.b, checker.cross
+        self.add = checker.add
+        self.notes = checker.notes
+        self.setting_diffs = checker.setting_diffs
+        self.settings_explained = checker.settings_explained
+
+    @property
+    def values_differ(self) -> bool:
+        """Whether the parameters' values differ at the checked step (the checker's finding)."""
+        return self.checker.values_differ
 
     # ------------------------------------------------------------------ seeds and determinism
     def seeds(self) -> None:
