@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The demo on a fresh machine: create .venv if missing, install precdbg (".[torch,mindspore,dev]"), then
-# train the bundled GPT for 3 steps with precdbg, dump step 1 and inspect the dump.
+# The demo on a fresh machine: create .venv if missing, install precdbg (".[torch,mindspore,dev]"),
+# then dump steps 0 and 1 of the bundled GPT and inspect the dump; with MindSpore installed, also
+# dump its MindSpore twin and compare the two (python -m precdbg_examples.demo).
 #
 #   bash scripts/demo.sh [--out DIR]       # default DIR: ./precdbg_demo
 set -euo pipefail

@@ -5,7 +5,7 @@ pair), `judge` (whether a pair differs, and how much that means), `localize` (th
 divergence and its producer chain) and `report` (text, JSON, CSV, HTML). `pipeline` runs them
 for every step and rank both dumps hold, after `precdbg check` has listed the set-up
 differences: `compare_dumps(baseline, candidate)` returns the JSON-ready result of the compare
-contract (docs/compare.md).
+contract (docs/dump-format.md).
 
 Imports: precdbg.errors, precdbg.records, precdbg.config, precdbg.storage, precdbg.check, precdbg.compare.align, precdbg.compare.judge, precdbg.compare.localize, precdbg.compare.report
 """

@@ -1,15 +1,16 @@
-"""Compare two dumps: align their records, measure each pair, name the first divergence.
+"""The compare pipeline: align two dumps' records, judge each pair, name the first divergence.
 
 `compare_dumps(baseline, candidate)` returns the JSON-ready result of the compare contract:
-`{"verdict", "first_divergence", "consequences", "unmatched", "notes", "rows", "setup"}`, where
-"setup" lists the set-up differences `precdbg check` finds (run first, see precdbg/check.py).
-`first_divergence["chain"]` is the producer chain the verdict was found through (see
-localize.py): from the first differing entry seen in execution order to the culprit, each link
-with `name_a`, `name_b`, `step`, `rank`, `text`. Each row (`rows.Row`) names the entries that
-produced the tensor it reads (`producer_a`, `producer_b`; "" when nothing captured did).
-At steps k >= 1 a `multistep.NoisePolicy` judges parameters by how much the runs' last updates
-differ (`update_share`, `dw_agreed` on their rows) and the step's other records above a floor
-from the parameters' difference, when `check` finds the optimizers configured alike.
+`{"verdict", "first_divergence", "consequences", "unmatched", "notes", "rows", "setup"}`,
+where "setup" lists the set-up differences `precdbg check` finds (run first, precdbg/check/).
+`first_divergence["chain"]` is the producer chain the verdict was found through
+(localize/locate.py): from the first differing entry seen in execution order to the culprit,
+each link with `name_a`, `name_b`, `step`, `rank`, `text`. Each row (`judge.rows.Row`) names
+the entries that produced the tensor it reads (`producer_a`, `producer_b`; "" when nothing
+captured did). At steps k >= 1 a `judge.multistep.NoisePolicy` judges parameters by how much
+the runs' last updates differ (`update_share`, `dw_agreed` on their rows) and the step's other
+records above a floor from the parameters' difference, when `check` finds the optimizers
+configured alike.
 """
 from __future__ import annotations
 
