@@ -6,13 +6,14 @@ and only translates: its hooks tell the capture window a call begins (`begin_api
 cannot (`TensorOps`, an object the adapter owns). Everything else lives here once:
 
 - `debugger` (`BaseDebugger`, the user's object) around a `session` (the debugger's lifetime:
-  config, filters, writer, run.json, the step counter), which makes a fresh `step` state at
-  every step and a fresh capture `window` at every `start()`;
-- `window`: the calls of one capture window, named and selected (with `filters`,
-  `step_selection`), and the records made of their tensors; `batch` (distinct tensors, their
-  statistics handles, when a batch crosses to the host), `provenance` (which record produced
-  the tensor a record reads), `recompute` (activation recompute's replayed calls),
-  `call_stacks`, `arguments` (which arguments are recorded);
+  config, filters, writer, run.json, the step counter, `step_selection`: which steps and ranks
+  dump), which makes a fresh `step_state` at every step and a fresh capture `window` at every
+  `start()` that captures;
+- `window`: what the adapter's hooks record into; its `calls` helper names and selects the
+  calls (with `filters`), and it makes the records of their tensors: `batch`
+  (distinct tensors, their statistics handles, when a batch crosses to the host), `provenance`
+  (which record produced the tensor a record reads), `recompute` (activation recompute's
+  replayed calls), `call_stacks`, `arguments` (which arguments are recorded);
 - `instrumentor` (with `model_walk` and `contract`): the one shape of an adapter;
 - `run_file` and `manifest`: run.json; `notices`: everything said once; `failures`: failures
   inside precdbg, counted; `gc_pause`: Python's collector during a dumped step;
