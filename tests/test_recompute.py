@@ -73,13 +73,13 @@ def test_the_replayed_module_is_named_from_the_checkpoint(tmp_path: Any, how: st
     the session is told its path when the replay starts, not left to guess it from the first
     replayed submodule (a plain function may have none)."""
     import torch
-    from precdbg.capture.window import CaptureWindow
+    from precdbg.capture.calls import WindowCalls
     from precdbg_pt import PrecisionDebugger
     from recompute_guide import Net
 
     owners = []
-    original = CaptureWindow.replay_begins
-    monkeypatch.setattr(CaptureWindow, "replay_begins",
+    original = WindowCalls.replay_begins
+    monkeypatch.setattr(WindowCalls, "replay_begins",
                         lambda self, owner="": (owners.append(owner), original(self, owner))[1])
     torch.manual_seed(0)
     model = Net(how)

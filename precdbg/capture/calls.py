@@ -27,9 +27,11 @@ ModuleRow = Tuple[str, str, str, str]            # path, class, parent path, set
 
 
 class WindowCalls:
-    """Module stack, call naming and counting, call selection for one capture window."""
+    """Module stack, call naming and counting, call selection for one capture window. Its
+    methods are the window's own (`CaptureWindow` binds them as its attributes at
+    construction: an adapter's hook calls them with no call in between)."""
     __slots__ = ("step", "filter", "stacks", "framework", "keep_stacks", "store_all", "modules",
-                 "module_cls", "model", "module_stack", "calls_seen")
+                 "module_cls", "model", "module_stack", "calls_seen", "phase")
 
     def __init__(self, step: StepState, capture_filter: CaptureFilter, stacks: StackTable,
                  framework: str, keep_stacks: bool, store_all: bool) -> None:
@@ -44,6 +46,7 @@ class WindowCalls:
         self.model: ModelSelection = NO_MODEL
         self.module_stack: List[Tuple[str, bool]] = []    # (path, keeps its subtree)
         self.calls_seen = 0                   # calls seen, kept or not
+        self.phase = Phase.FORWARD            # the phase new calls are recorded in
 
     # ------------------------------------------------------------------ modules
     def set_module_tree(self, modules: Sequence[Tuple[str, str, str, Dict[str, Any]]]) -> None:
@@ -73,13 +76,23 @@ class WindowCalls:
 
     # ------------------------------------------------------------------ calls
     def _count(self, key: Tuple[str, str]) -> int:
+        """The index of the next call of `key` (prefix, name) in the step."""
         self.calls_seen += 1
-        return self.step.count(key)
+        counts = self.step.counts
+        n = counts.get(key, 0)
+        counts[key] = n + 1
+        return n
 
-    def begin_api(self, phase: Phase, prefix: str, api: str, watched: bool, replay: bool,
-                  replayable: bool) -> Optional[Call]:
-        """An API call starts (see `CaptureWindow.begin_api`)."""
-        module = self.owning_module
+    def begin_api(self, prefix: str, api: str, watched: bool = True,
+                  replay: bool = False, replayable: bool = True) -> Optional[Call]:
+        """An API call starts; returns the Call to record into, or None when not captured.
+        `watched`: its backward is watched now (gradients were enabled). `replay`: the call
+        re-runs an earlier forward call (activation recompute): see `precdbg.capture.recompute`.
+        `replayable`: a call not watched may be re-run by a later replay (it runs in an
+        activation checkpoint's forward; False for other calls without gradients, such as an
+        evaluation forward, which a replay must not stand for; True where not known)."""
+        stack = self.module_stack
+        module = stack[-1][0] if stack else ""
         replays = self.step.replays
         if replay:       # outside every module of the replay: the module it replays
             if not watched:      # no backward to give (a checkpoint's forward in a replay):
@@ -88,19 +101,21 @@ class WindowCalls:
         index = self._count((prefix, api))
         forward = api_entry(prefix, api, index, _FORWARD)
         call = None
-        if self.filter.keep_entry(forward, api, module, phase, self.inside_kept_module, False,
-                                  self.step.position):
+        if self.filter.keep_entry(forward, api, module, self.phase,
+                                  bool(stack) and stack[-1][1], False, self.step.position):
             step = self.step
             step.order += 1
-            call = Call(_API, prefix, api, canonical_op(api), module, index, step.order, phase,
-                        self._stack_id(), self._stores(forward, api), forward)
+            call = Call(_API, prefix, api, canonical_op(api), module, index, step.order,
+                        self.phase, self._stack_id(), self._stores(forward, api), forward)
         if not watched and replayable:
             replays.not_watched((_API_SITE, module, prefix, api), call)
         return call
 
-    def begin_module(self, phase: Phase, prefix: str, path: str, cls: str, watched: bool,
-                     replay: bool, replayable: bool) -> Tuple[Optional[Call], bool]:
-        """A module call starts (see `CaptureWindow.begin_module`)."""
+    def begin_module(self, prefix: str, path: str, cls: str, watched: bool = True,
+                     replay: bool = False, replayable: bool = True
+                     ) -> Tuple[Optional[Call], bool]:
+        """A module call starts: (Call or None, whether the module selects its whole subtree).
+        `watched`, `replay` and `replayable` as for `begin_api`."""
         position = self.step.position
         replays = self.step.replays
         if replay:
@@ -111,23 +126,24 @@ class WindowCalls:
         index = self._count((prefix, path))
         forward = module_entry(prefix, path, cls, _FORWARD, index)
         subtree = self.filter.module_selects_subtree(forward, cls, path, position)
-        keep = self.filter.keep_entry(forward, cls, path, phase,
+        keep = self.filter.keep_entry(forward, cls, path, self.phase,
                                       self.inside_kept_module or subtree, True, position)
         call = None
         if keep:
             step = self.step
             step.order += 1
-            call = Call(_MODULE, prefix, cls, canonical_op(cls), path, index, step.order, phase,
-                        self._stack_id(), self._stores(forward, cls), forward)
+            call = Call(_MODULE, prefix, cls, canonical_op(cls), path, index, step.order,
+                        self.phase, self._stack_id(), self._stores(forward, cls), forward)
         if not watched and replayable:
             replays.not_watched((_MODULE_SITE, prefix, path, cls), call)
         return call, subtree
 
-    def param_call(self, phase: Phase, path: str, kind: RecordKind, owner_cls: str,
-                   role: Role) -> Optional[Call]:
-        """A parameter's gradient (each backward pass counts) or inventory entry. Its op is the
-        parameter's PyTorch-style leaf name (`weight`, `bias`, ...) in every framework, and
-        its alias is its full name in the other framework's convention."""
+    def param_call(self, path: str, kind: RecordKind = _PARAM_GRAD, owner_cls: str = "",
+                   role: Role = Role.PARAM) -> Optional[Call]:
+        """A parameter's gradient (`kind` param_grad: each backward pass counts) or inventory
+        entry (`kind` param, `role` param or buffer). Its op is the parameter's PyTorch-style
+        leaf name (`weight`, `bias`, ...) in every framework, and its alias is its full name in
+        the other framework's convention."""
         if not self.filter.keep_param(path, self.model):
             return None
         grad = kind == _PARAM_GRAD
@@ -136,21 +152,26 @@ class WindowCalls:
         framework = self.framework
         entry = param_entry(path, Role.PARAM_GRAD if grad else role, index)
         call = Call(kind, "Param", path, torch_param_leaf(framework, leaf), owner, index, 0,
-                    phase, -1, self.store_all, entry, entry)
+                    self.phase, -1, self.store_all, entry, entry)
         call.alias = param_alias(framework, path, owner_cls or self.module_cls.get(owner, ""))
         return call
 
-    def save_call(self, phase: Phase, name: str) -> Call:
+    def save_call(self, name: str) -> Call:
         """`debugger.save(name, obj)`: an item saved by name, counted per name in the step."""
         index = self._count(("Save", name))
         step = self.step
         step.order += 1
         entry = save_entry(name, index)
-        return Call(_SAVED, "Save", name, name, self.owning_module, index, step.order, phase,
-                    self._stack_id(), self.store_all, entry, entry)
+        return Call(_SAVED, "Save", name, name, self.owning_module, index, step.order,
+                    self.phase, self._stack_id(), self.store_all, entry, entry)
+
+    def replay_begins(self, owner: Optional[str] = None) -> None:
+        """A recompute starts replaying; `owner`: the module it replays (None when not known,
+        "" for the root)."""
+        self.step.replays.begins(owner)
 
     def _stores(self, entry: str, api: str) -> bool:
         return self.store_all or self.filter.stores_tensor(entry, api)
 
     def _stack_id(self) -> int:
-        return self.stacks.current(4) if self.keep_stacks else -1
+        return self.stacks.current(3) if self.keep_stacks else -1

@@ -32,9 +32,3 @@ class StepState:
         self.precisions = PrecisionTracker()            # precision carried, per step
         self.provenance = Provenance(tensors)
         self.position: RangePosition = capture_filter.range_position()
-
-    def count(self, key: Tuple[str, str]) -> int:
-        """The index of the next call of `key` (prefix, name) in this step."""
-        n = self.counts.get(key, 0)
-        self.counts[key] = n + 1
-        return n

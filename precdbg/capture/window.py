@@ -31,7 +31,6 @@ __all__ = ["CaptureWindow"]
 _API, _MODULE = RecordKind.API, RecordKind.MODULE
 _INPUT, _OUTPUT = Role.INPUT, Role.OUTPUT
 _FORWARD = Direction.FORWARD
-_PARAM_GRAD, _PARAM = RecordKind.PARAM_GRAD, Role.PARAM
 
 
 class CaptureWindow:
@@ -46,11 +45,18 @@ class CaptureWindow:
         self.tensors: TensorOps = session.tensors
         self.current_step = step.number
         self.model = model                   # what start() was given (None: no model)
-        self.phase = Phase.FORWARD           # the phase new calls are recorded in
         self.step = step
         self.stacks = stacks
-        self.calls = WindowCalls(step, self.filter, stacks, session.adapter.framework,
-                                 config.stack, config.task is Task.TENSOR)
+        calls = self.calls = WindowCalls(step, self.filter, stacks, session.adapter.framework,
+                                         config.stack, config.task is Task.TENSOR)
+        # the calls' own methods, as the window's (no call in between on the hot path)
+        self.begin_api = calls.begin_api
+        self.begin_module = calls.begin_module
+        self.param_call = calls.param_call
+        self.replay_begins = calls.replay_begins
+        self.enter_module = calls.enter_module
+        self.exit_module = calls.exit_module
+        self.set_module_tree = calls.set_module_tree
         self.batch = TensorBatch(self.tensors, config.checksums)
         self.first_seq = step.seq            # records made before this window
         self.failures = 0                    # failures inside precdbg in this window
@@ -60,52 +66,25 @@ class CaptureWindow:
         self._run = session.run
 
     # ------------------------------------------------------------------ calls
+    # begin_api, begin_module, param_call, replay_begins, enter_module, exit_module and
+    # set_module_tree are the `WindowCalls` helper's methods, bound in __init__.
     @property
     def owning_module(self) -> str:
         """The innermost module whose forward runs ("" for none)."""
         return self.calls.owning_module
 
-    def set_module_tree(self, modules: Sequence[Tuple[str, str, str, Dict[str, Any]]]) -> None:
-        self.calls.set_module_tree(modules)
+    @property
+    def phase(self) -> Phase:
+        """The phase new calls are recorded in (the adapter sets `optimizer` and back)."""
+        return self.calls.phase
+
+    @phase.setter
+    def phase(self, phase: Phase) -> None:
+        self.calls.phase = phase
 
     @property
     def modules(self) -> List[ModuleRow]:
         return self.calls.modules
-
-    def enter_module(self, path: str, keep_subtree: bool) -> None:
-        self.calls.enter_module(path, keep_subtree)
-
-    def exit_module(self) -> None:
-        self.calls.exit_module()
-
-    def begin_api(self, prefix: str, api: str, watched: bool = True,
-                  replay: bool = False, replayable: bool = True) -> Optional[Call]:
-        """An API call starts; returns the Call to record into, or None when not captured.
-        `watched`: its backward is watched now (gradients were enabled). `replay`: the call
-        re-runs an earlier forward call (activation recompute): see `precdbg.capture.recompute`.
-        `replayable`: a call not watched may be re-run by a later replay (it runs in an
-        activation checkpoint's forward; False for other calls without gradients, such as an
-        evaluation forward, which a replay must not stand for; True where not known)."""
-        return self.calls.begin_api(self.phase, prefix, api, watched, replay, replayable)
-
-    def begin_module(self, prefix: str, path: str, cls: str, watched: bool = True,
-                     replay: bool = False, replayable: bool = True
-                     ) -> Tuple[Optional[Call], bool]:
-        """A module call starts: (Call or None, whether the module selects its whole subtree).
-        `watched`, `replay` and `replayable` as for `begin_api`."""
-        return self.calls.begin_module(self.phase, prefix, path, cls, watched, replay,
-                                       replayable)
-
-    def replay_begins(self, owner: Optional[str] = None) -> None:
-        """A recompute starts replaying; `owner`: the module it replays (None when not known,
-        "" for the root)."""
-        self.step.replays.begins(owner)
-
-    def param_call(self, path: str, kind: RecordKind = _PARAM_GRAD, owner_cls: str = "",
-                   role: Role = _PARAM) -> Optional[Call]:
-        """A parameter's gradient (`kind` param_grad, each backward pass counts) or inventory
-        entry (`kind` param, `role` param or buffer)."""
-        return self.calls.param_call(self.phase, path, kind, owner_cls, role)
 
     # ------------------------------------------------------------------ records
     def capture(self, call: Call, direction: Direction, role: Role, arg_index: int,
@@ -170,7 +149,7 @@ class CaptureWindow:
         if not isinstance(name, str) or not name or any(c in name for c in "/\\"):
             raise ConfigError(f"save(): name must be a non-empty string without slashes, got "
                               f"{name!r}")
-        call = self.calls.save_call(self.phase, name)
+        call = self.calls.save_call(name)
         found = tensor_results(obj, self._session.adapter.is_tensor)
         for ordinal, key, tensor in found:
             self.capture(call, _FORWARD, _OUTPUT, ordinal, key, tensor)
