@@ -19,7 +19,7 @@ __all__ = [
     "SCHEMA_VERSION", "Task", "Level", "RecordKind", "Direction", "Role", "Phase", "DataMode",
     "SummaryMode", "Record", "RECORD_COLUMNS", "MAX_NDIM", "READ_SCHEMA_VERSIONS", "READ_ROLES",
     "COMPUTED_ROLES", "WRITE_ROLES", "INVENTORY_ROLES", "NO_PRODUCER", "ADDED_COLUMNS",
-    "is_scalar_dtype", "scalar_mask", "scalar_dtype", "DtypeName", "DTYPE_VALUE",
+    "is_scalar_dtype", "scalar_mask", "scalar_dtype", "DtypeName", "DTYPE_VALUE", "ENUM_COLUMNS",
 ]
 
 SCHEMA_VERSION = 3          # 2: `producer`, `storage` (dataflow provenance); 3: `precision`
@@ -236,5 +236,7 @@ RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (
     ("tensor_id", np.dtype(np.int64)), ("producer", np.dtype(np.int64)),
     ("storage", np.dtype(np.int64)), ("precision", None),
 )
+# the string columns whose values are enum members while captured (plain text once read)
+ENUM_COLUMNS = frozenset({"kind", "direction", "role", "phase"})
 # columns a file of an older schema version lacks, and the value they read as
 ADDED_COLUMNS = {"producer": NO_PRODUCER, "storage": -1, "precision": ""}
