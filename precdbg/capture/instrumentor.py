@@ -47,16 +47,38 @@ class ClassPatch:
     (the very same object); an inherited one is deleted again so the base class's shows through,
     as before. Creating the patch applies it; if the owner refuses the new attribute nothing is
     changed and the error propagates (AttributeError, TypeError).
+
+    Several debuggers of one process may patch the same attribute, each wrapping what the one
+    before installed, and stop in any order. A patch removed while a later one still wraps it
+    stays in place, a pass-through of a stopped adapter, until every later one is gone; then
+    the attribute is unwound to what it was before the first (`_LIVE`, the patches of each
+    attribute in the order applied: the process's one record of what its classes hold).
     """
-    __slots__ = ("owner", "attr", "original", "own")
+    __slots__ = ("owner", "attr", "original", "own", "stale")
 
     def __init__(self, owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
         self.owner, self.attr = owner, attr
         self.own = attr in vars(owner)
         self.original = vars(owner)[attr] if self.own else getattr(owner, attr)
         setattr(owner, attr, make(self.original))
+        self.stale = False           # removed while a later patch wraps it
+        _LIVE.setdefault((id(owner), attr), []).append(self)
 
     def remove(self) -> None:
+        key = (id(self.owner), self.attr)
+        live = _LIVE.get(key)
+        if not live or not any(patch is self for patch in live):
+            return                   # removed already
+        if live[-1] is not self:
+            self.stale = True        # a later patch wraps this one: unwound when it goes
+            return
+        live.pop()._restore()
+        while live and live[-1].stale:
+            live.pop()._restore()
+        if not live:
+            del _LIVE[key]
+
+    def _restore(self) -> None:
         if self.own:
             setattr(self.owner, self.attr, self.original)
         elif self.attr in vars(self.owner):
@@ -64,6 +86,10 @@ class ClassPatch:
 
     def __repr__(self) -> str:
         return f"ClassPatch({getattr(self.owner, '__name__', self.owner)}.{self.attr})"
+
+
+# (id(owner), attribute) -> the live patches of that attribute, in the order they were applied
+_LIVE: Dict[Tuple[int, str], List[ClassPatch]] = {}
 
 
 class BaseInstrumentor:
