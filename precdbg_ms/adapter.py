@@ -5,17 +5,16 @@ to the core session. Naming, filtering and layout are the core's.
 Backward: a captured API call hands each floating-point input to the op through a fresh view
 (`x.view(x.shape)`), whose gradient hook receives exactly the gradient this call sends to that
 input (dx); a hook on each output receives the gradient arriving at it (dy). A cell's inputs and
-outputs pass through HookBackward (precdbg_ms.cells). dw comes from `Parameter.register_hook`: the
+outputs pass through HookBackward (precdbg_ms.cell_hooks). dw comes from `Parameter.register_hook`: the
 gradient of this backward pass, before the optimizer.
 
 Nothing here reads a tensor's memory while capturing (PyNative would wait for the op, see
 precdbg_ms/tensors.py): tensors are known by their objects, and MindSpore's other objects over
-the same memory are linked to them: a cell's hook copies (`_alias`) and the gradients a grad
-function returns (`link_returned_grads`).
+the same memory are linked to them: a cell's hook copies (`CellHooks._alias`) and the gradients
+a grad function returns (`link_returned_grads`).
 """
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import threading
@@ -28,19 +27,20 @@ from mindspore.graph.api import _pynative_executor
 import precdbg
 from precdbg.errors import FrameworkError
 from precdbg.capture import BaseInstrumentor, NamedTensor, Recorder, jsonable, named_through
-from precdbg.records import Direction, Role, framework_table, in_place, inventory_role
+from precdbg.records import Direction, Role, in_place, inventory_role
 
-from . import tensors, wrappers
-from .aliasing import CopyOrigins
-from .backward import replace_arguments, top_level
-from .cells import CellHooks
-from .calls import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
-                    tensor_outputs)
+from . import wrapper_cells
+from .api_registry import PatchRegistry
+from .call_arguments import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
+                             tensor_outputs)
+from .cell_copies import CopyOrigins
+from .cell_hooks import CellHooks
+from .hook_backward import replace_arguments, top_level
 from .optimizer import patch_loss_scalers, patch_optimizer
-from .patches import PatchRegistry
 from .recompute import Replay, model_cells, patch_recompute
 from .returned_grads import GradientLinks, patch_grad_executor
-from .writes import patch_writes
+from .tensors import MindSporeTensors
+from .untracked_writes import patch_writes
 
 _BACKWARD = Direction.BACKWARD
 _FORWARD = Direction.FORWARD
@@ -52,42 +52,41 @@ _PARAM_GRAD = Role.PARAM_GRAD
 
 __all__ = ["MindSporeAdapter"]
 
-log = logging.getLogger("precdbg")
 _thread = threading.get_ident
 
 _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (ms, precdbg)) + (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 
 
-class MindSporeAdapter(CellHooks, BaseInstrumentor):
-    """Owner of every patch and hook precdbg puts into MindSpore."""
+class MindSporeAdapter(BaseInstrumentor):
+    """Owner of every patch and hook precdbg puts into MindSpore, and of the objects that keep
+    what one debugger's capture needs: its tensor questions (`tensors`), the hooks of the
+    model's cells (`cells`), a cell's hook copies (`copies`), the gradients a grad function
+    returns and a recompute's replay."""
     framework = "mindspore"
     module_type = nn.Cell
     module_type_name = "mindspore.nn.Cell"
     empty_capture_hint = ("code compiled with @jit (or run in GRAPH_MODE) does not run hooks: "
                           "dump the step in PyNative mode without @jit")
-    tensors = tensors
     internal_dirs = _INTERNAL_DIRS
     is_tensor = staticmethod(is_tensor)
 
     def __init__(self) -> None:
         super().__init__()
+        # the tensor questions the core asks (precdbg.capture.TensorOps), with their state
+        self.tensors = MindSporeTensors()
+        self._note_write = self.tensors.note_write      # bound once: called per in-place call
+        self._settle = self.tensors.settle
         self._registry = PatchRegistry()
-        self._cell_calls: Dict[int, List[Any]] = {}
-        # the functional calls that read a parameter since its last gradient (see _param_grad)
-        self._param_users: Dict[int, List[Tuple[Any, int, str]]] = {}
-        self._jitted: List[str] = []       # cells whose construct is compiled (ms.jit)
-        self._told_jitted = False
         self.capturing_thread = 0
-        self._leaf_cells: Dict[str, str] = {}
-        self._copies = CopyOrigins()     # a cell's hook copies and what they copy
-        self._origin = self._copies.origin
+        self.copies = CopyOrigins()      # a cell's hook copies and what they copy
         self._grad_links = GradientLinks()
-        self._replay = Replay(self._origin)   # inside a recompute's replay of a forward
+        self.replay = Replay(self.copies.origin)   # inside a recompute's replay of a forward
         self._enable_grad = _pynative_executor.enable_grad
         # inside a gradient computation (value_and_grad): a flag, no wait for the pipeline
-        self._requires_grad = _pynative_executor.requires_grad
+        self.requires_grad = _pynative_executor.requires_grad
         self._view = ms.Tensor.view       # the original, unpatched
+        self.cells = CellHooks(self)      # the hooks of the model's cells
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -129,13 +128,13 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         super().check_model(model)
 
     def _prepare(self, session: Recorder) -> None:
-        self._leaf_cells = dict(framework_table("mindspore").get("leaf_cells", {}))
+        self.cells.prepare(session)
         # host statistics wait for the batch only where every in-place write goes through a
         # wrapped API first (it settles them): not at level module, where nothing wraps APIs
-        tensors.begin_window(defer_host_statistics=session.config.keeps_apis)
+        self.tensors.begin_window(defer_host_statistics=session.config.keeps_apis)
 
     def named_submodules(self, module: nn.Cell) -> Iterable[Tuple[str, Any]]:
-        return named_through(model_cells(module.cells_and_names()), wrappers.held_as)
+        return named_through(model_cells(module.cells_and_names()), wrapper_cells.held_as)
 
     def own_parameters(self, module: nn.Cell) -> Iterable[Tuple[str, Any]]:
         return module.parameters_and_names(expand=False)
@@ -143,6 +142,9 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
     def inventory_role(self, leaf: str, value: Any, is_param: bool) -> Tuple[str, bool]:
         trainable = bool(value.requires_grad)
         return inventory_role(self.framework, leaf, trainable), trainable
+
+    def hook_module(self, path: str, cell: nn.Cell) -> None:
+        self.cells.hook(path, cell)
 
     def gradient_hooks(self, path: str, param: Any) -> Iterable[Any]:
         return (param.register_hook(self._param_grad_hook(path, param)),)
@@ -152,13 +154,12 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         # the patched APIs are process-wide: only the thread that started the capture (the
         # training loop's) is recorded, as PyTorch's capture mode is per thread
         self.capturing_thread = _thread()
-        if self._jitted:
-            session.note_manifest("unobserved", {"compiler": "ms.jit", "modules": self._jitted})
-            if not self._told_jitted:
-                self._told_jitted = True
-                log.warning("precdbg: cell(s) %s run compiled (ms.jit): their calls are "
-                            "captured, nothing inside them", ", ".join(p or "(the model)"
-                                                                 for p in self._jitted))
+        jitted = self.cells.jitted
+        if jitted:
+            session.note_manifest("unobserved", {"compiler": "ms.jit", "modules": jitted})
+            session.say_once("ms.jit", "precdbg: cell(s) %s run compiled (ms.jit): their calls "
+                             "are captured, nothing inside them",
+                             ", ".join(p or "(the model)" for p in jitted))
         # API calls are dumped: wrap the registry (not at level module: nothing kept)
         if cfg.keeps_apis:
             for patch in self._registry.apply(self._make_wrapper):
@@ -173,13 +174,11 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
             self.hold(patch)
 
     def _uninstrument(self) -> None:
-        self._jitted = []
-        self._cell_calls.clear()
-        self._replay = Replay(self._origin)
-        self._param_users.clear()
-        self._copies.clear()
+        self.cells.clear()
+        self.replay.reset()
+        self.copies.clear()
         self._grad_links.clear()
-        tensors.forget_writes()
+        self.tensors.forget_writes()
 
     # ------------------------------------------------------------------ API calls
     def _make_wrapper(self, original: Any, prefix: str, api: str) -> Callable:
@@ -212,7 +211,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         `writes`: the call writes memory in place (as do APIs named so, see `in_place`)."""
         session = self.recorder
         watched: List[Tuple[int, str, Any]] = []
-        grad_on, replay = self._grad_state()
+        grad_on, replay = self.grad_state()
         given = (args, kwargs)
         call = self.run_guarded(session.begin_api, f"capturing {prefix}.{api}", prefix, api,
                                 grad_on, replay)
@@ -235,7 +234,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         if writes:                # the first tensor argument is the one written
             written = next((a for a in args if is_tensor(a)), None)
             if written is not None:
-                tensors.note_write(written)
+                self._note_write(written)
         if call is not None:
             self.run_guarded(self._api_outputs, f"capturing outputs of {call.forward_entry}",
                              call, watched, out, replay)
@@ -245,13 +244,13 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         return out
 
     def _replay_computed(self, inputs: list, out: Any) -> None:
-        self._replay.computed(inputs, tensor_outputs(out))
+        self.replay.computed(inputs, tensor_outputs(out))
 
-    def _grad_state(self) -> Tuple[bool, bool]:
+    def grad_state(self) -> Tuple[bool, bool]:
         """(whether a call's backward is watched: gradients are enabled and the backward is
         captured, whether the call replays an earlier one: activation recompute)"""
         return (self.recorder.filter.keeps_backward and bool(self._enable_grad()),
-                self._replay.depth > 0)
+                self.replay.depth > 0)
 
     def _replayed(self, owners: List[Any], run: Callable[..., Any], *args: Any) -> Any:
         """Run a recompute's replay of a forward (`precdbg_ms.recompute`): of the first of
@@ -260,7 +259,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
             return run(*args)
         self.run_guarded(self.recorder.replay_begins, "starting a recompute",
                          self.module_path(owners) or None)
-        replay = self._replay
+        replay = self.replay
         replay.begin()
         try:
             return run(*args)
@@ -269,12 +268,12 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
 
     def _detached(self, pairs: List[Tuple[Any, Any]]) -> None:
         if self.installed:
-            self.run_guarded(self._replay.detached, "noting a recompute's inputs", pairs)
+            self.run_guarded(self.replay.detached, "noting a recompute's inputs", pairs)
 
     def settle_statistics(self) -> None:
         """Something is about to write in place: the statistics deferred so far are read now,
         with the values they had when captured (one wait for the pipeline)."""
-        self.run_guarded(tensors.settle, "reading deferred statistics before an in-place write")
+        self.run_guarded(self._settle, "reading deferred statistics before an in-place write")
 
     def _api_inputs(self, call: Any, api: str, args: tuple, kwargs: dict, replay: bool,
                     grad_on: bool):
@@ -294,7 +293,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
         replaced: Dict[str, Any] = {}
         for index, key, t in inputs:
             if not top_level(key) or not is_floating(t) or not takes_grad(t) or \
-                    (replay and self._replay.is_constant(t)):
+                    (replay and self.replay.is_constant(t)):
                 continue
             view = self._view(t, t.shape)
             try:
@@ -321,7 +320,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
                         pass
         session.end_call()
 
-    def _grad_hook(self, call: Any, role: str, index: int, key: str) -> Callable:
+    def _grad_hook(self, call: Any, role: Role, index: int, key: str) -> Callable:
         def record(grad: Any) -> None:
             self.recorder.capture(call, _BACKWARD, role, index, key, grad)
             self.recorder.end_call()
@@ -339,6 +338,8 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
 
     # ------------------------------------------------------------------ parameters
     def _param_grad_hook(self, path: str, param: Any) -> Callable:
+        param_users = self.cells.param_users      # the same dict for the adapter's lifetime
+
         def record(grad: Any) -> None:
             call = self.recorder.param_call(path)
             if call is not None:
@@ -346,7 +347,7 @@ class MindSporeAdapter(CellHooks, BaseInstrumentor):
                 # the gradient value_and_grad returns is this memory in another object
                 self.recorder.grad_produced(path, grad, hold=True)
                 self._grad_links.saw(grad)
-            users = self._param_users.pop(id(param), ())
+            users = param_users.pop(id(param), ())
             if len(users) == 1:        # dw of the leaf cell's functional call that read it; a
                 api_call, index, key = users[0]     # parameter two calls read (tied weights,
                 self.recorder.capture(api_call, _BACKWARD, _GRAD_INPUT, index, key, grad)

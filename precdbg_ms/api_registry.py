@@ -25,13 +25,13 @@ _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType)
 _METHOD_TYPES = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
                  types.BuiltinFunctionType)
 # operators worth capturing; other dunders are object plumbing
-_OPERATORS = {
+_OPERATORS = frozenset({
     "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__",
     "__imul__", "__truediv__", "__rtruediv__", "__itruediv__", "__floordiv__", "__rfloordiv__",
     "__mod__", "__rmod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
     "__abs__", "__invert__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
     "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__getitem__", "__setitem__",
-}
+})
 
 
 def _public_functions(module: Any, ignore: set) -> List[str]:

@@ -1,6 +1,7 @@
 """What one MindSpore call's arguments and results are, for the adapter's hooks: its tensors and
 other values, whether a tensor takes part in a gradient computation, whether the API writes in
-place, and where a tensor's elements lie. Plain functions, imported by name into the hooks."""
+place, and where a tensor's elements lie. Plain functions of their arguments (no state),
+imported by name into the hooks."""
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
@@ -9,12 +10,12 @@ import mindspore as ms
 
 from precdbg.capture import tensor_arguments, tensor_results, value_arguments
 
-from . import tensors
+from .tensors import dtype_name
 
 __all__ = ["is_floating", "is_tensor", "scalar_inputs", "takes_grad",
            "tensor_inputs", "tensor_outputs"]
 
-_FLOAT_NAMES = {"float16", "float32", "float64", "bfloat16"}
+_FLOAT_NAMES = frozenset({"float16", "float32", "float64", "bfloat16"})   # constant
 
 
 def is_tensor(value: Any) -> bool:
@@ -22,7 +23,7 @@ def is_tensor(value: Any) -> bool:
 
 
 def dtype_of(value: Any) -> Optional[str]:
-    return tensors.dtype_name(value) if isinstance(value, ms.dtype.Type) else None
+    return dtype_name(value) if isinstance(value, ms.dtype.Type) else None
 
 
 def tensor_inputs(args: tuple, kwargs: dict) -> List[Tuple[int, str, Any]]:
@@ -43,6 +44,6 @@ def takes_grad(t: Any) -> bool:
 
 
 def is_floating(t: Any) -> bool:
-    return tensors.dtype_name(t.dtype) in _FLOAT_NAMES
+    return dtype_name(t.dtype) in _FLOAT_NAMES
 
 

@@ -1,5 +1,5 @@
 """MindSpore copies what crosses a cell that has a backward hook (the user's: precdbg's own pass
-through HookBackward, precdbg_ms.cells): `Cell._run_construct` passes the inputs and the output
+through HookBackward, precdbg_ms.cell_hooks): `Cell._run_construct` passes the inputs and the output
 through the cell's `CellBackwardHook` primitive, which returns new tensors (new memory, same
 values). Nothing captured produces those copies, so each is linked to the tensor it copies: a
 consumer of the copy reads what the original's producer wrote.

@@ -1,25 +1,29 @@
 """The hooks of the model's cells: a cell call's forward pre-hook and hook record its inputs and
-outputs, and hand its floating inputs and outputs on through HookBackward (precdbg_ms.backward),
+outputs, and hand its floating inputs and outputs on through HookBackward (precdbg_ms.hook_backward),
 whose hooks record the gradient the call sends to each input (dx) and the one arriving at each
 output (dy), per call. MindSpore's own cell backward hook is not used: it copies what crosses the
 cell, waits for the copies, and couples the cell's inputs into one gradient node (a constant
 passed with an activation gets a gradient there).
 
-A mixin of `precdbg_ms.adapter.MindSporeAdapter`, which owns the state used here.
+`CellHooks` is a helper object of `precdbg_ms.adapter.MindSporeAdapter` (its `cells`): it holds
+what one cell call's hooks hand each other, and reads the adapter's flags (`installed`, `paused`,
+`busy`) and recorder through the adapter it is given.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from mindspore import nn
 
-from precdbg.capture import ClassPatch
-from precdbg.records import Direction, Role
+from precdbg.capture import ClassPatch, Recorder
+from precdbg.records import Direction, Role, framework_table
 
-from .aliasing import CopyOrigins, wrap_cell_backward_hook
-from .backward import replace_arguments, replace_result, through_hook, top_level
-from .calls import is_floating, tensor_inputs, tensor_outputs
-from .recompute import Replay
+from .call_arguments import is_floating, tensor_inputs, tensor_outputs
+from .cell_copies import wrap_cell_backward_hook
+from .hook_backward import replace_arguments, replace_result, through_hook, top_level
+
+if TYPE_CHECKING:          # typing only: the adapter imports this module
+    from .adapter import MindSporeAdapter
 
 _BACKWARD = Direction.BACKWARD
 _FORWARD = Direction.FORWARD
@@ -53,16 +57,17 @@ class _CellCall:
 
 class _CellGrad:
     """The hook of one HookBackward of a cell call: records the gradient it receives."""
-    __slots__ = ("adapter", "slot", "role", "index", "key")
+    __slots__ = ("adapter", "hooks", "slot", "role", "index", "key")
 
-    def __init__(self, adapter: "CellHooks", slot: _CellCall, role: str, index: int,
+    def __init__(self, hooks: "CellHooks", slot: _CellCall, role: Role, index: int,
                  key: str) -> None:
-        self.adapter, self.slot, self.role, self.index, self.key = adapter, slot, role, index, key
+        self.adapter, self.hooks = hooks.adapter, hooks
+        self.slot, self.role, self.index, self.key = slot, role, index, key
 
     def __call__(self, grad: Any) -> None:
         adapter = self.adapter
         if adapter.installed and grad is not None:
-            adapter.run_guarded(adapter._cell_grad, "backward hook of "
+            adapter.run_guarded(self.hooks._cell_grad, "backward hook of "
                                 + (self.slot.call or self.slot.api_call).backward_entry,
                                 self.slot, self.role, self.index, self.key, grad)
 
@@ -88,83 +93,112 @@ def _custom_bprop_forward_hook(cell: nn.Cell, hook: Callable[..., Any]) -> Optio
 
 
 class CellHooks:
-    """Forward and backward hooks of the model's cells (mixed into the MindSpore adapter)."""
-    # the adapter's (BaseInstrumentor's and its own) state and methods used here
-    session: Any
-    installed: bool
-    paused: bool
-    busy: int
-    _leaf_cells: Dict[str, str]
-    _cell_calls: Dict[int, List[Any]]
-    _param_users: Dict[int, List[Tuple[Any, int, str]]]
-    _jitted: List[str]
-    _copies: CopyOrigins
-    _origin: Callable[[Any], Any]
-    _replay: Replay
-    _requires_grad: Callable[[], bool]
-    run_guarded: Callable[..., Any]
-    hold: Callable[[Any], Any]
-    _grad_state: Callable[[], Tuple[bool, bool]]
+    """Forward and backward hooks of the model's cells, for one adapter (which owns this object
+    as its `cells`): the adapter's `hook_module` hooks each cell through `hook`, and its
+    parameters' gradient hooks read `param_users`."""
+    __slots__ = ("adapter", "recorder", "leaf_cells", "calls", "param_users", "jitted",
+                 "_copies", "_origin", "_replay", "_requires_grad", "_grad_state",
+                 "_run_guarded", "_hold")
 
-    def hook_module(self, path: str, cell: nn.Cell) -> None:
+    def __init__(self, adapter: "MindSporeAdapter") -> None:
+        self.adapter = adapter
+        self.recorder: Optional[Recorder] = None    # the adapter's, from its `install` on
+        # cell classes recorded as one functional API call too (nn.Dense: `dense`)
+        self.leaf_cells: Dict[str, str] = {}
+        # id(cell) -> its calls under way (a cell may call itself), innermost last
+        self.calls: Dict[int, List[_CellCall]] = {}
+        # id(parameter) -> the functional calls that read it since its last gradient (see the
+        # adapter's parameter gradient hook)
+        self.param_users: Dict[int, List[Tuple[Any, int, str]]] = {}
+        self.jitted: List[str] = []       # cells whose construct is compiled (ms.jit)
+        # the adapter's, fixed for its lifetime: bound once here, not looked up per call
+        self._copies = adapter.copies
+        self._origin = adapter.copies.origin
+        self._replay = adapter.replay
+        self._requires_grad = adapter.requires_grad
+        self._grad_state = adapter.grad_state
+        self._run_guarded = adapter.run_guarded
+        self._hold = adapter.hold
+
+    def prepare(self, session: Recorder) -> None:
+        """The adapter is about to hook the model for a capture window (`session`, the
+        adapter's recorder from now on): read the leaf cells' table."""
+        self.recorder = session
+        self.leaf_cells = dict(framework_table("mindspore").get("leaf_cells", {}))
+
+    def clear(self) -> None:
+        """Every hook is removed: forget the window's cell calls and compiled cells."""
+        self.jitted = []
+        self.calls.clear()
+        self.param_users.clear()
+
+    def hook(self, path: str, cell: nn.Cell) -> None:
+        """Hook one cell of the model (`BaseInstrumentor.hook_module`), every handle held by
+        the adapter."""
         cls = type(cell).__name__
-        if any(path.startswith(p + ".") or not p for p in self._jitted):
+        if any(path.startswith(p + ".") or not p for p in self.jitted):
             return       # inside a compiled cell: a hook there would be compiled into its graph
         if getattr(cell.construct, "__wrapped_by_jit__", False):
-            self._jitted.append(path)   # its call is seen, nothing inside it (said once)
-        leaf_api = self._leaf_cells.get(cls) if type(cell).__module__.startswith("mindspore.") \
+            self.jitted.append(path)    # its call is seen, nothing inside it (said once)
+        leaf_api = self.leaf_cells.get(cls) if type(cell).__module__.startswith("mindspore.") \
             else None
         key = id(cell)
+        adapter, run_guarded = self.adapter, self._run_guarded
+        cell_pre, cell_post = self._cell_pre, self._cell_post
+        pre_where, post_where = f"forward pre-hook of {path or cls}", \
+            f"forward hook of {path or cls}"
 
         def pre(c: Any, args: tuple, kwargs: dict) -> Any:
-            if not self.installed or self.paused:
+            if not adapter.installed or adapter.paused:
                 return None
-            hooked = self.run_guarded(self._cell_pre, f"forward pre-hook of {path or cls}",
-                                      cell, path, cls, leaf_api, args, kwargs)
+            hooked = run_guarded(cell_pre, pre_where, cell, path, cls, leaf_api, args, kwargs)
             if leaf_api:
-                self.busy += 1          # the primitives inside a leaf cell are that one API
+                adapter.busy += 1       # the primitives inside a leaf cell are that one API
             return hooked               # (args, kwargs) through HookBackward, or None
 
         def post(c: Any, args: tuple, kwargs: dict, output: Any) -> Any:
-            if not self.installed or self.paused:
+            if not adapter.installed or adapter.paused:
                 return None
             if leaf_api:
-                self.busy = max(0, self.busy - 1)
-            return self.run_guarded(self._cell_post, f"forward hook of {path or cls}", key,
-                                    output)
+                adapter.busy = max(0, adapter.busy - 1)
+            return run_guarded(cell_post, post_where, key, output)
 
+        hold = self._hold
         if getattr(cell, "has_bprop", False):
             # a cell with its own bprop: MindSpore hands back an empty handle for its forward
             # hook (its forward would never end here); the ops of its bprop are its backward
             post_handle = _custom_bprop_forward_hook(cell, post)
             if post_handle is None:
                 return
-            self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
-            self.hold(post_handle)
-            self.hold(ClassPatch(cell, "bprop", self._uncaptured_bprop))
+            hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
+            hold(post_handle)
+            hold(ClassPatch(cell, "bprop", self._uncaptured_bprop))
         else:
-            self.hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
-            self.hold(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
+            hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
+            hold(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
         if self.recorder.filter.keeps_backward:
             # a backward hook of the user's copies what crosses the cell: linked to originals
             aliased = wrap_cell_backward_hook(cell, self._alias)
             if aliased is not None:
-                self.hold(aliased)
+                hold(aliased)
 
     def _uncaptured_bprop(self, bprop: Callable[..., Any]) -> Callable[..., Any]:
         """A cell's own bprop, run with nothing in it captured: its ops compute the cell's
         backward (recorded as its dx and dy), as a PyTorch autograd Function's backward."""
+        adapter = self.adapter
+
         def run(*args: Any) -> Any:
-            self.busy += 1
+            adapter.busy += 1
             try:
                 return bprop(*args)
             finally:
-                self.busy = max(0, self.busy - 1)
+                adapter.busy = max(0, adapter.busy - 1)
         return run
 
     def _alias(self, original: Any, copy: Any) -> None:
-        if self.installed:
-            self.run_guarded(self._link_copy, "linking a cell's copy of a tensor", original, copy)
+        if self.adapter.installed:
+            self._run_guarded(self._link_copy, "linking a cell's copy of a tensor", original,
+                              copy)
 
     def _link_copy(self, original: Any, copy: Any) -> None:
         self._copies.link(original, copy)
@@ -176,7 +210,7 @@ class CellHooks:
         # the module is entered and its slot pushed first, so the forward hook always finds
         # both (and leaves the module) even when capturing below fails
         slot = _CellCall()
-        self._cell_calls.setdefault(id(cell), []).append(slot)
+        self.calls.setdefault(id(cell), []).append(slot)
         grad_on, replay = self._grad_state()
         call, subtree = session.begin_module("Cell", path, cls, grad_on, replay)
         session.enter_module(path, subtree)
@@ -188,8 +222,10 @@ class CellHooks:
         # original call's hooks get the gradients), has no backward watched
         slot.backward = grad_on and (call is not None or api_call is not None)
         inputs = tensor_inputs(args, kwargs)
-        slot.input_ids = {self._origin(t) for _, _, t in inputs}
-        slot.inputs = [self._copies.root(t) for _, _, t in inputs]
+        origin = self._origin
+        slot.input_ids = {origin(t) for _, _, t in inputs}
+        root = self._copies.root
+        slot.inputs = [root(t) for _, _, t in inputs]
         if replay:        # its forward is recorded already; what it computes may be constant
             slot.replay_inputs = inputs + [(0, "", p) for p in cell.get_parameters()]
             slot.constant_inputs = self._replay.constant_positions(inputs)
@@ -202,11 +238,12 @@ class CellHooks:
             # (F.linear(x, weight, bias)); their dw is this call's grad_input too
             for index, k, t in inputs:
                 session.capture(api_call, _FORWARD, _INPUT, index, k, t)
+            users = self.param_users
             for index, (name, param) in enumerate(cell.parameters_and_names(expand=False),
                                                   len(inputs)):
                 key = name.rpartition(".")[2]
                 session.capture(api_call, _FORWARD, _INPUT, index, key, param)
-                self._param_users.setdefault(id(param), []).append((api_call, index, key))
+                users.setdefault(id(param), []).append((api_call, index, key))
         return self._hook_cell_inputs(slot, inputs, args, kwargs)
 
     def _hook_cell_inputs(self, slot: _CellCall, inputs: list, args: tuple, kwargs: dict
@@ -222,14 +259,15 @@ class CellHooks:
         """Capture the cell's outputs; with its backward watched, they leave through
         HookBackward (its dy) and the cell returns those (the output returned, or None)."""
         session = self.recorder
-        stack = self._cell_calls.get(key)
+        stack = self.calls.get(key)
         if not stack:
             return None
         slot = stack[-1]
         try:
             outputs = tensor_outputs(output)
             # a cell returning its input (Dropout in eval or p=0) has no backward of its own
-            slot.identity = any(self._origin(t) in slot.input_ids for _, _, t in outputs)
+            origin = self._origin
+            slot.identity = any(origin(t) in slot.input_ids for _, _, t in outputs)
             slot.inputs = []
             if slot.replay_inputs is not None:    # a replay's forward is recorded already
                 self._replay.computed(slot.replay_inputs, outputs)
@@ -257,7 +295,7 @@ class CellHooks:
         replaced = self._through_hooks(slot, _GRAD_OUTPUT, outputs, slot.constant_outputs)
         return replace_result(output, replaced) if replaced else None
 
-    def _through_hooks(self, slot: _CellCall, role: str, found: list,
+    def _through_hooks(self, slot: _CellCall, role: Role, found: list,
                        constants: FrozenSet[int]) -> Dict[str, Any]:
         """{key: the tensor through HookBackward} of the top-level floating tensors among
         `found` (a call's inputs or outputs), each linked to the tensor it passes on; not a
@@ -270,7 +308,7 @@ class CellHooks:
                 replaced[key] = hooked
         return replaced
 
-    def _cell_grad(self, slot: _CellCall, role: str, index: int, key: str, grad: Any) -> None:
+    def _cell_grad(self, slot: _CellCall, role: Role, index: int, key: str, grad: Any) -> None:
         """A gradient of one of a cell call's inputs (dx) or outputs (dy), for the cell and
         its functional API."""
         if slot.identity:

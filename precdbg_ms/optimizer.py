@@ -11,15 +11,15 @@ from mindspore import nn
 from precdbg.capture import ClassPatch, jsonable
 from precdbg.records import param_alias
 
-from . import tensors
-
 __all__ = ["optimizer_manifest", "patch_optimizer", "patch_loss_scalers"]
 
 _HYPER = ("learning_rate", "weight_decay", "beta1", "beta2", "eps", "momentum", "loss_scale",
           "use_nesterov", "dampening")
 
 
-_CELL_ATTRIBUTES: List[str] = []     # what every Cell has (vars of a bare one), found once
+# what every Cell has (vars of a bare one), found once: a fact of MindSpore, the same for every
+# debugger of the process (filled once, never changed after)
+_CELL_ATTRIBUTES: List[str] = []
 
 
 def _schedule(cell: Any) -> Any:
@@ -63,7 +63,10 @@ def optimizer_manifest(optimizer: Any, adapter: Any = None) -> Dict[str, Any]:
 
 def patch_optimizer(adapter: Any) -> ClassPatch:
     """Wrap `nn.Optimizer.__call__` under the core's optimizer-phase rule; the patch is a handle
-    of the adapter's (removing it puts the original back)."""
+    of the adapter's (removing it puts the original back). The optimizer writes its parameters:
+    each counts one write in the adapter's `tensors`."""
+    note_write = adapter.tensors.note_write
+
     def make(original: Any) -> Any:
         def call(opt: Any, *args: Any, **kwargs: Any) -> Any:
             if not adapter.installed:
@@ -82,7 +85,7 @@ def patch_optimizer(adapter: Any) -> ClassPatch:
             finally:
                 adapter.optimizer_ends(token)
                 for param in getattr(opt, "parameters", ()):
-                    tensors.note_write(param)
+                    note_write(param)
         return call
     return ClassPatch(nn.Optimizer, "__call__", make)
 

@@ -27,7 +27,7 @@ import mindspore as ms
 
 from precdbg.capture import ClassPatch
 
-from .calls import is_floating
+from .call_arguments import is_floating
 
 __all__ = ["RECOMPUTE_ATTRS", "Replay", "model_cells", "patch_recompute"]
 
@@ -65,6 +65,12 @@ class Replay:
 
     def begin(self) -> None:
         self.depth += 1
+
+    def reset(self) -> None:
+        """The capture window ended: no replay runs, nothing is constant any more."""
+        self.depth = 0
+        self._constants.clear()
+        self._inputs.clear()
 
     def end(self) -> None:
         self.depth -= 1

@@ -2,10 +2,10 @@
 
 `value_and_grad` (every PyNative grad function: they all end in `_PyNativeExecutor.grad`) hands
 back each parameter's gradient as a new Python object over the memory the parameter's gradient
-hook received. precdbg knows a tensor by its object (`tensors.identity`: reading a data pointer
-waits for the op that makes the tensor), so once the backward pass returns, each returned
-gradient is paired with the hook's object over the same memory and reported as its alias: one
-wait for the pipeline per backward pass instead of one per record.
+hook received. precdbg knows a tensor by its object (`MindSporeTensors.identity`: reading a
+data pointer waits for the op that makes the tensor), so once the backward pass returns, each
+returned gradient is paired with the hook's object over the same memory and reported as its
+alias: one wait for the pipeline per backward pass instead of one per record.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from mindspore.graph.api import _PyNativeExecutor
 
 from precdbg.capture import ClassPatch
 
-from . import tensors
-from .calls import tensor_outputs
+from .call_arguments import tensor_outputs
+from .tensors import pointer
 
 __all__ = ["GradientLinks", "patch_grad_executor"]
 
@@ -54,7 +54,7 @@ class GradientLinks:
 
 
 def _memory(t: Any) -> Optional[Tuple[int, Tuple[int, ...]]]:
-    ptr = tensors.pointer(t)
+    ptr = pointer(t)
     return None if ptr is None else (ptr, tuple(t.shape))
 
 

@@ -1,4 +1,6 @@
-"""Tensor questions the core asks, for MindSpore tensors.
+"""Tensor questions the core asks, for MindSpore tensors: `MindSporeTensors`, the object each
+MindSpore adapter owns (its `tensors`, precdbg.capture.TensorOps), holding what changes while
+one debugger captures; two debuggers of one process share none of it.
 
 PyNative runs ops asynchronously: a Python call only enqueues the op. Reading a tensor's memory
 (`data_ptr()`, `asnumpy()`, `device`) makes the host wait until the op has run, and so does
@@ -11,14 +13,18 @@ shape when it is captured:
   by its data pointer; MindSpore's other objects over the same memory are linked by the adapter;
 - CPU statistics are deferred (where the API wrappers are installed, levels mix and api: at
   level module nothing sees an in-place write coming, so they are read at capture): the handle
-  holds the tensor, and `resolve` (once per batch) or
-  `settle` reads every held tensor after one wait, with `precdbg.capture._fastats` (one pass: min, max,
-  finite sum and sum of squares in float64, NaN and Inf counts). The value read is the value
-  at capture because the adapter settles before anything captured writes in place (in-place
-  APIs, primitives with memory side effects, optimizers); parameters that are not trainable
-  (running statistics that kernels update in place) are read at capture;
+  holds the tensor, and `resolve` (once per batch) or `settle` reads every held tensor after
+  one wait, with `precdbg.capture.fastats` (one pass: min, max, finite sum and sum of squares in
+  float64, NaN and Inf counts). The value read is the value at capture because the adapter
+  settles before anything captured writes in place (in-place APIs, primitives with memory side
+  effects, optimizers); parameters that are not trainable (running statistics that kernels
+  update in place) are read at capture;
 - other devices (Ascend): min, max, sum and sum of squares stay on the device as 0-d tensors
   and cross to the host in one `ops.stack(...)` per batch.
+
+What stays at module level is shared by every debugger of the process, and safe to share
+because nothing in it depends on a capture: the dtype names cache (`_NAMES`, a pure function's
+results), constant tables, and the pure functions `dtype_name`, `pointer` and `_host_row`.
 """
 from __future__ import annotations
 
@@ -35,23 +41,18 @@ try:
 except ImportError:  # pragma: no cover - machines without a C compiler
     _fastats = None
 
-__all__ = ["local", "describe", "facts", "identity", "holds", "storage", "storage_ref",
-           "STORAGE_REF_FOLLOWS_MEMORY", "summarize", "resolve",
-           "retained_bytes", "deferrable", "launch_queued", "to_host", "hand_over",
-           "nbytes", "begin_window", "pointer", "settle", "note_write",
-           "forget_writes"]
+__all__ = ["MindSporeTensors", "dtype_name", "pointer"]
 
+# dtype -> its name: the results of a pure function of the dtype, the same for every debugger
 _NAMES: Dict[Any, str] = {}
+# constant tables (never written)
 _FAST_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
-_FLOATS = {"float16", "float32", "float64", "bfloat16"}
+_FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
 _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2,
              "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8,
              "float64": 8, "complex64": 8, "complex128": 16}
-_HOST_TARGET = [True]          # the context's device target is the CPU: every tensor is host
-_DEFER = [True]                # host statistics may be read at the batch's end (begin_window)
-# id(tensor) -> (weak reference to it, writes seen): the adapter's count of the in-place writes
-# made by captured calls, in place of `_version` (see above)
-_WRITES: Dict[int, Tuple[Any, int]] = {}
+
+HostRow = Tuple[float, float, float, float, int, int]   # min, max, mean, norm, NaN and Inf counts
 
 
 def dtype_name(dtype: Any) -> str:
@@ -63,13 +64,12 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-def begin_window(defer_host_statistics: bool) -> None:
-    """A capture window starts: read the context's device target (on the CPU every tensor is in
-    host memory, without asking each tensor's `device`, which waits for the op that makes it),
-    and whether host statistics may wait for the batch (only where the adapter sees, and settles
-    before, every in-place write: its API wrappers are installed)."""
-    _HOST_TARGET[0] = ms.get_context("device_target") == "CPU"
-    _DEFER[0] = defer_host_statistics
+def pointer(t: ms.Tensor) -> Optional[int]:
+    """Where the tensor's memory starts (waits for the op that makes it: use sparingly)."""
+    try:
+        return t.data_ptr()
+    except Exception:  # noqa: BLE001 - no device memory yet
+        return None
 
 
 class _Facts:
@@ -84,132 +84,13 @@ class _Facts:
         self.numel = int(np.prod(self.shape)) if self.shape else 1
 
 
-_LAST: List[Optional[_Facts]] = [None]      # the tensor being recorded (one record at a time)
-
-
-def _facts(t: ms.Tensor) -> _Facts:
-    last = _LAST[0]
-    if last is not None and last.ref() is t:
-        return last
-    try:
-        facts = _Facts(t)
-    except TypeError:                        # no weak reference to this object: not remembered
-        facts = _Facts.__new__(_Facts)
-        facts.ref = lambda: None
-        facts.shape = tuple(t.shape)
-        facts.numel = int(np.prod(facts.shape)) if facts.shape else 1
-        return facts
-    _LAST[0] = facts
+def _unremembered_facts(t: ms.Tensor) -> _Facts:
+    """The facts of an object without weak references (not remembered)."""
+    facts = _Facts.__new__(_Facts)
+    facts.ref = lambda: None
+    facts.shape = tuple(t.shape)
+    facts.numel = int(np.prod(facts.shape)) if facts.shape else 1
     return facts
-
-
-def local(t: ms.Tensor) -> ms.Tensor:
-    """A PyNative tensor holds all its elements in this process: the tensor itself."""
-    return t
-
-
-def describe(t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int]:
-    facts = _facts(t)
-    return dtype_name(t.dtype), facts.shape, facts.numel
-
-
-def nbytes(t: ms.Tensor) -> int:
-    return int(t.nbytes)
-
-
-def _on_host(t: ms.Tensor) -> bool:
-    if _HOST_TARGET[0]:
-        return True
-    try:
-        return "CPU" in str(t.device).upper()
-    except Exception:  # noqa: BLE001 - older tensors without .device: ask the context
-        return ms.get_context("device_target") == "CPU"
-
-
-def note_write(t: ms.Tensor) -> None:
-    """A captured call wrote `t` in place: later records of it are a new version."""
-    last = _LAST[0]
-    if last is not None and last.ref() is t:
-        _LAST[0] = None                      # set_data may change its shape too
-    entry = _WRITES.get(id(t))
-    count = entry[1] if entry is not None and entry[0]() is t else 0
-    try:
-        _WRITES[id(t)] = (weakref.ref(t), count + 1)
-    except TypeError:                        # no weak reference to this object: not counted
-        pass
-
-
-def forget_writes() -> None:
-    """The capture window ended: its tensors' write counts are no longer asked for."""
-    _WRITES.clear()
-
-
-def _writes(t: ms.Tensor) -> int:
-    entry = _WRITES.get(id(t))
-    return entry[1] if entry is not None and entry[0]() is t else 0
-
-
-def identity(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
-    """(statistics key, data key): the same tensor object, written as often by captured calls
-    (`note_write`; MindSpore's `_version` waits for the pipeline). The object, not its memory:
-    `data_ptr()` waits for the op that makes the tensor. Two objects over the same memory are
-    summarised twice; an id is never taken for another object's, since the batch holds a weak
-    reference to the tensor each key came from and drops dead ones."""
-    try:
-        _facts(t)
-        key = (id(t), _writes(t))
-    except Exception:  # noqa: BLE001 - not a tensor the framework can describe
-        return None
-    return key, key
-
-
-def holds(t: ms.Tensor, key: Hashable) -> bool:
-    """A key is the object itself (`identity`): a live object is always its own."""
-    return True
-
-
-def storage(t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
-    """(storage, view, version): the tensor object (alive as `storage_ref` tells), all of its
-    elements, and the writes captured calls made (`note_write`). Its other objects over the same
-    memory (a gradient value_and_grad returns, a cell's hook copy) are linked to it by the
-    adapter (`alias_of`)."""
-    try:
-        facts = _facts(t)
-        key = id(t)
-        return key, (key, facts.numel), _writes(t)
-    except Exception:  # noqa: BLE001 - not a tensor the framework can describe
-        return None
-
-
-def pointer(t: ms.Tensor) -> Optional[int]:
-    """Where the tensor's memory starts (waits for the op that makes it: use sparingly)."""
-    try:
-        return t.data_ptr()
-    except Exception:  # noqa: BLE001 - no device memory yet
-        return None
-
-
-def facts(t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int,
-                                 Optional[Tuple[Hashable, Hashable]],
-                                 Optional[Tuple[Hashable, Hashable, int]]]:
-    """`describe`, `identity` and `storage` in one call (the facts are read once anyway)."""
-    dtype, shape, numel = describe(t)
-    return dtype, shape, numel, identity(t), storage(t)
-
-
-STORAGE_REF_FOLLOWS_MEMORY = False   # a weak reference of the tensor object: one per holder
-
-
-def storage_ref(t: ms.Tensor) -> Callable[[], bool]:
-    """Whether the tensor still exists (its memory cannot have been reused while it does)."""
-    try:
-        ref = weakref.ref(t)
-    except TypeError:
-        return lambda: True
-    return lambda: ref() is not None
-
-
-HostRow = Tuple[float, float, float, float, int, int]   # min, max, mean, norm, NaN and Inf counts
 
 
 class _Pending:
@@ -224,7 +105,11 @@ class _Pending:
         self.deferred_bytes = 0
 
 
-_UNSETTLED: List[_Pending] = []     # deferred host statistics not read yet, in capture order
+class _HostCopy:
+    __slots__ = ("data", "moved")
+
+    def __init__(self, data: Any, moved: bool) -> None:
+        self.data, self.moved = data, moved     # a numpy copy, or a tensor being moved
 
 
 def _host_row(arr: np.ndarray) -> HostRow:
@@ -257,116 +142,12 @@ def _read_at_capture(t: ms.Tensor) -> bool:
     return not (info.requires_grad if info is not None else t.requires_grad)
 
 
-def summarize(t: ms.Tensor) -> Union[HostRow, _Pending]:
-    """Host tensors: the finished row, or (deferred) a handle read at `settle`; device
-    tensors: reductions enqueued on the device, read at `resolve`."""
-    numel = _facts(t).numel
-    if numel == 0:
-        return _Pending(None, 0, None)
-    name = dtype_name(t.dtype)
-    if _on_host(t) and (_fastats is not None or name not in _FLOATS):
-        if not _DEFER[0] or _read_at_capture(t):
-            return _host_row(t.asnumpy())     # host memory: a view, no copy; the finished row
-        p = _Pending(t, numel, None)
-        p.deferred_bytes = numel * _ITEMSIZE.get(name, 8)
-        _UNSETTLED.append(p)
-        return p
-    x = t.astype(ms.float32) if name in ("float16", "bfloat16") or name not in _FLOATS else t
-    x = ops.stop_gradient(x)
-    return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum()))
-
-
-def settle() -> None:
-    """Read every deferred host tensor now (one wait for the pipeline): before anything writes
-    in place, so each record keeps the value it had when captured."""
-    if not _UNSETTLED:
-        return
-    pending = _UNSETTLED[:]
-    del _UNSETTLED[:]
-    failure: Optional[Exception] = None
-    for p in pending:
-        if p.host is None and p.tensor is not None:
-            try:
-                p.host = _host_row(p.tensor.asnumpy())
-            except Exception as exc:  # noqa: BLE001 - the others are still read; then raise
-                failure = exc
-            p.tensor = None
-    if failure is not None:
-        raise failure
-
-
-def retained_bytes(handle: Any) -> int:
-    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), the host tensor
-    read later, or the tensor whose statistics are on the device as 0-d tensors; 0 for host
-    statistics computed already."""
-    if isinstance(handle, _HostCopy):
-        return int(handle.data.nbytes)
-    if handle.deferred_bytes:
-        return handle.deferred_bytes if handle.host is None else 0
-    return nbytes(handle.tensor) if handle.tensor is not None else 0
-
-
-def deferrable(handle: _Pending) -> bool:
-    """Deferred host statistics wait for the batch's end at no cost but the bytes they hold
-    (retained_bytes): the host waits for the pipeline once per batch, not once per record.
-    Device statistics hold their tensor until resolved: never free to wait."""
-    return handle.deferred_bytes > 0
-
-
-def launch_queued() -> None:
-    """MindSpore statistics are enqueued as they are captured: nothing waits for a launch."""
-
-
-def resolve(handles: Sequence[_Pending]) -> np.ndarray:
-    """Rows of (min, max, mean, norm, nan_count, inf_count); one wait for the pipeline per
-    batch (the first deferred read waits, the rest are done by then)."""
-    settle()
-    out = np.full((len(handles), 6), np.nan, dtype=np.float64)
-    out[:, 4:] = 0
-    for i, p in enumerate(handles):
-        if type(p) is tuple:                  # a finished row (callers need not resolve it)
-            out[i] = p
-        elif p.host is not None:
-            out[i] = p.host
-    device = [i for i, p in enumerate(handles)
-              if type(p) is not tuple and p.host is None and p.values is not None]
-    if device:
-        flat = [v.astype(ms.float64) for i in device for v in handles[i].values]
-        host = ops.stack(flat).asnumpy().reshape(len(device), 4)
-        for row, i in zip(host, device):
-            lo, hi, total, sq = (float(v) for v in row)
-            p = handles[i]
-            if all(math.isfinite(v) for v in (lo, hi, total, sq)):
-                out[i] = (lo, hi, total / p.numel, math.sqrt(sq), 0, 0)
-            else:                              # non-finite values: exact pass on the host
-                out[i] = _host_row(p.tensor.asnumpy())
-    for p in handles:
-        if type(p) is not tuple:
-            p.tensor = None
-    return out
-
-
-class _HostCopy:
-    __slots__ = ("data", "moved")
-
-    def __init__(self, data: Any, moved: bool) -> None:
-        self.data, self.moved = data, moved     # a numpy copy, or a tensor being moved
-
-
-def to_host(t: ms.Tensor) -> _HostCopy:
-    """Start copying a tensor to host memory (asynchronously where the device allows)."""
-    if _on_host(t):
-        return _HostCopy(np.array(t.asnumpy(), copy=True), False)
+def _storage_ref(t: ms.Tensor) -> Callable[[], bool]:
     try:
-        return _HostCopy(t.move_to("CPU", blocking=False), True)
-    except Exception:  # noqa: BLE001 - no asynchronous copy here: copy now
-        return _HostCopy(np.array(t.asnumpy(), copy=True), False)
-
-
-def hand_over(handles: Sequence[_HostCopy]
-              ) -> Tuple[List[np.ndarray], Optional[Callable[[], None]]]:
-    """The arrays, waited for here (MindSpore's moves finish with a runtime-wide wait)."""
-    return _finish_host(handles), None
+        ref = weakref.ref(t)
+    except TypeError:
+        return lambda: True
+    return lambda: ref() is not None
 
 
 def _finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:
@@ -380,3 +161,237 @@ def _finish_host(handles: Sequence[_HostCopy]) -> List[np.ndarray]:
             arr = arr.view(np.uint16)
         out.append(arr)
     return out
+
+
+class MindSporeTensors:
+    """The tensor questions of one MindSpore adapter (precdbg.capture.TensorOps), and the state
+    they keep while it captures: the context's device target and whether host statistics may
+    wait (read at `begin_window`), the writes captured calls made (in place of `_version`, see
+    the module's text), the facts of the tensor being recorded, and the deferred host
+    statistics not read yet."""
+    __slots__ = ("_host_target", "_defer", "_writes", "_last", "_unsettled")
+
+    # a weak reference of the tensor object: one per holder
+    STORAGE_REF_FOLLOWS_MEMORY = False
+
+    def __init__(self) -> None:
+        # the context's device target is the CPU (every tensor is in host memory), and host
+        # statistics may be read at the batch's end: both set at `begin_window`
+        self._host_target = True
+        self._defer = True
+        # id(tensor) -> (weak reference to it, writes seen): the count of the in-place writes
+        # made by captured calls, in place of `_version` (see the module's text)
+        self._writes: Dict[int, Tuple[Any, int]] = {}
+        self._last: Optional[_Facts] = None     # the tensor being recorded (one at a time)
+        # deferred host statistics not read yet, in capture order
+        self._unsettled: List[_Pending] = []
+
+    # ------------------------------------------------------------------ the adapter's
+    def begin_window(self, defer_host_statistics: bool) -> None:
+        """A capture window starts: read the context's device target (on the CPU every tensor
+        is in host memory, without asking each tensor's `device`, which waits for the op that
+        makes it), and whether host statistics may wait for the batch (only where the adapter
+        sees, and settles before, every in-place write: its API wrappers are installed)."""
+        self._host_target = ms.get_context("device_target") == "CPU"
+        self._defer = defer_host_statistics
+
+    def note_write(self, t: ms.Tensor) -> None:
+        """A captured call wrote `t` in place: later records of it are a new version."""
+        last = self._last
+        if last is not None and last.ref() is t:
+            self._last = None                    # set_data may change its shape too
+        writes = self._writes
+        entry = writes.get(id(t))
+        count = entry[1] if entry is not None and entry[0]() is t else 0
+        try:
+            writes[id(t)] = (weakref.ref(t), count + 1)
+        except TypeError:                        # no weak reference to this object: not counted
+            pass
+
+    def forget_writes(self) -> None:
+        """The capture window ended: its tensors' write counts are no longer asked for."""
+        self._writes.clear()
+
+    def settle(self) -> None:
+        """Read every deferred host tensor now (one wait for the pipeline): before anything
+        writes in place, so each record keeps the value it had when captured."""
+        unsettled = self._unsettled
+        if not unsettled:
+            return
+        pending = unsettled[:]
+        del unsettled[:]
+        failure: Optional[Exception] = None
+        for p in pending:
+            if p.host is None and p.tensor is not None:
+                try:
+                    p.host = _host_row(p.tensor.asnumpy())
+                except Exception as exc:  # noqa: BLE001 - the others are still read; then raise
+                    failure = exc
+                p.tensor = None
+        if failure is not None:
+            raise failure
+
+    # ------------------------------------------------------------------ facts
+    def _facts(self, t: ms.Tensor) -> _Facts:
+        last = self._last
+        if last is not None and last.ref() is t:
+            return last
+        try:
+            facts = _Facts(t)
+        except TypeError:                        # no weak reference to this object
+            return _unremembered_facts(t)
+        self._last = facts
+        return facts
+
+    def _writes_of(self, t: ms.Tensor) -> int:
+        entry = self._writes.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else 0
+
+    def local(self, t: ms.Tensor) -> ms.Tensor:
+        """A PyNative tensor holds all its elements in this process: the tensor itself."""
+        return t
+
+    def describe(self, t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int]:
+        facts = self._facts(t)
+        return dtype_name(t.dtype), facts.shape, facts.numel
+
+    def nbytes(self, t: ms.Tensor) -> int:
+        return int(t.nbytes)
+
+    def _on_host(self, t: ms.Tensor) -> bool:
+        """Whether `t` is in host memory (asks the tensor: off the CPU target only)."""
+        if self._host_target:
+            return True
+        try:
+            return "CPU" in str(t.device).upper()
+        except Exception:  # noqa: BLE001 - older tensors without .device: ask the context
+            return ms.get_context("device_target") == "CPU"
+
+    def identity(self, t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
+        """(statistics key, data key): the same tensor object, written as often by captured
+        calls (`note_write`; MindSpore's `_version` waits for the pipeline). The object, not its
+        memory: `data_ptr()` waits for the op that makes the tensor. Two objects over the same
+        memory are summarised twice; an id is never taken for another object's, since the batch
+        holds a weak reference to the tensor each key came from and drops dead ones."""
+        try:
+            self._facts(t)
+            key = (id(t), self._writes_of(t))
+        except Exception:  # noqa: BLE001 - not a tensor the framework can describe
+            return None
+        return key, key
+
+    def holds(self, t: ms.Tensor, key: Hashable) -> bool:
+        """A key is the object itself (`identity`): a live object is always its own."""
+        return True
+
+    def storage(self, t: ms.Tensor) -> Optional[Tuple[Hashable, Hashable, int]]:
+        """(storage, view, version): the tensor object (alive as `storage_ref` tells), all of
+        its elements, and the writes captured calls made (`note_write`). Its other objects over
+        the same memory (a gradient value_and_grad returns, a cell's hook copy) are linked to it
+        by the adapter (`alias_of`)."""
+        try:
+            facts = self._facts(t)
+            key = id(t)
+            return key, (key, facts.numel), self._writes_of(t)
+        except Exception:  # noqa: BLE001 - not a tensor the framework can describe
+            return None
+
+    def facts(self, t: ms.Tensor) -> Tuple[str, Tuple[int, ...], int,
+                                           Optional[Tuple[Hashable, Hashable]],
+                                           Optional[Tuple[Hashable, Hashable, int]]]:
+        """`describe`, `identity` and `storage` in one call: the facts read once, the write
+        count looked up once."""
+        facts = self._facts(t)
+        key = id(t)
+        entry = self._writes.get(key)
+        writes = entry[1] if entry is not None and entry[0]() is t else 0
+        identity = (key, writes)
+        return (dtype_name(t.dtype), facts.shape, facts.numel, (identity, identity),
+                (key, (key, facts.numel), writes))
+
+    def storage_ref(self, t: ms.Tensor) -> Callable[[], bool]:
+        """Whether the tensor still exists (its memory cannot have been reused while it does)."""
+        return _storage_ref(t)
+
+    # ------------------------------------------------------------------ statistics
+    def summarize(self, t: ms.Tensor) -> Union[HostRow, _Pending]:
+        """Host tensors: the finished row, or (deferred) a handle read at `settle`; device
+        tensors: reductions enqueued on the device, read at `resolve`."""
+        numel = self._facts(t).numel
+        if numel == 0:
+            return _Pending(None, 0, None)
+        name = dtype_name(t.dtype)
+        if (self._host_target or self._on_host(t)) and \
+                (_fastats is not None or name not in _FLOATS):
+            if not self._defer or _read_at_capture(t):
+                return _host_row(t.asnumpy())   # host memory: a view, no copy; the finished row
+            p = _Pending(t, numel, None)
+            p.deferred_bytes = numel * _ITEMSIZE.get(name, 8)
+            self._unsettled.append(p)
+            return p
+        x = t.astype(ms.float32) if name in ("float16", "bfloat16") or name not in _FLOATS \
+            else t
+        x = ops.stop_gradient(x)
+        return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum()))
+
+    def retained_bytes(self, handle: Any) -> int:
+        """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), the host
+        tensor read later, or the tensor whose statistics are on the device as 0-d tensors; 0
+        for host statistics computed already."""
+        if isinstance(handle, _HostCopy):
+            return int(handle.data.nbytes)
+        if handle.deferred_bytes:
+            return handle.deferred_bytes if handle.host is None else 0
+        return int(handle.tensor.nbytes) if handle.tensor is not None else 0
+
+    def deferrable(self, handle: _Pending) -> bool:
+        """Deferred host statistics wait for the batch's end at no cost but the bytes they hold
+        (retained_bytes): the host waits for the pipeline once per batch, not once per record.
+        Device statistics hold their tensor until resolved: never free to wait."""
+        return handle.deferred_bytes > 0
+
+    def launch_queued(self) -> None:
+        """MindSpore statistics are enqueued as they are captured: nothing waits for a launch."""
+
+    def resolve(self, handles: Sequence[_Pending]) -> np.ndarray:
+        """Rows of (min, max, mean, norm, nan_count, inf_count); one wait for the pipeline per
+        batch (the first deferred read waits, the rest are done by then)."""
+        self.settle()
+        out = np.full((len(handles), 6), np.nan, dtype=np.float64)
+        out[:, 4:] = 0
+        for i, p in enumerate(handles):
+            if type(p) is tuple:                  # a finished row (callers need not resolve it)
+                out[i] = p
+            elif p.host is not None:
+                out[i] = p.host
+        device = [i for i, p in enumerate(handles)
+                  if type(p) is not tuple and p.host is None and p.values is not None]
+        if device:
+            flat = [v.astype(ms.float64) for i in device for v in handles[i].values]
+            host = ops.stack(flat).asnumpy().reshape(len(device), 4)
+            for row, i in zip(host, device):
+                lo, hi, total, sq = (float(v) for v in row)
+                p = handles[i]
+                if all(math.isfinite(v) for v in (lo, hi, total, sq)):
+                    out[i] = (lo, hi, total / p.numel, math.sqrt(sq), 0, 0)
+                else:                              # non-finite values: exact pass on the host
+                    out[i] = _host_row(p.tensor.asnumpy())
+        for p in handles:
+            if type(p) is not tuple:
+                p.tensor = None
+        return out
+
+    # ------------------------------------------------------------------ host copies
+    def to_host(self, t: ms.Tensor) -> _HostCopy:
+        """Start copying a tensor to host memory (asynchronously where the device allows)."""
+        if self._on_host(t):
+            return _HostCopy(np.array(t.asnumpy(), copy=True), False)
+        try:
+            return _HostCopy(t.move_to("CPU", blocking=False), True)
+        except Exception:  # noqa: BLE001 - no asynchronous copy here: copy now
+            return _HostCopy(np.array(t.asnumpy(), copy=True), False)
+
+    def hand_over(self, handles: Sequence[_HostCopy]
+                  ) -> Tuple[List[np.ndarray], Optional[Callable[[], None]]]:
+        """The arrays, waited for here (MindSpore's moves finish with a runtime-wide wait)."""
+        return _finish_host(handles), None

@@ -17,8 +17,6 @@ import mindspore as ms
 
 from precdbg.capture import ClassPatch
 
-from . import tensors
-
 __all__ = ["patch_writes"]
 
 _METHODS = ((ms.Parameter, "set_data"), (ms.Tensor, "assign_value"), (ms.Tensor, "asnumpy"),
@@ -27,14 +25,17 @@ _METHODS = ((ms.Parameter, "set_data"), (ms.Tensor, "assign_value"), (ms.Tensor,
 
 def patch_writes(adapter: Any) -> List[ClassPatch]:
     """Patches (handles of the adapter's) that settle deferred statistics before the methods
-    above and count a write after them. precdbg's own calls (`adapter.busy`) pass through."""
+    above and count a write after them (in the adapter's `tensors`). precdbg's own calls
+    (`adapter.busy`) pass through."""
+    note_write = adapter.tensors.note_write
+
     def wrap(original: Any) -> Any:
         def call(t: Any, *args: Any, **kwargs: Any) -> Any:
             if adapter.busy or not adapter.installed:
                 return original(t, *args, **kwargs)
             adapter.settle_statistics()
             out = original(t, *args, **kwargs)
-            adapter.run_guarded(tensors.note_write, "counting a write", t)
+            adapter.run_guarded(note_write, "counting a write", t)
             return out
         call.__precdbg_original__ = original          # type: ignore[attr-defined]
         return call

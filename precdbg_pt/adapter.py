@@ -1,11 +1,13 @@
 """The PyTorch adapter: installs every hook on `start`, removes every hook on `stop`, and turns
 torch objects into calls to the core session. No rule lives here (naming, filtering and layout are
-the core's); the only state is the handles it must remove.
+the core's). Its state is the handles it must remove and the objects it owns, one set per
+debugger: `tensors` (a `TorchTensors`: the tensor questions the core asks, with the device
+statistics' buffers and queues), `replays` (activation checkpoints' replays) and the recompute
+detector.
 """
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import platform
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -16,17 +18,20 @@ import precdbg
 from precdbg.capture import BaseInstrumentor, NamedTensor, Recorder, jsonable
 from precdbg.records import Direction, Role, in_place, writes_arguments
 
-from . import compiled, module_patches, plumbing, tensors, wrappers
+from . import compiled, module_patches, plumbing, wrappers
 from .api import CaptureMode, ModeHandle, call_args, tensor_outputs
 from .graph import input_targets, watch_backward
 from .hooks import GradHolderHook, Guard, ModuleHooks, ParamGradHook, is_module_hook
 from .recompute import (ENGINE, REPLAY, CheckpointReplays, RecomputeDetector,
                         checkpoint_patches)
+from .tensors import TorchTensors
 from .training_state import watch_training_state
 
 _FORWARD = Direction.FORWARD
 _INPUT = Role.INPUT
 _OUTPUT = Role.OUTPUT
+_PARAM = Role.PARAM
+_BUFFER = Role.BUFFER
 
 __all__ = ["TorchAdapter"]
 
@@ -34,33 +39,13 @@ _API_NODE_LIMIT = 512          # nodes one API call may create (composite ops st
 _INTERNAL_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, precdbg)) + (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 
-
 _is_grad_enabled = torch._C.is_grad_enabled
-log = logging.getLogger("precdbg")
 _UNINITIALIZED = torch.nn.parameter.UninitializedTensorMixin
-_told_lazy = False
-
-
-def _initialized(named: Iterable[Tuple[str, Any]]) -> Iterable[Tuple[str, Any]]:
-    """A module's parameters or buffers without the uninitialized ones of a lazy module
-    (`nn.LazyLinear` before its first forward: no shape, no values), said once."""
-    named = list(named)
-    if not any(isinstance(value, _UNINITIALIZED) for _, value in named):
-        return named
-    global _told_lazy
-    if not _told_lazy:
-        _told_lazy = True
-        log.warning("precdbg: a lazy module's parameters are not initialized yet at "
-                    "start(model): they are left out of this step's parameter inventory and "
-                    "weight gradients (the API calls that read them still record them)")
-    return [(name, value) for name, value in named if not isinstance(value, _UNINITIALIZED)]
-
-
 _NAMED_PARAMETERS = torch.nn.Module.named_parameters
 _NAMED_BUFFERS = torch.nn.Module.named_buffers
 
 
-class TorchAdapter(CheckpointReplays, BaseInstrumentor):
+class TorchAdapter(BaseInstrumentor):
     """Owner of every hook, mode and handle precdbg puts into torch."""
     framework = "pytorch"
     module_type = torch.nn.Module
@@ -68,16 +53,16 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
     Guard = Guard    # what the base's GuardedHook enters
     empty_capture_hint = ("was the training step run between start() and stop()? (code compiled "
                           "with torch.jit runs no Python hooks)")
-    tensors = tensors
     internal_dirs = _INTERNAL_DIRS
 
     def __init__(self) -> None:
         super().__init__()
+        self.tensors = TorchTensors()      # the core's TensorOps: this adapter's own
+        self.replays = CheckpointReplays(self)
         self._mode: Optional[ModeHandle] = None
         self._compiled: List[str] = []
         self._scripted: List[str] = []     # TorchScript modules left unhooked (outermost)
         self._recompute = RecomputeDetector(self._replay_begins)
-        self._in_checkpoint = False     # a reentrant checkpoint's forward was seen running
 
     # ------------------------------------------------------------------ environment
     def environment(self) -> Dict[str, Any]:
@@ -152,16 +137,30 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         # the module's own dict where `named_parameters` is torch's (what it reads, without
         # its generator layers: asked per module at every start); an override is asked
         if type(module).named_parameters is _NAMED_PARAMETERS:
-            return _initialized(module._parameters.items())
-        return _initialized(module.named_parameters(recurse=False))
+            return self._initialized(module._parameters.items())
+        return self._initialized(module.named_parameters(recurse=False))
 
     def own_buffers(self, module: torch.nn.Module) -> Iterable[Tuple[str, Any]]:
         if type(module).named_buffers is _NAMED_BUFFERS:
-            return _initialized(module._buffers.items())
-        return _initialized(module.named_buffers(recurse=False))
+            return self._initialized(module._buffers.items())
+        return self._initialized(module.named_buffers(recurse=False))
+
+    def _initialized(self, named: Iterable[Tuple[str, Any]]) -> Iterable[Tuple[str, Any]]:
+        """A module's parameters or buffers without the uninitialized ones of a lazy module
+        (`nn.LazyLinear` before its first forward: no shape, no values), said once."""
+        named = list(named)
+        if not any(isinstance(value, _UNINITIALIZED) for _, value in named):
+            return named
+        if self.recorder is not None:
+            self.recorder.say_once("lazy parameters", "precdbg: a lazy module's parameters are "
+                                   "not initialized yet at start(model): they are left out of "
+                                   "this step's parameter inventory and weight gradients (the "
+                                   "API calls that read them still record them)")
+        return [(name, value) for name, value in named
+                if not isinstance(value, _UNINITIALIZED)]
 
     def inventory_role(self, leaf: str, value: Any, is_param: bool) -> Tuple[str, bool]:
-        return (Role.PARAM, bool(value.requires_grad)) if is_param else (Role.BUFFER, False)
+        return (_PARAM, bool(value.requires_grad)) if is_param else (_BUFFER, False)
 
     def gradient_hooks(self, path: str, param: torch.Tensor) -> Iterable[Any]:
         return (param.register_hook(ParamGradHook(self, path, param)),
@@ -176,7 +175,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         self.hold(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self.hold(opt.register_optimizer_step_post_hook(self._optimizer_post))
         for patch in (watch_training_state(self) + plumbing.plumbing_patches(self)
-                      + checkpoint_patches(self)):
+                      + checkpoint_patches(self.replays)):
             self.hold(patch)
         self.hold(module_patches.hookless_copies(is_module_hook))
         cfg = session.config
@@ -185,13 +184,14 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         if cfg.keeps_apis:
             for patch in module_patches.fast_path_patches(self):
                 self.hold(patch)
-            self._mode = ModeHandle(CaptureMode(self._on_api_call, self))
+            self._mode = ModeHandle(CaptureMode(self._on_api_call, self,
+                                                self.replays.engine_returned))
             self.hold(self._mode)
 
     def _uninstrument(self) -> None:
         self._mode = None
         self._scripted = []
-        self._in_checkpoint = False
+        self.replays.forget()
         self._recompute.forget()
 
     def _replay_begins(self, replayed: List[Any], forward_owner: Optional[str]) -> None:
@@ -218,7 +218,7 @@ class TorchAdapter(CheckpointReplays, BaseInstrumentor):
         replay = where == REPLAY     # activation recompute: its backward only
         try:
             with Guard(self):
-                grad_on, replayable = self.forward_watch(grad_on)
+                grad_on, replayable = self.replays.forward_watch(grad_on)
                 call = session.begin_api(ident[0], ident[1], grad_on, replay, replayable)
                 if call is not None:
                     inputs, values = call_args(args, kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -29,6 +29,9 @@ _stack_at = torch._C._get_function_stack_at
 _Ident = Optional[Tuple[str, str]]
 
 
+# The table of names (made once per process, grown by `identify`): each entry is a pure function
+# of its key, the torch function (its namespaces and the core's name table), so every debugger
+# of the process may share it.
 @functools.lru_cache(maxsize=1)
 def _table() -> Dict[Any, Any]:
     names = framework_table("torch")
@@ -130,12 +133,14 @@ def call_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]
 
 class CaptureMode(TorchFunctionMode):
     """Routes every torch function call to `on_call(func, ident, args, kwargs)`, unless `state`
-    (the adapter: its `busy` and `paused`) says precdbg's own code or a skipped phase runs."""
+    (the adapter: its `busy` and `paused`) says precdbg's own code or a skipped phase runs;
+    `engine_returned()` is called when an entry to the autograd engine returns."""
 
-    def __init__(self, on_call: Any, state: Any) -> None:
+    def __init__(self, on_call: Any, state: Any, engine_returned: Callable[[], None]) -> None:
         super().__init__()
         self._on_call = on_call
         self._state = state
+        self._engine_returned = engine_returned
         self._table = _table()
 
     def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (),
@@ -157,7 +162,7 @@ class CaptureMode(TorchFunctionMode):
                     return func(*args, **kwargs)
                 return self._on_call(func, ident, args, kwargs)
             finally:
-                state.engine_returned()
+                self._engine_returned()
         if ident is None or ident is _IGNORED:
             return func(*args, **kwargs)
         return self._on_call(func, ident, args, kwargs)

@@ -48,43 +48,31 @@ def compiled_paths(model: Any) -> List[str]:
     return found
 
 
-_warned = False
-
-
 def note_compiled(session: Any, paths: List[str]) -> None:
-    """Say once per process, and in the run manifest, that compiled modules ran eagerly."""
-    global _warned
+    """Say once per debugger, and in the run manifest, that compiled modules ran eagerly."""
     if not paths:
         return
     session.note_manifest("compiled", {"framework": "torch.compile", "modules": paths,
                                        "captured_steps_run": "eager"})
-    if not _warned:
-        _warned = True
-        log.warning("precdbg: %s compiled with torch.compile; captured steps run compiled code "
-                    "eagerly (torch.compiler.set_stance('force_eager')) so that every API and "
-                    "module call is seen, the other steps run it compiled; random ops draw "
-                    "other numbers eagerly than compiled, so with dropout on, the loss of a "
-                    "captured step and of the steps after it differs from a run without "
-                    "precdbg (set dropout to 0 to compare losses)", _listed(paths))
-
-
-_warned_scripted = False
+    session.say_once("torch.compile", "precdbg: %s compiled with torch.compile; captured steps "
+                     "run compiled code eagerly (torch.compiler.set_stance('force_eager')) so "
+                     "that every API and module call is seen, the other steps run it compiled; "
+                     "random ops draw other numbers eagerly than compiled, so with dropout on, "
+                     "the loss of a captured step and of the steps after it differs from a run "
+                     "without precdbg (set dropout to 0 to compare losses)", _listed(paths))
 
 
 def note_scripted(session: Any, paths: List[str]) -> None:
-    """Say once per process, and in the run manifest, that TorchScript modules of the model
+    """Say once per debugger, and in the run manifest, that TorchScript modules of the model
     (`torch.jit.script`/`trace`) were not hooked: TorchScript runs no Python hooks and no
     torch-function mode, so neither they nor the calls inside them are captured (what goes in
     and comes out is, as the arguments and results of the calls around them)."""
-    global _warned_scripted
     if not paths:
         return
     session.note_manifest("unobserved", {"compiler": "torch.jit", "modules": paths})
-    if not _warned_scripted:
-        _warned_scripted = True
-        log.warning("precdbg: %s TorchScript (torch.jit): nothing inside %s is captured, "
-                    "only the calls around %s", _listed(paths), "it" if len(paths) == 1
-                    else "them", "it" if len(paths) == 1 else "them")
+    session.say_once("torch.jit", "precdbg: %s TorchScript (torch.jit): nothing inside %s is "
+                     "captured, only the calls around %s", _listed(paths),
+                     "it" if len(paths) == 1 else "them", "it" if len(paths) == 1 else "them")
 
 
 def _listed(paths: List[str]) -> str:

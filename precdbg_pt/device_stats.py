@@ -41,10 +41,19 @@ inputs therefore have relative errors far below 1e-6 (the tests require 1e-12; t
 design, float32 sums per block, was bounded by ~6e-7). Min, max and the NaN and
 Inf counts are exact.
 
-Testing only: `summarize_with(backend, tensors)` forces a backend, and runs the Triton kernel in
-Triton's interpreter for CPU tensors; ``PRECDBG_DEVICE_STATS=triton|torch`` (read once by
-`precdbg_pt.statistics`) sends CPU tensors through this module so a whole dumped step can be checked
-on a machine without an accelerator.
+State
+-----
+Everything that changes is held by one `DeviceStatistics` object per debugger (its adapter's
+`TorchTensors` owns it): the result buffers of each device, the tensors each thread queued, the
+count of host transfers. Two debuggers of one process share none of it: neither launches the
+other's queued tensors, nor transfers or resets the other's rows. What stays module-level is
+constant, or a cache of facts about the process (`stats_kernel`: the built kernel, its compiled
+variants, each device's multiprocessor count).
+
+Testing only: `DeviceStatistics.summarize_with(backend, tensors)` forces a backend, and runs the
+Triton kernel in Triton's interpreter for CPU tensors; ``PRECDBG_DEVICE_STATS=triton|torch``
+(read once by `precdbg_pt.tensors`) sends CPU tensors through this module so a whole dumped step
+can be checked on a machine without an accelerator.
 """
 from __future__ import annotations
 
@@ -60,8 +69,7 @@ import torch
 from . import stats_kernel
 from .torch_stats import torch_row
 
-__all__ = ["DeviceHandle", "summarize", "summarize_many", "summarize_with", "launch_queued",
-           "resolve", "host_transfers", "triton_available"]
+__all__ = ["DeviceHandle", "DeviceStatistics", "finish_rows", "triton_available"]
 
 log = logging.getLogger("precdbg")
 
@@ -69,23 +77,28 @@ _CHUNK_ROWS = 4096            # rows per buffer chunk (192 KiB); a full chunk ad
 _COLUMNS = 6
 _INIT = (math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0)
 _UNKNOWN = np.array([math.nan, math.nan, math.nan, math.nan, -1.0, -1.0])
+_QUEUE_LIMIT = 64             # launch early past this many (a foreach call's tensor list)
+_KERNEL_DTYPES = frozenset(stats_kernel.KERNEL_DTYPES)
+_STRIDED = torch.strided
 
 
 class DeviceHandle:
     """Where a tensor's statistics will be: a row of a device buffer (filled by `resolve`)."""
     __slots__ = ("buffer", "chunk", "row", "numel", "host")
 
-    def __init__(self, buffer: "_Buffer", chunk: int, row: int, numel: int) -> None:
+    def __init__(self, buffer: Optional["_Buffer"], chunk: int, row: int, numel: int) -> None:
         self.buffer, self.chunk, self.row, self.numel = buffer, chunk, row, numel
         self.host: Optional[np.ndarray] = None
 
 
 class _Buffer:
-    """The result rows of one device: chunks of `_CHUNK_ROWS` x 6 float64, allocated on first
-    use and kept for later steps; rows are handed out in order and reset after each transfer."""
+    """The result rows of one device for one `DeviceStatistics`: chunks of `_CHUNK_ROWS` x 6
+    float64, allocated on first use and kept for later steps; rows are handed out in order and
+    reset after each transfer."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, owner: "DeviceStatistics") -> None:
         self.device = device
+        self.owner = owner                  # its lock, and its count of host transfers
         self.on_host = device.type == "cpu"       # testing: CPU tensors through this path
         self.chunks: List[torch.Tensor] = []
         self.current = -1                   # chunk rows are taken from (-1: none yet)
@@ -105,7 +118,7 @@ class _Buffer:
              handles: Optional[Sequence[DeviceHandle]] = None) -> List[DeviceHandle]:
         """Consecutive rows of one chunk, one per tensor (one launch writes them); `handles`:
         handles made earlier (queued tensors) that get these rows."""
-        with _LOCK:
+        with self.owner.lock:
             return self._take(numels, handles)
 
     def _take(self, numels: Sequence[int],
@@ -144,6 +157,7 @@ class _Buffer:
             if self.device.type != "cpu" else False
         if elsewhere:
             _synchronize(self.device)
+        self.owner.transfers += 1
         host = _to_host(parts)
         for h in self.outstanding:
             h.host = host[h.chunk * _CHUNK_ROWS + h.row]
@@ -182,42 +196,11 @@ def _synchronize(device: torch.device) -> None:
         getattr(torch, device.type).synchronize(device)
 
 
-_BUFFERS: Dict[torch.device, _Buffer] = {}
-_LOCK = threading.Lock()            # rows may be taken from autograd's device threads
-_TRANSFERS = [0]
-
-
-def host_transfers() -> int:
-    """How many times results crossed to the host (one per device per `resolve`)."""
-    return _TRANSFERS[0]
-
-
 def _to_host(parts: Sequence[torch.Tensor]) -> np.ndarray:
     """The single device-to-host transfer (and synchronisation) of a device's result rows."""
-    _TRANSFERS[0] += 1
     joined = parts[0] if len(parts) == 1 else torch.cat(list(parts))
     # a copy: for CPU tensors (testing) `.cpu()` is the buffer itself, which is reset next
     return np.array(joined.cpu().numpy(), copy=True)
-
-
-def _buffer(device: torch.device) -> _Buffer:
-    buf = _BUFFERS.get(device)
-    if buf is None:
-        buf = _BUFFERS[device] = _Buffer(device)
-    return buf
-
-
-# the buffer of a tensor's device by its index (`get_device()`: -1 for host memory), asked per
-# launch: a torch.device object and its hash cost more than the launch's own arithmetic. One
-# kind of accelerator runs in a process, so the index names the device.
-_BY_INDEX: Dict[int, _Buffer] = {}
-
-
-def _buffer_of(t: torch.Tensor) -> _Buffer:
-    buf = _BY_INDEX.get(t.get_device())
-    if buf is None:
-        buf = _BY_INDEX[t.get_device()] = _buffer(t.device)
-    return buf
 
 
 # ------------------------------------------------------------------ triton backend
@@ -238,35 +221,8 @@ def _launch_torch(tensors: Sequence[torch.Tensor], handles: Sequence[DeviceHandl
     h.buffer.chunks[h.chunk][h.row:h.row + len(handles)].copy_(rows)
 
 
-# ------------------------------------------------------------------ entry points
 def _kernel_takes(t: torch.Tensor) -> bool:
     return t.dtype in stats_kernel.KERNEL_DTYPES and t.layout is torch.strided
-
-
-def _enqueue(backend: str, tensors: Sequence[torch.Tensor],
-             given: Optional[Sequence[DeviceHandle]] = None) -> List[DeviceHandle]:
-    """Rows for `tensors` (all on one device, non-empty) and the kernels that fill them."""
-    handles = _buffer_of(tensors[0]).take([t.numel() for t in tensors], given)
-    if backend == "torch":
-        _launch_torch(tensors, handles)
-        return handles
-    interpret = tensors[0].is_cpu
-    slots = stats_kernel.SLOTS
-    for start in range(0, len(tensors), slots):
-        group, rows = (tensors, handles) if len(tensors) <= slots else \
-            (tensors[start:start + slots], handles[start:start + slots])
-        try:
-            _launch_triton(group, rows, interpret)
-        except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built or launched
-            if interpret:
-                raise                           # testing: the kernel itself must work
-            stats_kernel.disable(exc)
-            _launch_torch(group, rows)
-    return handles
-
-
-_KERNEL_DTYPES = frozenset(stats_kernel.KERNEL_DTYPES)
-_STRIDED = torch.strided
 
 
 def _backend_for(t: torch.Tensor) -> str:
@@ -288,107 +244,156 @@ class _Queue:
         self.items: List[Tuple[torch.Tensor, DeviceHandle]] = []
 
 
-_LOCAL = threading.local()
-_QUEUES: "weakref.WeakSet[_Queue]" = weakref.WeakSet()    # every thread's, for resolve()
-_EVER_QUEUED = [False]              # set once, never reset: a hint that needs no lock
-_QUEUE_LIMIT = 64                   # launch early past this many (a foreach call's tensor list)
+class DeviceStatistics:
+    """The device statistics of one debugger: its result buffers (one per device) and the
+    tensors each thread queued for the fused kernel. Made by `TorchTensors`, one per adapter."""
+    __slots__ = ("lock", "transfers", "ever_queued", "local", "_queues", "_buffers", "_by_index")
 
+    def __init__(self) -> None:
+        self.lock = threading.Lock()        # rows may be taken from autograd's device threads
+        self.transfers = 0                  # times results crossed to the host (see resolve)
+        # True once a tensor was queued (never reset: a hint that needs no lock; the cost of
+        # every hook of a debugger that never queues is this flag's read)
+        self.ever_queued = False
+        self.local = threading.local()      # .queue: the calling thread's _Queue
+        self._queues: "weakref.WeakSet[_Queue]" = weakref.WeakSet()   # every thread's
+        self._buffers: Dict[torch.device, _Buffer] = {}
+        # the buffer of a tensor's device by its index (`get_device()`: -1 for host memory),
+        # asked per launch: a torch.device object and its hash cost more than the launch's own
+        # arithmetic. One kind of accelerator runs in a process, so the index names the device.
+        self._by_index: Dict[int, _Buffer] = {}
 
-def _queue() -> _Queue:
-    queue = getattr(_LOCAL, "queue", None)
-    if queue is None:
-        queue = _LOCAL.queue = _Queue()
-        with _LOCK:
-            _QUEUES.add(queue)
-    return queue
+    def host_transfers(self) -> int:
+        """How many times results crossed to the host (one per device per `resolve`)."""
+        return self.transfers
 
+    def _buffer_of(self, t: torch.Tensor) -> _Buffer:
+        buf = self._by_index.get(t.get_device())
+        if buf is None:
+            device = t.device
+            buf = self._buffers.get(device)
+            if buf is None:
+                buf = self._buffers[device] = _Buffer(device, self)
+            self._by_index[t.get_device()] = buf
+        return buf
 
-def summarize(t: torch.Tensor, backend: Optional[str] = None) -> DeviceHandle:
-    """The statistics of one non-empty device tensor: queued for the fused kernel (launched by
-    `launch_queued`), or enqueued now through torch ops. Returns where they will be. Called
-    with gradients disabled (the adapter's guard): the tensor itself is queued, not a detached
-    alias of it (the kernel reads its memory, nothing builds a graph)."""
-    backend = backend or _backend_for(t)
-    if backend != "triton":
-        return _enqueue(backend, [t.detach()])[0]
-    handle = DeviceHandle(None, -1, -1, t.numel())      # rows are taken at launch
-    _EVER_QUEUED[0] = True
-    queue = getattr(_LOCAL, "queue", None) or _queue()
-    items = queue.items
-    items.append((t, handle))
-    if len(items) >= _QUEUE_LIMIT:
-        launch_queued()
-    return handle
+    def _enqueue(self, backend: str, tensors: Sequence[torch.Tensor],
+                 given: Optional[Sequence[DeviceHandle]] = None) -> List[DeviceHandle]:
+        """Rows for `tensors` (all on one device, non-empty) and the kernels that fill them."""
+        handles = self._buffer_of(tensors[0]).take([t.numel() for t in tensors], given)
+        if backend == "torch":
+            _launch_torch(tensors, handles)
+            return handles
+        interpret = tensors[0].is_cpu
+        slots = stats_kernel.SLOTS
+        for start in range(0, len(tensors), slots):
+            group, rows = (tensors, handles) if len(tensors) <= slots else \
+                (tensors[start:start + slots], handles[start:start + slots])
+            try:
+                _launch_triton(group, rows, interpret)
+            except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built or launched
+                if interpret:
+                    raise                           # testing: the kernel itself must work
+                stats_kernel.disable(exc)
+                _launch_torch(group, rows)
+        return handles
 
+    def _queue(self) -> _Queue:
+        queue = getattr(self.local, "queue", None)
+        if queue is None:
+            queue = self.local.queue = _Queue()
+            with self.lock:
+                self._queues.add(queue)
+        return queue
 
-def launch_queued() -> None:
-    """Launch the fused kernel for the tensors this thread queued: one launch per device and
-    dtype for up to `SLOTS` tensors. Cheap when nothing is queued."""
-    if not _EVER_QUEUED[0]:         # the cost of every hook in a process that never queues
-        return
-    queue = getattr(_LOCAL, "queue", None)
-    if queue is not None and queue.items:
-        _launch_items(queue)
+    # ------------------------------------------------------------------ entry points
+    def summarize(self, t: torch.Tensor, backend: Optional[str] = None) -> DeviceHandle:
+        """The statistics of one non-empty device tensor: queued for the fused kernel (launched
+        by `launch_queued`), or enqueued now through torch ops. Returns where they will be.
+        Called with gradients disabled (the adapter's guard): the tensor itself is queued, not
+        a detached alias of it (the kernel reads its memory, nothing builds a graph)."""
+        backend = backend or _backend_for(t)
+        if backend != "triton":
+            return self._enqueue(backend, [t.detach()])[0]
+        handle = DeviceHandle(None, -1, -1, t.numel())      # rows are taken at launch
+        self.ever_queued = True
+        queue = getattr(self.local, "queue", None) or self._queue()
+        items = queue.items
+        items.append((t, handle))
+        if len(items) >= _QUEUE_LIMIT:
+            self.launch_queued()
+        return handle
 
+    def launch_queued(self) -> None:
+        """Launch the fused kernel for the tensors this thread queued: one launch per device
+        and dtype for up to `SLOTS` tensors. Cheap when nothing is queued."""
+        if not self.ever_queued:
+            return
+        queue = getattr(self.local, "queue", None)
+        if queue is not None and queue.items:
+            self._launch_items(queue)
 
-def _launch_items(queue: _Queue) -> None:
-    items, queue.items = queue.items, []
-    first = items[0][0]
-    if len(items) == 1:                 # most hooks queue one tensor, or tensors of one kind
-        _enqueue("triton", [first], [items[0][1]])
-        return
-    device, dtype = first.get_device(), first.dtype
-    if all(t.get_device() == device and t.dtype is dtype for t, _ in items):
-        _enqueue("triton", [t for t, _ in items], [h for _, h in items])
-        return
-    groups: Dict[Tuple[int, torch.dtype], List[Tuple[torch.Tensor, DeviceHandle]]] = {}
-    for item in items:
-        groups.setdefault((item[0].get_device(), item[0].dtype), []).append(item)
-    for group in groups.values():
-        _enqueue("triton", [t for t, _ in group], [h for _, h in group])
+    def _launch_items(self, queue: _Queue) -> None:
+        items, queue.items = queue.items, []
+        first = items[0][0]
+        if len(items) == 1:                 # most hooks queue one tensor, or tensors of one kind
+            self._enqueue("triton", [first], [items[0][1]])
+            return
+        device, dtype = first.get_device(), first.dtype
+        if all(t.get_device() == device and t.dtype is dtype for t, _ in items):
+            self._enqueue("triton", [t for t, _ in items], [h for _, h in items])
+            return
+        groups: Dict[Tuple[int, torch.dtype], List[Tuple[torch.Tensor, DeviceHandle]]] = {}
+        for item in items:
+            groups.setdefault((item[0].get_device(), item[0].dtype), []).append(item)
+        for group in groups.values():
+            self._enqueue("triton", [t for t, _ in group], [h for _, h in group])
 
+    def summarize_many(self, tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
+        """Enqueue the statistics of several non-empty tensors of one device: tensors the kernel
+        takes share launches by dtype (up to `SLOTS` each), the rest go through torch ops."""
+        groups: Dict[Tuple[str, Any], List[int]] = {}
+        for i, t in enumerate(tensors):
+            backend = _backend_for(t)
+            groups.setdefault((backend, t.dtype if backend == "triton" else None),
+                              []).append(i)
+        out: List[Optional[DeviceHandle]] = [None] * len(tensors)
+        for (backend, _), indices in groups.items():
+            for i, h in zip(indices, self._enqueue(backend,
+                                                   [tensors[i].detach() for i in indices])):
+                out[i] = h
+        return out  # type: ignore[return-value]
 
-def summarize_many(tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
-    """Enqueue the statistics of several non-empty tensors of one device: tensors the kernel
-    takes share launches by dtype (up to `SLOTS` each), the rest go through torch ops."""
-    groups: Dict[Tuple[str, Any], List[int]] = {}
-    for i, t in enumerate(tensors):
-        backend = _backend_for(t)
-        groups.setdefault((backend, t.dtype if backend == "triton" else None), []).append(i)
-    out: List[Optional[DeviceHandle]] = [None] * len(tensors)
-    for (backend, _), indices in groups.items():
-        for i, h in zip(indices, _enqueue(backend, [tensors[i].detach() for i in indices])):
-            out[i] = h
-    return out  # type: ignore[return-value]
+    def summarize_with(self, backend: str, tensors: Sequence[torch.Tensor]
+                       ) -> List[DeviceHandle]:
+        """Testing only: force `backend` ("triton" or "torch") for non-empty tensors of one
+        device, CPU tensors included (the Triton kernel then runs in Triton's interpreter)."""
+        if backend not in ("triton", "torch"):
+            raise ValueError(f"unknown statistics backend {backend!r}")
+        if backend == "triton" and not (stats_kernel.triton_available()
+                                        and all(map(_kernel_takes, tensors))):
+            raise ValueError("the triton backend needs triton and float32/16, bfloat16, "
+                             "float64")
+        with torch.no_grad():
+            return self._enqueue(backend, [t.detach() for t in tensors])
 
-
-def summarize_with(backend: str, tensors: Sequence[torch.Tensor]) -> List[DeviceHandle]:
-    """Testing only: force `backend` ("triton" or "torch") for non-empty tensors of one device,
-    CPU tensors included (the Triton kernel then runs in Triton's interpreter)."""
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"unknown statistics backend {backend!r}")
-    if backend == "triton" and not (stats_kernel.triton_available() and all(map(_kernel_takes, tensors))):
-        raise ValueError("the triton backend needs triton and float32/16, bfloat16, float64")
-    with torch.no_grad():
-        return _enqueue(backend, [t.detach() for t in tensors])
-
-
-def resolve(handles: Sequence[DeviceHandle]) -> np.ndarray:
-    """Raw rows (min, max, sum, sum of squares, nan, inf) of `handles`: one transfer per device
-    whose rows are not on the host yet (every outstanding row of that device comes along)."""
-    launch_queued()
-    if any(h.buffer is None for h in handles):     # queued by a thread whose hook never ended
-        with _LOCK:
-            queues = [q for q in _QUEUES if q.items]
-        for queue in queues:
-            _launch_items(queue)
-    for h in handles:
-        if h.host is None and h.buffer is not None:
-            h.buffer.transfer()
-    if not handles:
-        return np.zeros((0, _COLUMNS))
-    # a row whose launch failed (reported then): statistics unknown, counts -1
-    return np.stack([h.host if h.host is not None else _UNKNOWN for h in handles])
+    def resolve(self, handles: Sequence[DeviceHandle]) -> np.ndarray:
+        """Raw rows (min, max, sum, sum of squares, nan, inf) of `handles`: one transfer per
+        device whose rows are not on the host yet (every outstanding row of that device comes
+        along)."""
+        self.launch_queued()
+        if any(h.buffer is None for h in handles):    # queued by a thread whose hook never ended
+            with self.lock:
+                queues = [q for q in self._queues if q.items]
+            for queue in queues:
+                self._launch_items(queue)
+        for h in handles:
+            if h.host is None and h.buffer is not None:
+                h.buffer.transfer()
+        if not handles:
+            return np.zeros((0, _COLUMNS))
+        # a row whose launch failed (reported then): statistics unknown, counts -1
+        return np.stack([h.host if h.host is not None else _UNKNOWN for h in handles])
 
 
 def finish_rows(raw: np.ndarray, numels: Sequence[int]) -> np.ndarray:

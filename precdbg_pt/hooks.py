@@ -15,7 +15,6 @@ from precdbg.records import Direction, Role
 from .api import tensor_args, tensor_outputs
 from .graph import input_targets
 from .recompute import REPLAY
-from .statistics import launch_queued as _launch_queued
 
 if TYPE_CHECKING:  # pragma: no cover
     from .adapter import TorchAdapter
@@ -34,7 +33,9 @@ _FORWARD, _INPUT, _OUTPUT = Direction.FORWARD, Role.INPUT, Role.OUTPUT
 
 
 class Guard:
-    """Inside our own hooks: no capture of our own torch calls, no graph, nothing raised."""
+    """Inside our own hooks: no capture of our own torch calls, no graph, nothing raised; when
+    it ends, the statistics kernels its hook queued are launched (the adapter's own
+    `TorchTensors`)."""
     __slots__ = ("adapter", "prev_grad", "disable")
 
     def __init__(self, adapter: "TorchAdapter") -> None:
@@ -51,12 +52,16 @@ class Guard:
         return self                       # ~3 us a hook, and hooks run per record
 
     def __exit__(self, *exc: Any) -> None:
-        try:      # statistics queued by this hook share kernel launches, before torch runs on
-            _launch_queued()
-        except Exception as error:  # noqa: BLE001 - never raise into training
-            session = self.adapter.recorder
-            if session is not None:
-                session.hook_failed(error, "launching statistics kernels")
+        # statistics queued by this hook share kernel launches, before torch runs on (what
+        # `TorchTensors.launch_queued` does, its check inlined: this runs several times a record)
+        device = self.adapter.tensors.device
+        if device.ever_queued:
+            try:
+                device.launch_queued()
+            except Exception as error:  # noqa: BLE001 - never raise into training
+                session = self.adapter.recorder
+                if session is not None:
+                    session.hook_failed(error, "launching statistics kernels")
         _set_grad_enabled(self.prev_grad)
         self.disable.__exit__(None, None, None)
         self.adapter.busy -= 1
@@ -97,7 +102,7 @@ class ModuleHooks:
                                                _thread_name(mode.thread))
         try:
             with Guard(adapter):
-                grad_on, replayable = adapter.forward_watch(grad_on)
+                grad_on, replayable = adapter.replays.forward_watch(grad_on)
                 call, subtree = session.begin_module("Module", self.path, self.cls, grad_on,
                                                      replay, replayable)
                 session.enter_module(self.path, subtree)

@@ -13,12 +13,11 @@ tensor while a torch-function mode (the API capture) is on the stack: captured, 
 their slow path, whose numbers differ (padding positions of a `src_key_padding_mask` above all).
 When such a module may take its fast path, its forward runs unobserved (`adapter.unobserved()`:
 the capture mode off the stack), so it computes what it computes without precdbg; its module
-record is kept, the API calls inside it are not captured (said once per class).
+record is kept, the API calls inside it are not captured (said once per class and debugger).
 """
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any, Callable, List, Set
 
 import torch
@@ -26,8 +25,6 @@ import torch
 from precdbg.capture import ClassPatch
 
 __all__ = ["hookless_copies", "fast_path_patches"]
-
-log = logging.getLogger("precdbg")
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 # per hook id: registered with kwargs / always called (ids of hooks left out go too)
@@ -67,7 +64,6 @@ def _state_without(original: Callable[[Any], dict], is_ours: Callable[[Any], boo
 
 _FAST_PATH_CLASSES = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
                       torch.nn.TransformerEncoder)
-_SAID: Set[str] = set()
 
 
 def fast_path_patches(adapter: Any) -> List[ClassPatch]:
@@ -95,11 +91,10 @@ def _fast_path_forward(adapter: Any, original: Callable[..., Any]) -> Callable[.
         if not adapter.installed or adapter.paused or not _may_take_fast_path(self):
             return original(self, *args, **kwargs)
         name = type(self).__name__
-        if name not in _SAID:
-            _SAID.add(name)
-            log.warning("precdbg: %s runs PyTorch's fused fast path in eval mode, which "
-                        "capturing its API calls would turn off (its numbers would change): "
-                        "the calls inside it are not captured", name)
+        adapter.recorder.say_once(("fast path", name), "precdbg: %s runs PyTorch's fused fast "
+                                  "path in eval mode, which capturing its API calls would turn "
+                                  "off (its numbers would change): the calls inside it are not "
+                                  "captured", name)
         with adapter.unobserved():
             return original(self, *args, **kwargs)
     return forward

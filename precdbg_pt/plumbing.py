@@ -104,5 +104,7 @@ def model_class(module: Any) -> type:
     return found
 
 
+# class -> the model's own class: a cache of a pure function of the class (see model_class),
+# so every debugger of the process may share it
 _MODEL_CLASSES: Dict[type, type] = {}
 _MODEL_CLASSES_MAX = 4096     # classes kept (a model has tens; a bound for classes made at runtime)

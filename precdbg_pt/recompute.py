@@ -29,7 +29,7 @@ adapter lets them through unrecorded (ENGINE), however backward was entered.
 Backward runs without the capture mode on torch's stack: a replay's calls are seen once the
 mode is back. A replayed module's hook puts it back; for a checkpointed plain function (no
 module in it) hooks on the checkpoint's ctx do, set at the first call of its forward (the
-adapter's `replayable`, `checkpoint_context`), or a patch of the replay function of
+adapter's `replays.replayable`, `checkpoint_context`), or a patch of the replay function of
 Megatron's and MindSpeed's output-discarding checkpoints (`checkpoint_patches`). The module the
 checkpoint's forward was called in, noted on its ctx then, owns what it replays
 (`forward_owner`).
@@ -43,9 +43,9 @@ import torch
 
 from precdbg.capture import ClassPatch
 
-__all__ = ["RecomputeDetector", "CheckpointReplays", "FORWARD", "REPLAY", "ENGINE", "ENGINE_ENTRIES",
-           "replayed_functions", "forward_owner", "note_owner", "checkpoint_patches",
-           "checkpoint_context", "UNKNOWN_CONTEXT"]
+__all__ = ["RecomputeDetector", "CheckpointReplays", "FORWARD", "REPLAY", "ENGINE",
+           "ENGINE_ENTRIES", "replayed_functions", "forward_owner", "note_owner",
+           "checkpoint_patches", "checkpoint_context", "UNKNOWN_CONTEXT"]
 
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 _RECOMPUTE_FUNCTIONS = frozenset({"recompute_fn", "_recompute", "recompute", "backward",
@@ -83,7 +83,7 @@ def checkpoint_context(frame: Any) -> Optional[Any]:
     checkpoint none of whose inputs needs a gradient (`ctx.needs_input_grad`) has none: one run
     under no_grad (an evaluation forward), or nested in another's forward, whose replay runs it
     again. Asked for calls that run without gradients, and for those with gradients right
-    after a checkpoint's forward was seen (TorchAdapter.forward_watch)."""
+    after a checkpoint's forward was seen (CheckpointReplays.forward_watch)."""
     while frame is not None:
         code = frame.f_code
         if code.co_name == "forward" and "checkpoint" in (
@@ -146,8 +146,8 @@ def note_owner(ctx: Any, module: str) -> bool:
 
 # A reentrant checkpoint replays its function in its own backward: a hook on its ctx (the
 # checkpoint's node), set at the first call of its forward, puts the capture mode back on torch's
-# stack for it (the adapter's `replayable`). The output-discarding variants replay earlier, in a
-# hook on a later tensor: their replay function is patched, where its module is imported
+# stack for it (`CheckpointReplays.replayable`). The output-discarding variants replay earlier,
+# in a hook on a later tensor: their replay function is patched, where its module is imported
 # already (nothing is imported for it): (module, class, replay function).
 _OUTPUT_DISCARDING = (
     ("megatron.core.tensor_parallel.random", "CheckpointWithoutOutput", "_recompute"),
@@ -155,9 +155,9 @@ _OUTPUT_DISCARDING = (
 )
 
 
-def checkpoint_patches(adapter: Any) -> List[ClassPatch]:
+def checkpoint_patches(replays: "CheckpointReplays") -> List[ClassPatch]:
     """Patches of the `_OUTPUT_DISCARDING` replays imported now: the adapter's
-    `replay_entered()` before, `replay_left(its answer)` after."""
+    `replays.replay_entered()` before, `replay_left(its answer)` after."""
     patches: List[ClassPatch] = []
     done = set()                # a class one module re-exports from another is patched once
     for module_name, class_name, replay in _OUTPUT_DISCARDING:
@@ -169,11 +169,11 @@ def checkpoint_patches(adapter: Any) -> List[ClassPatch]:
 
         def make(original: Any) -> Any:
             def replay_entry(*args: Any, **kwargs: Any) -> Any:
-                put_back = adapter.replay_entered()
+                put_back = replays.replay_entered()
                 try:
                     return original(*args, **kwargs)
                 finally:
-                    adapter.replay_left(put_back)
+                    replays.replay_left(put_back)
             return replay_entry
         patches.append(ClassPatch(owner, replay, make))
     return patches
@@ -215,66 +215,80 @@ class RecomputeDetector:
 class _ReplayHooks:
     """The pre-hook and hook of a reentrant checkpoint's node (one object, two bound methods):
     its backward replays its forward, with the capture mode back on torch's stack."""
-    __slots__ = ("adapter", "put_back")
+    __slots__ = ("replays", "put_back")
 
-    def __init__(self, adapter: "CheckpointReplays") -> None:
-        self.adapter, self.put_back = adapter, False
+    def __init__(self, replays: "CheckpointReplays") -> None:
+        self.replays, self.put_back = replays, False
 
     def enter(self, grad_outputs: Any) -> None:
-        self.put_back = self.adapter.replay_entered()
+        self.put_back = self.replays.replay_entered()
         return None
 
     def leave(self, grad_inputs: Any, grad_outputs: Any) -> None:
         put_back, self.put_back = self.put_back, False
-        self.adapter.replay_left(put_back)
+        self.replays.replay_left(put_back)
         return None
 
 
 class CheckpointReplays:
-    """The adapter's part in checkpoint replays (TorchAdapter inherits it): whether a forward
-    call may be replayed, and the capture mode put back on torch's stack while a replay runs.
-    Uses the adapter's `session`, `_mode` (the capture mode's handle), `installed`, `paused`,
-    `hold` and `_in_checkpoint`."""
+    """The adapter's part in checkpoint replays, a helper object each `TorchAdapter` owns (as
+    `replays`) and calls: whether a forward call may be replayed, and the capture mode put back
+    on torch's stack while a replay runs. Reads the adapter's `recorder`, `_mode` (the capture
+    mode's handle), `installed`, `paused`, and registers through its `hold`."""
+    __slots__ = ("adapter", "in_checkpoint")
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter = adapter
+        self.in_checkpoint = False     # a reentrant checkpoint's forward was seen running
+
+    def forget(self) -> None:
+        """The capture window is over (uninstall)."""
+        self.in_checkpoint = False
 
     def replayable(self) -> bool:
         """Whether a call may be re-run by a recompute's replay (asked for calls without
         gradients, see `forward_watch`): the backward is captured and the call runs in the
-        forward of an activation checkpoint with a backward (read off the stack). At the first such call of a
-        checkpoint, its ctx keeps the module it runs in (the owner of what its replay re-runs)
-        and gets the hooks that put the capture mode back for its replay."""
-        if not self.recorder.filter.keeps_backward:
+        forward of an activation checkpoint with a backward (read off the stack: the frame of
+        `forward_watch`'s caller and above). At the first such call of a checkpoint, its ctx
+        keeps the module it runs in (the owner of what its replay re-runs) and gets the hooks
+        that put the capture mode back for its replay."""
+        adapter = self.adapter
+        recorder = adapter.recorder
+        if not recorder.filter.keeps_backward:
             return False
         ctx = checkpoint_context(sys._getframe(2))
         if ctx is None:
             return False
-        self._in_checkpoint = True
-        if note_owner(ctx, self.recorder.owning_module):
+        self.in_checkpoint = True
+        if note_owner(ctx, recorder.owning_module):
             hooks = _ReplayHooks(self)
-            self.hold(ctx.register_prehook(hooks.enter))
-            self.hold(ctx.register_hook(hooks.leave))
+            adapter.hold(ctx.register_prehook(hooks.enter))
+            adapter.hold(ctx.register_hook(hooks.leave))
         return True
 
     def forward_watch(self, grad_on: bool) -> Tuple[bool, bool]:
         """(watched, replayable) of a forward call about to run (`grad_on`: gradients are
-        enabled and the backward is captured). Without gradients it is not watched, and a
-        replay may re-run it (`replayable`). With them it is watched, unless it runs in a
-        reentrant checkpoint's forward all the same (`torch.enable_grad()` inside one, as
-        Megatron's bias-dropout-add): the graph it makes there is dropped and the checkpoint's
-        replay has its backward. The stack is read for that only after a checkpoint's forward
-        was seen, until a call with gradients runs outside one."""
+        enabled and the backward is captured), asked by the adapter's hooks themselves (the
+        stack above them is read). Without gradients it is not watched, and a replay may re-run
+        it (`replayable`). With them it is watched, unless it runs in a reentrant checkpoint's
+        forward all the same (`torch.enable_grad()` inside one, as Megatron's
+        bias-dropout-add): the graph it makes there is dropped and the checkpoint's replay has
+        its backward. The stack is read for that only after a checkpoint's forward was seen,
+        until a call with gradients runs outside one."""
         if not grad_on:
             return False, self.replayable()
-        if self._in_checkpoint:
+        if self.in_checkpoint:
             if self.replayable():
                 return False, True
-            self._in_checkpoint = False
+            self.in_checkpoint = False
         return True, False
 
     def replay_entered(self) -> bool:
         """A checkpoint's replay starts inside backward: the capture mode goes back on torch's
         stack for it (True when it was put back now)."""
-        session, mode = self.recorder, self._mode
-        if not self.installed or self.paused or mode is None or session is None:
+        adapter = self.adapter
+        session, mode = adapter.recorder, adapter._mode
+        if not adapter.installed or adapter.paused or mode is None or session is None:
             return False
         try:
             return mode.enter_replay()
@@ -283,7 +297,7 @@ class CheckpointReplays:
             return False
 
     def replay_left(self, put_back: bool) -> None:
-        session, mode = self.recorder, self._mode
+        session, mode = self.adapter.recorder, self.adapter._mode
         if put_back and mode is not None and session is not None:
             try:
                 mode.leave_replay()
@@ -292,5 +306,6 @@ class CheckpointReplays:
 
     def engine_returned(self) -> None:
         """An engine entry (backward, autograd.grad) returned: a replay's mode comes off."""
-        if self._mode is not None:
-            self._mode.leave_replay()
+        mode = self.adapter._mode
+        if mode is not None:
+            mode.leave_replay()

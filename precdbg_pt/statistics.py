@@ -1,43 +1,36 @@
-"""Statistics of PyTorch tensors: `summarize` queues a tensor's row (min, max, mean, norm, NaN and
-Inf counts), `resolve` turns a batch of handles into rows.
+"""How the statistics row of a PyTorch tensor (min, max, mean, norm, NaN and Inf counts) is
+computed; which way a tensor goes is `TorchTensors.summarize`'s choice (precdbg_pt.tensors).
 
-CPU tensors (whose device *is* host memory) go through `precdbg.capture._fastats`: one vectorised pass
-over the bytes gives min, max, the finite sum and sum of squares, NaN and Inf counts (float64
-exact); a handle is then the finished row. Tensors of other dtypes or without the extension use
-torch's reductions, resolved per batch.
+CPU tensors (whose device *is* host memory) go through `precdbg.capture._fastats` (`host_row`):
+one vectorised pass over the bytes gives min, max, the finite sum and sum of squares, NaN and Inf
+counts (float64 exact); a handle is then the finished row. Tensors of other dtypes or without the
+extension use torch's reductions (`reductions`: a `Pending` handle), resolved per batch.
 
 Other devices (CUDA, NPU, XPU, ...) go through `precdbg_pt.device_stats`: one fused kernel per
-tensor (Triton on CUDA, torch ops elsewhere) writes the statistics into a device result buffer;
-the tensor is not kept, and all rows of a device cross to the host once, when the session
-resolves the step's records (`deferrable` handles do not make the session flush early).
+tensor (Triton on CUDA, torch ops elsewhere) writes the statistics into a device result buffer of
+the debugger's `DeviceStatistics`; the tensor is not kept, and all rows of a device cross to the
+host once, when the session resolves the step's records (`resolve`).
 
-Testing only: ``PRECDBG_DEVICE_STATS=triton|torch`` (read once, at import) sends CPU tensors
-through `device_stats` with that backend, so the device path runs on machines without one.
+Nothing here holds state but `_LAYOUTS`, a cache of a pure function (see there).
 """
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from . import device_stats, stats_kernel
-from .device_stats import DeviceHandle
-from .host_copies import HostCopy as _HostCopy
-from .host_copies import has_memory as _has_memory
+from .device_stats import DeviceHandle, DeviceStatistics, finish_rows
 
 try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
     from precdbg.capture import fastats as _fastats
 except ImportError:  # pragma: no cover - exercised on machines without the extension
     _fastats = None
 
-__all__ = ["summarize", "resolve", "launch_queued", "retained_bytes", "deferrable", "nbytes",
-           "element_layout", "version_of", "INFERENCE_VERSION"]
-
-# testing only: route CPU tensors through device_stats with this backend ("triton", "torch")
-_FORCED_BACKEND = os.environ.get("PRECDBG_DEVICE_STATS") or None
+__all__ = ["Pending", "HostRow", "Handle", "FAST_CODES", "host_row", "reductions",
+           "stored_values", "with_zeros", "resolve", "nbytes", "element_layout", "version_of",
+           "INFERENCE_VERSION"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -60,6 +53,8 @@ def version_of(t: torch.Tensor) -> int:
         raise
 
 
+# (shape, strides) -> element_layout's answer: a cache of a pure function of its key, so every
+# debugger of the process may share it (bounded, cleared when full)
 _LAYOUTS: Dict[Tuple[Any, Tuple[int, ...]], Tuple[Tuple[int, int], ...]] = {}
 _LAYOUTS_MAX = 4096        # distinct (shape, strides) kept; a model has far fewer
 
@@ -90,7 +85,7 @@ def element_layout(t: torch.Tensor, stride: Optional[Tuple[int, ...]] = None
     return found
 
 
-class _Pending:
+class Pending:
     """Statistics still to be read: torch reductions of a tensor (`values`) taken on the host
     at resolve time, or none at all (no values, or none precdbg may read: `values` None)."""
     __slots__ = ("tensor", "version", "numel", "values")
@@ -128,7 +123,7 @@ def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
     return total
 
 
-_FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 # Every CPU tensor of these dtypes goes through the C pass, whatever its size: float64 sums
 # (exact against numpy float64), min/max over non-NaN values, one read. From 1 M elements it
 # splits across two threads (precdbg/capture/_fastats.c: PAR_MIN).
@@ -137,7 +132,7 @@ _FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloa
 HostRow = Tuple[float, float, float, float, int, int]
 
 
-def _host_stats(t: torch.Tensor, code: int) -> HostRow:
+def host_row(t: torch.Tensor, code: int) -> HostRow:
     """The record's row itself (min, max, mean, norm, NaN and Inf counts), computed now: a
     host tensor's statistics handle is its finished row (no object, no arithmetic here)."""
     if not t.is_contiguous():
@@ -151,61 +146,16 @@ def _host_stats(t: torch.Tensor, code: int) -> HostRow:
     return _fastats.row(t.data_ptr(), t.numel(), code)
 
 
-Handle = Union[HostRow, _Pending, DeviceHandle]
+Handle = Union[HostRow, Pending, DeviceHandle]
 
 
-def _forced(t: torch.Tensor) -> DeviceHandle:
-    backend = _FORCED_BACKEND
-    if backend == "triton" and not (t.dtype in stats_kernel.KERNEL_DTYPES
-                                    and t.layout is torch.strided):
-        backend = "torch"                       # the kernel does not take this dtype
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"PRECDBG_DEVICE_STATS={backend!r}: expected triton or torch")
-    if backend == "triton" and not device_stats.triton_available():
-        raise ValueError("PRECDBG_DEVICE_STATS=triton: triton does not import")
-    with torch.no_grad():
-        return device_stats.summarize(t, backend)
-
-
-# Launch the statistics kernels this thread queued (the end of every hook): device_stats' own
-# function, not a wrapper (called twice per captured call).
-launch_queued = device_stats.launch_queued
-
-
-def summarize(t: torch.Tensor) -> Handle:
-    """Queue min, max, sum, sum of squares, NaN and Inf counts of a tensor; nothing leaves the
-    device. Called with gradients disabled (the adapter's guard)."""
-    numel = t.numel()
-    if numel == 0:
-        return _Pending(None, numel, None)   # no values
-    if t.layout is not torch.strided:
-        return _sparse(t, numel)
-    if not _has_memory(t):   # no memory of its own to read (a wrapper subclass, a tensor of
-        return _Pending(None, numel, None)   # functorch's vmap/grad, a fake tensor)
-    if t.is_neg():           # a lazy negation (the imaginary part of a conjugate view): its
-        t = t.detach().resolve_neg()     # memory holds the values negated
-    if not t.is_cpu:                    # a flag read; t.device.type builds a device object
-        if t.is_meta:
-            return _Pending(None, numel, None)
-        return device_stats.summarize(t)
-    if _FORCED_BACKEND is not None:
-        return _forced(t)
-    if _fastats is not None:
-        code = _FAST_CODES.get(t.dtype)
-        if code is not None:
-            return _host_stats(t, code)
-        # integers and bools as float64 (exact below 2**53), complex as its magnitude: one C
-        # pass over the converted copy, not five torch reductions, each of which may wake the
-        # intra-op thread pool (~1 ms for a 4 K-element bool mask)
-        w = t.detach().abs() if t.is_complex() else t.detach().double()
-        code = _FAST_CODES.get(w.dtype)
-        if code is not None:
-            return _host_stats(w, code)
+def reductions(t: torch.Tensor, numel: int) -> Pending:
+    """Torch's reductions of a host tensor that the C pass does not take (resolved per batch)."""
     t = t.detach()
     w = _work_view(t)
     lo, hi = torch.aminmax(w)
     flat = w.reshape(-1)
-    return _Pending(t, numel, (lo, hi, w.sum(), _sum_of_squares(flat)))
+    return Pending(t, numel, (lo, hi, w.sum(), _sum_of_squares(flat)))
 
 
 # the values a sparse layout stores (duplicates of an uncoalesced COO tensor summed first)
@@ -216,23 +166,13 @@ for _layout_name in ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc"):
         _STORED_VALUES[getattr(torch, _layout_name)] = lambda t: t.values()
 
 
-def _sparse(t: torch.Tensor, numel: int) -> Handle:
-    """Statistics of a sparse tensor (the gradient of an `nn.Embedding(sparse=True)`): of its
-    stored values and the zeros it does not store, as of the same tensor made dense. On the
-    host from the stored values alone; on a device from the dense tensor (one temporary)."""
+def stored_values(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """The values a sparse tensor stores (None for a layout whose values are not read)."""
     stored = _STORED_VALUES.get(t.layout)
-    if stored is None:                   # another layout (mkldnn, ...): values not read
-        return _Pending(None, numel, None)
-    t = t.detach()
-    values = stored(t)
-    if values.is_cpu:
-        row = summarize(values)
-        if type(row) is tuple:
-            return _with_zeros(row, values.numel(), numel)   # type: ignore[arg-type]
-    return summarize(t.to_dense())
+    return stored(t) if stored is not None else None
 
 
-def _with_zeros(row: HostRow, stored: int, numel: int) -> HostRow:
+def with_zeros(row: HostRow, stored: int, numel: int) -> HostRow:
     """The row of `stored` values extended by the `numel - stored` zeros a sparse tensor holds
     without storing them (min, max and mean change; the norm and the counts do not)."""
     zeros = numel - stored
@@ -246,7 +186,7 @@ def _with_zeros(row: HostRow, stored: int, numel: int) -> HostRow:
     return lo, hi, total / (finite + zeros), norm, nan, inf
 
 
-def _nonfinite_rows(pending: Sequence[_Pending]) -> List[Optional[List[float]]]:
+def _nonfinite_rows(pending: Sequence[Pending]) -> List[Optional[List[float]]]:
     """For tensors whose min or max is NaN/Inf: NaN and Inf counts, and the sum and sum of squares
     of the finite values, for all of them in one host transfer. None where the tensor changed."""
     rows: List[Optional[List[float]]] = [None] * len(pending)
@@ -269,39 +209,24 @@ def _nonfinite_rows(pending: Sequence[_Pending]) -> List[Optional[List[float]]]:
     return rows
 
 
-def retained_bytes(handle: Union[Handle, "_HostCopy"]) -> int:
-    """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), or a tensor
-    held for statistics computed at resolve time; 0 for statistics computed already or
-    enqueued into a device buffer."""
-    if isinstance(handle, _HostCopy):
-        return nbytes(handle.tensor)
-    if isinstance(handle, _Pending) and handle.tensor is not None:
-        return nbytes(handle.tensor)
-    return 0
-
-
-def deferrable(handle: Handle) -> bool:
-    """Whether the handle's statistics can wait for the step's end at no cost: they are being
-    computed on a device into its result buffer, whose rows all cross to the host at once."""
-    return isinstance(handle, DeviceHandle)
-
-
-def _resolve_device(handles: Sequence[Handle], out: np.ndarray) -> None:
+def _resolve_device(handles: Sequence[Handle], out: np.ndarray,
+                    device: DeviceStatistics) -> None:
     where = [i for i, h in enumerate(handles) if isinstance(h, DeviceHandle)]
     if not where:
         return
-    device = [handles[i] for i in where]
-    raw = device_stats.resolve(device)           # type: ignore[arg-type]
-    out[where] = device_stats.finish_rows(raw, [h.numel for h in device])
+    on_device = [handles[i] for i in where]
+    raw = device.resolve(on_device)           # type: ignore[arg-type]
+    out[where] = finish_rows(raw, [h.numel for h in on_device])
 
 
-def resolve(handles: Sequence[Handle]) -> np.ndarray:
+def resolve(handles: Sequence[Handle], device: DeviceStatistics) -> np.ndarray:
     """Rows of (min, max, mean, norm, nan_count, inf_count), one host transfer per device (and
-    per dtype for large CPU tensors). min/max are over all non-NaN values (so -inf shows); mean
-    and norm over the finite values."""
+    per dtype for large CPU tensors); `device`: the statistics object device handles are of.
+    min/max are over all non-NaN values (so -inf shows); mean and norm over the finite
+    values."""
     out = np.full((len(handles), 6), np.nan, dtype=np.float64)
     out[:, 4:] = 0
-    _resolve_device(handles, out)
+    _resolve_device(handles, out, device)
     groups: Dict[Tuple[torch.dtype, torch.device], List[int]] = {}
     for i, p in enumerate(handles):
         if type(p) is tuple:                # a finished row (callers need not resolve it)
@@ -335,6 +260,6 @@ def resolve(handles: Sequence[Handle]) -> np.ndarray:
             out[i, 3] = math.sqrt(sq)
             out[i, 4], out[i, 5] = nan, inf
     for p in handles:
-        if isinstance(p, _Pending):
+        if isinstance(p, Pending):
             p.tensor = None                   # release every tensor once its row is known
     return out

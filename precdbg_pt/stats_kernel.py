@@ -29,6 +29,10 @@ KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _OPTIONS = {"enable_fp_fusion": False}
 
 
+# Facts about this process's Triton, shared by every debugger of the process: the kernel once
+# built ("kernel"), whether it builds and launches ("ok": a kernel that failed to build fails
+# alike for every debugger), whether compiled kernels may be launched directly ("direct", with
+# the "driver" and "hooks" that launch takes)
 _TRITON: Dict[str, Any] = {}
 
 
@@ -203,7 +207,8 @@ def launch(tensors: Sequence[torch.Tensor], chunk: torch.Tensor, row0: int,
 # Triton's JITFunction.run binds and specialises every argument and computes a cache key on each
 # launch (~20 us of Python). Once the compiled kernel of a key is known, it is launched the way
 # JITFunction.run launches it, where the installed Triton launches that way (checked once, from
-# its source); elsewhere every launch goes through JITFunction.run.
+# its source); elsewhere every launch goes through JITFunction.run. A cache of compiled code,
+# keyed by everything the compilation depends on: every debugger of the process may share it.
 _COMPILED: Dict[Any, Any] = {}
 
 
@@ -237,6 +242,7 @@ def _launch_compiled(compiled: Any, grid: Tuple[int], values: Tuple[Any, ...]) -
                  hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
 
 
+# device index -> programs per launch (its multiprocessors): a fact of the device, shared
 _WANTED: Dict[int, int] = {}
 
 

@@ -1,5 +1,10 @@
-"""Shared fixtures: a tiny seeded GPT, its optimizer and batches, and helpers to run training steps
-under a PrecisionDebugger and read the dump back."""
+"""What every test shares, needing no framework: the repository's paths, subprocess helpers
+(run_python, guide scripts, ranks), record-table lookups, and the `cuda` marker.
+
+torch is optional here: where it is installed, its fixtures (`gpt`, `optimizer`, `batches`,
+`batch`: a tiny seeded GPT, tests/torch_support.py) are available to every test, and Triton runs
+in its interpreter without CUDA. Where it is not, the core suite (tests/core) still collects
+and runs. Torch helpers are imported from torch_support by the tests that use them."""
 from __future__ import annotations
 
 import os
@@ -9,29 +14,30 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
-import torch
 
-if not torch.cuda.is_available():
+try:
+    import torch
+except ImportError:          # the core suite without frameworks (tests/core)
+    torch = None
+
+if torch is not None and not torch.cuda.is_available():
     # Triton kernels (precdbg_pt.device_stats) run on CPU tensors only in Triton's interpreter,
     # which must be chosen before triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
-import torch.nn.functional as F
 
-import precdbg
-from precdbg_examples.gpt_torch import GPT, GPTConfig, make_batches, train_step
-from precdbg_pt import PrecisionDebugger
-from ranks_support import launch_ranks
+if torch is not None:
+    from torch_support import batch, batches, gpt, optimizer  # noqa: E402,F401 - fixtures
+
+import precdbg  # noqa: E402
+from ranks_support import launch_ranks  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 
-TINY = dict(n_layer=2, d_model=64, n_head=4, seq_len=16, vocab_size=128)
-BATCH = 2
-SEED = 1234
 
-# every nn.Linear of the tiny GPT, in forward execution order
-LINEAR_PATHS = [f"blocks.{i}.{p}" for i in range(2)
-                for p in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")] + ["lm_head"]
+def cuda_available() -> bool:
+    """Whether a CUDA device can run the tests marked `cuda` (never without torch)."""
+    return torch is not None and torch.cuda.is_available()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,90 +45,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    if torch.cuda.is_available():
+    if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
-
-
-def tiny_config() -> GPTConfig:
-    return GPTConfig(**TINY)
-
-
-def make_model(seed: int = SEED, dtype: torch.dtype = torch.float32) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(tiny_config())
-    return model.to(dtype)
-
-
-def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-
-def make_batch_list(steps: int = 4, batch: int = BATCH, seed: int = 0
-                    ) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-    return list(make_batches(tiny_config(), batch_size=batch, steps=steps, seed=seed))
-
-
-@pytest.fixture
-def gpt() -> GPT:
-    return make_model()
-
-
-@pytest.fixture
-def optimizer(gpt: GPT) -> torch.optim.Optimizer:
-    return make_optimizer(gpt)
-
-
-@pytest.fixture
-def batches() -> List[Tuple[torch.Tensor, torch.Tensor]]:
-    return make_batch_list(4)
-
-
-@pytest.fixture
-def batch(batches) -> Tuple[torch.Tensor, torch.Tensor]:
-    return batches[0]
-
-
-def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits = model(x)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-
-def run_steps(dbg: Optional[PrecisionDebugger], model: torch.nn.Module,
-              optimizer: torch.optim.Optimizer,
-              batches: Sequence[Tuple[torch.Tensor, torch.Tensor]], n: Optional[int] = None,
-              start_on: Optional[Sequence[int]] = None,
-              close: bool = True) -> List[torch.Tensor]:
-    """Train n steps. With `start_on` None, start/stop every iteration (the step filter selects);
-    otherwise start only on the listed iterations. step() is called every iteration."""
-    n = len(batches) if n is None else n
-    losses = []
-    for i in range(n):
-        x, y = batches[i % len(batches)]
-        capture = dbg is not None and (start_on is None or i in start_on)
-        if capture:
-            dbg.start(model)
-        losses.append(train_step(model, optimizer, x, y))
-        if capture:
-            dbg.stop()
-        if dbg is not None:
-            dbg.step()
-    if dbg is not None and close:
-        assert dbg.close(), "the writer did not finish in time"
-    return losses
-
-
-def dump_once(tmp_path, steps: int = 1, model: Optional[torch.nn.Module] = None,
-              **settings: Any) -> Tuple[precdbg.Dump, PrecisionDebugger]:
-    """Train `steps` steps of a fresh tiny GPT with a debugger of `settings`; open the dump."""
-    settings.setdefault("dump_path", str(tmp_path / "dump"))
-    dbg = PrecisionDebugger(**settings)
-    model = model if model is not None else make_model()
-    run_steps(dbg, model, make_optimizer(model), make_batch_list(steps), steps)
-    return precdbg.open_dump(settings["dump_path"]), dbg
 
 
 def rows_where(table: precdbg.RecordTable, **conditions: Any) -> List[Dict[str, Any]]:
@@ -136,10 +64,6 @@ def one_row(table: precdbg.RecordTable, **conditions: Any) -> Dict[str, Any]:
     rows = rows_where(table, **conditions)
     assert len(rows) == 1, f"expected one record for {conditions}, found {len(rows)}"
     return rows[0]
-
-
-def norm64(t: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(t.detach().double()))
 
 
 def assert_rel(actual: float, expected: float, rtol: float = 1e-6, what: str = "") -> None:
@@ -206,30 +130,51 @@ def run_ranks(script: str, world: int = 2, timeout: float = 180) -> List[Tuple[s
         assert code == 0, f"rank {rank}: exit {code}\n{stderr[-3000:]}"
     return [(out, err) for _, out, err in results]
 
-def torch_hooks_left(model: torch.nn.Module) -> List[str]:
-    """Every hook or mode precdbg could have left in torch, as readable strings."""
-    left = []
-    for path, module in model.named_modules():
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                     "_backward_pre_hooks", "_forward_hooks_with_kwargs",
-                     "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs"):
-            if getattr(module, attr, None):
-                left.append(f"{path or '<root>'}.{attr}")
-    for name, p in model.named_parameters():
-        if p._backward_hooks:
-            left.append(f"param {name}._backward_hooks")
-        if getattr(p, "_post_accumulate_grad_hooks", None):
-            left.append(f"param {name}._post_accumulate_grad_hooks")
-    if torch._C._len_torch_function_stack() != 0:
-        left.append("torch function mode stack")
-    from torch.optim import optimizer as opt
-    if opt._global_optimizer_pre_hooks:
-        left.append("global optimizer pre hooks")
-    if opt._global_optimizer_post_hooks:
-        left.append("global optimizer post hooks")
-    from torch.nn.modules import module as nn_module
-    for attr in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks"):
-        if getattr(nn_module, attr, None):
-            left.append(f"torch.nn.modules.module.{attr}")
-    return left
+
+def write_config_file(path: Any, data: Any) -> str:
+    """A config file at `path`: `data` as JSON, or as given when it is text."""
+    import json
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data, encoding="utf-8")
+    return str(path)
+
+
+def config_error(fn: Any, *args: Any, **kwargs: Any) -> str:
+    """The message of the ConfigError `fn(*args, **kwargs)` raises: one line, a PrecdbgError."""
+    with pytest.raises(precdbg.ConfigError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, f"error message is not one line: {message!r}"
+    assert isinstance(info.value, precdbg.PrecdbgError)
+    return message
+
+
+def lines_until(proc: subprocess.Popen, last: str, what: str) -> List[str]:
+    """The lines a child process prints on stdout, up to and with `last` (it must not end
+    before: `what` says what it was doing)."""
+    lines: List[str] = []
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"{what} ended early: {lines} {proc.stderr.read()}")
+        lines.append(line.strip())
+        if lines[-1] == last:
+            return lines
+
+
+# keyword settings a config refuses, and the key its one-line error names
+BAD_KEYWORDS: List[Tuple[Dict[str, Any], str]] = [
+    (dict(level="L3"), "level"),
+    (dict(task="free_benchmark"), "task"),
+    (dict(summary_mode="sha1"), "summary_mode"),
+    (dict(data_mode=["sideways"]), "data_mode"),
+    (dict(data_mode=["all", "forward"]), "data_mode"),
+    (dict(compression="zstd"), "compression"),
+    (dict(queue_mb=0), "queue_mb"),
+    (dict(overflow_nums=-2), "overflow_nums"),
+    (dict(scope_range=["Functional.linear.0.forward"]), "scope_range"),
+    (dict(stepp=[1]), "stepp"),
+    (dict(dump_pth="x"), "dump_pth"),
+    (dict(step=["9-1"]), "step"),
+    (dict(stack="yes"), "stack"),
+    (dict(queue_mb="x"), "queue_mb"),
+]

@@ -42,7 +42,7 @@ LAYER_NORM_PATHS = [f"blocks.{i}.{p}" for i in range(2) for p in ("ln_1", "ln_2"
 
 _TENSOR_BASE = ms.Tensor.__mro__[1]          # mindspore._c_expression.TensorPy
 
-# the namespaces precdbg_ms patches (see precdbg_ms/patches.py)
+# the namespaces precdbg_ms patches (see precdbg_ms/api_registry.py)
 PATCHED_MODULES = ("mindspore.ops", "mindspore.mint", "mindspore.mint.nn.functional")
 
 # the hook dictionaries of a MindSpore 2.10 Cell (nn/cell.py creates them lazily: None until used)

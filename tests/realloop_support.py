@@ -165,7 +165,7 @@ def dump_mindspore(path: str, defect: bool) -> str:
     dbg.step()
     if not dbg.close() or dbg.failures:
         raise RuntimeError(f"MindSpore dump failed ({dbg.failures} capture failures)")
-    from precdbg_ms.aliasing import AliasingHook
+    from precdbg_ms.cell_copies import AliasingHook
     left = [name for name, cell in model.cells_and_names()
             if isinstance(cell.__dict__.get("_cell_backward_hook"), AliasingHook)]
     if left:

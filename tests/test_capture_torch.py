@@ -15,8 +15,9 @@ from torch import nn
 import precdbg
 from precdbg_pt import PrecisionDebugger
 
-from conftest import (LINEAR_PATHS, assert_rel, dump_once, loss_of, make_batch_list, make_model,
-                      make_optimizer, norm64, one_row, rows_where, run_steps)
+from conftest import assert_rel, one_row, rows_where
+from torch_support import (LINEAR_PATHS, dump_once, loss_of, make_batch_list, make_model,
+                           make_optimizer, norm64, run_steps)
 
 FORWARD_ONLY_INPUT_MODULES = {"", "wte", "wpe"}   # their inputs are token ids: no dx
 
@@ -1330,13 +1331,13 @@ def test_a_transposed_view_of_a_dense_tensor_shares_its_statistics(tmp_path, mon
     statistics are taken once (a matmul's output and its transpose)."""
     from precdbg_pt import tensors as pt_tensors
     passes = []
-    summarize = pt_tensors.summarize
+    summarize = pt_tensors.TorchTensors.summarize
 
-    def counted(t):
+    def counted(self, t):
         passes.append(tuple(t.shape))
-        return summarize(t)
+        return summarize(self, t)
 
-    monkeypatch.setattr(pt_tensors, "summarize", counted)
+    monkeypatch.setattr(pt_tensors.TorchTensors, "summarize", counted)
     a, b = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 5, 4)
     dbg = PrecisionDebugger(task="statistics", level="api", dump_path=str(tmp_path))
     dbg.start()

@@ -9,7 +9,8 @@ import pytest
 
 import precdbg
 
-from conftest import dump_once, run_python
+from conftest import run_python
+from torch_support import dump_once
 
 
 @pytest.fixture(scope="module")

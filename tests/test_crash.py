@@ -12,7 +12,8 @@ import pytest
 
 import precdbg
 
-from conftest import PYTHON, REPO, TINY
+from conftest import PYTHON, REPO, lines_until
+from torch_support import TINY
 
 SCRIPT = r"""
 import sys, time
@@ -57,15 +58,8 @@ def test_kill_9_loses_only_the_open_step(tmp_path):
     script.write_text(f"TINY = {TINY!r}\nDUMP = {dump!r}\n" + SCRIPT)
     proc = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO)
-    lines = []
     try:
-        while True:
-            line = proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"training ended early: {lines} {proc.stderr.read()}")
-            lines.append(line.strip())
-            if line.strip() == "running 4":
-                break
+        lines = lines_until(proc, "running 4", "training")
         assert lines == ["done 0", "done 1", "done 2", "done 3", "running 4"]
         # step 4 is open in the writer (its .partial exists): step 3 was closed before it
         partial = os.path.join(dump, "step4", "rank0.h5.partial")

@@ -14,14 +14,16 @@ import torch
 
 import precdbg
 from precdbg_pt import PrecisionDebugger, device_stats, torch_stats
-from precdbg_pt import statistics as pt_statistics
+from precdbg_pt import tensors as pt_tensors
 
-from conftest import make_batch_list, make_model, make_optimizer, run_steps
+from torch_support import make_batch_list, make_model, make_optimizer, run_steps
 
 KERNEL_BOUND = 1e-12                # documented: float64 sums in both backends
 HAS_TRITON = device_stats.triton_available()
+TENSORS = pt_tensors.TorchTensors()     # the statistics of the tests below: one debugger's
+STATS = TENSORS.device
 try:
-    device_stats.summarize_with("triton", [torch.ones(3)])
+    STATS.summarize_with("triton", [torch.ones(3)])
     RUNS_ON_CPU = True              # the interpreter is on (TRITON_INTERPRET=1 at import)
 except (RuntimeError, ValueError):
     RUNS_ON_CPU = False
@@ -82,21 +84,21 @@ def bound_for(backend: str, dtype: torch.dtype) -> float:
 @pytest.mark.parametrize("n", [1, 7, 1023, 1025, 16385, 40001])
 def test_backend_matches_numpy(backend, dtype, n):
     x = sample(n, dtype, seed=n)
-    raw = device_stats.resolve(device_stats.summarize_with(backend, [x]))
+    raw = STATS.resolve(STATS.summarize_with(backend, [x]))
     check_raw(raw[0], x, bound_for(backend, dtype))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_several_million_elements_with_specials(backend):
     x = sample(2_000_003, torch.bfloat16, seed=3)
-    raw = device_stats.resolve(device_stats.summarize_with(backend, [x]))
+    raw = STATS.resolve(STATS.summarize_with(backend, [x]))
     check_raw(raw[0], x, bound_for(backend, torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", OTHERS)
 def test_integers_and_bool_through_torch_ops(dtype):
     x = sample(5003, dtype)
-    raw = device_stats.resolve(device_stats.summarize_with("torch", [x]))
+    raw = STATS.resolve(STATS.summarize_with("torch", [x]))
     check_raw(raw[0], x, 1e-15)
 
 
@@ -104,7 +106,7 @@ def test_integers_and_bool_through_torch_ops(dtype):
 def test_non_contiguous_views(backend):
     base = sample(64 * 130, torch.float32, seed=5).reshape(64, 130)
     views = [base.t(), base[:, ::3], base[5:40, 7:100], base.reshape(8, 8, 130).permute(2, 0, 1)]
-    raw = device_stats.resolve(device_stats.summarize_with(backend, views))
+    raw = STATS.resolve(STATS.summarize_with(backend, views))
     for row, v in zip(raw, views):
         check_raw(row, v, bound_for(backend, torch.float32))
 
@@ -112,8 +114,8 @@ def test_non_contiguous_views(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_launch_covers_several_tensors_of_mixed_sizes(backend):
     xs = [sample(n, torch.float16, seed=n) for n in (1, 20000, 3, 1024, 17000, 9)]
-    handles = device_stats.summarize_with(backend, xs)
-    raw = device_stats.resolve(handles)
+    handles = STATS.summarize_with(backend, xs)
+    raw = STATS.resolve(handles)
     for row, x in zip(raw, xs):
         check_raw(row, x, bound_for(backend, torch.float16))
 
@@ -124,12 +126,12 @@ def _queued_one_by_one(tensors: List[torch.Tensor], backend: str) -> np.ndarray:
     handles = []
     with torch.no_grad():
         for t in tensors:
-            handles.append(device_stats.summarize(t, backend))
-            device_stats.launch_queued()
+            handles.append(STATS.summarize(t, backend))
+            STATS.launch_queued()
         mixed = [tensors[0], tensors[1].double(), tensors[2], tensors[3].double()]
-        handles += [device_stats.summarize(t, backend) for t in mixed]
-        device_stats.launch_queued()
-    return device_stats.resolve(handles), tensors + mixed
+        handles += [STATS.summarize(t, backend) for t in mixed]
+        STATS.launch_queued()
+    return STATS.resolve(handles), tensors + mixed
 
 
 @pytest.mark.skipif(not (HAS_TRITON and RUNS_ON_CPU), reason="triton (interpreter) not available")
@@ -150,10 +152,10 @@ def test_all_nan_overflow_and_extremes(backend):
     big = torch.full((3000,), 3.0e38)                  # squares overflow float32
     big[::2] = -1.0e30
     tiny = torch.full((100,), 1e-30, dtype=torch.bfloat16)
-    handles = device_stats.summarize_with(backend, [all_nan, big, tiny])
+    handles = STATS.summarize_with(backend, [all_nan, big, tiny])
     for h in handles[1:]:
         assert h.host is None                          # nothing crossed at capture time
-    rows = pt_statistics.resolve(handles)
+    rows = TENSORS.resolve(handles)
     assert math.isnan(rows[0, 0]) and math.isnan(rows[0, 1]) and rows[0, 4] == 2000
     assert math.isnan(rows[0, 2]) and rows[0, 3] == 0
     ref = big.double()
@@ -170,7 +172,7 @@ def test_documented_accuracy_of_mean_and_norm(backend):
     g = torch.Generator().manual_seed(11)
     shifted = torch.randn(1 << 18, generator=g) * 2 + 5
     cancelling = torch.randn(1 << 18, generator=g)
-    rows = pt_statistics.resolve(device_stats.summarize_with(backend, [shifted, cancelling]))
+    rows = TENSORS.resolve(STATS.summarize_with(backend, [shifted, cancelling]))
     for row, x in zip(rows, (shifted, cancelling)):
         w = x.double().numpy()
         assert abs(row[3] - np.linalg.norm(w)) <= 1e-12 * np.linalg.norm(w)
@@ -181,27 +183,27 @@ def test_documented_accuracy_of_mean_and_norm(backend):
 
 def test_buffer_grows_past_a_chunk_and_crosses_once():
     xs = [torch.full((3,), float(i)) for i in range(device_stats._CHUNK_ROWS + 50)]
-    before = device_stats.host_transfers()
-    handles = [device_stats.summarize_with("torch", [x])[0] for x in xs]
+    before = STATS.host_transfers()
+    handles = [STATS.summarize_with("torch", [x])[0] for x in xs]
     assert len({h.chunk for h in handles}) == 2
-    rows = pt_statistics.resolve(handles)
-    assert device_stats.host_transfers() == before + 1
+    rows = TENSORS.resolve(handles)
+    assert STATS.host_transfers() == before + 1
     np.testing.assert_array_equal(rows[:, 2], np.arange(len(xs), dtype=np.float64))
     # rows are reset and reused: the next step starts in the first chunk again
-    again = device_stats.summarize_with("torch", [torch.ones(4)])
+    again = STATS.summarize_with("torch", [torch.ones(4)])
     assert again[0].chunk == 0 and again[0].row == 0
-    assert pt_statistics.resolve(again)[0, 2] == 1.0
+    assert TENSORS.resolve(again)[0, 2] == 1.0
 
 
 def test_mixed_batch_of_host_and_device_handles(monkeypatch):
     xs = [sample(100, torch.float32, 1), torch.zeros(0), sample(2 << 20, torch.float32, 2, specials=False),
           sample(50, torch.int64, 3)]
-    host = pt_statistics.resolve([pt_statistics.summarize(x) for x in xs])
-    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", "torch")
-    handles = [pt_statistics.summarize(x) for x in xs]
-    assert [pt_statistics.deferrable(h) for h in handles] == [True, False, True, True]
-    assert all(pt_statistics.retained_bytes(h) == 0 for h in handles)
-    mixed = pt_statistics.resolve(handles)
+    host = TENSORS.resolve([TENSORS.summarize(x) for x in xs])
+    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", "torch")
+    handles = [TENSORS.summarize(x) for x in xs]
+    assert [TENSORS.deferrable(h) for h in handles] == [True, False, True, True]
+    assert all(TENSORS.retained_bytes(h) == 0 for h in handles)
+    mixed = TENSORS.resolve(handles)
     np.testing.assert_allclose(mixed, host, rtol=1e-6, atol=1e-12, equal_nan=True)
 
 
@@ -217,10 +219,10 @@ def dump_step(path: str, steps: int = 1) -> precdbg.RecordTable:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dumped_step_crosses_to_the_host_at_most_twice(tmp_path, monkeypatch, backend):
     reference = dump_step(str(tmp_path / "cpu"))
-    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", backend)
-    before = device_stats.host_transfers()
+    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", backend)
+    transfers = count_transfers(monkeypatch)
     table = dump_step(str(tmp_path / backend))
-    assert 1 <= device_stats.host_transfers() - before <= 2
+    assert 1 <= transfers[0] <= 2
     assert len(table) == len(reference) > 100
     for col in ("entry", "role", "dtype"):
         assert list(table[col]) == list(reference[col])
@@ -246,7 +248,7 @@ cuda = pytest.mark.cuda
 @pytest.mark.parametrize("dtype", FLOATS + OTHERS)
 def test_cuda_fused_statistics_match_numpy(dtype):
     xs = [sample(n, dtype, seed=n).cuda() for n in (1, 1025, 3_000_001)]
-    raw = device_stats.resolve(device_stats.summarize_many(xs))
+    raw = STATS.resolve(STATS.summarize_many(xs))
     backend = "triton" if HAS_TRITON and dtype in FLOATS else "torch"
     for row, x in zip(raw, xs):
         check_raw(row, x, bound_for(backend, dtype) if dtype.is_floating_point else 1e-15)
@@ -262,7 +264,7 @@ def test_cuda_compiled_kernel_launched_directly_matches_numpy(dtype):
     base = sample(40_003, dtype, seed=7).cuda()
     views = [base[k:] for k in range(5)] + [base[k:k + 1025] for k in range(3)]
     for _ in range(3):
-        raw = device_stats.resolve(device_stats.summarize_many(views))
+        raw = STATS.resolve(STATS.summarize_many(views))
         for row, x in zip(raw, views):
             check_raw(row, x, bound_for("triton", dtype))
     if stats_kernel.triton_available():
@@ -316,13 +318,26 @@ def test_cuda_dumped_step_syncs_and_peak_memory(tmp_path):
     dbg = PrecisionDebugger(task="statistics", level="mix", dump_path=str(tmp_path / "d"))
     _gpu_step(dbg, model, opt, batch)                  # compiles the kernels
     torch.cuda.reset_peak_memory_stats()
-    before = device_stats.host_transfers()
+    device = dbg._session.adapter.tensors.device      # the debugger's device statistics
+    before = device.host_transfers()
     dumped_syncs = _gpu_step(dbg, model, opt, batch)
     dumped_peak = torch.cuda.max_memory_allocated()
     assert dbg.close() and dbg.failures == 0
-    assert device_stats.host_transfers() - before <= 2
+    assert device.host_transfers() - before <= 2
     assert len(dumped_syncs) - len(plain_syncs) <= 2, dumped_syncs
     assert dumped_peak <= 1.05 * plain_peak, (dumped_peak, plain_peak)
+
+
+def count_transfers(monkeypatch) -> List[int]:
+    """A spy on the real device-to-host transfer of result rows: how many crossed."""
+    calls = [0]
+    original = device_stats._to_host
+
+    def to_host(parts):
+        calls[0] += 1
+        return original(parts)
+    monkeypatch.setattr(device_stats, "_to_host", to_host)
+    return calls
 
 
 def count_flushes(monkeypatch) -> List[int]:
@@ -344,7 +359,7 @@ def test_host_statistics_stream_and_device_statistics_wait_for_stop(tmp_path, mo
     """CPU statistics go to the writer in batches of BATCH_TENSORS; device ones (deferrable,
     holding nothing) cross once, at stop()."""
     from precdbg.capture import batch as batch_module
-    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", backend)
+    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", backend)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(150)])
     dbg = PrecisionDebugger(task="statistics", level="module", dump_path=str(tmp_path / "d"))
@@ -368,7 +383,7 @@ def test_host_copies_of_the_tensor_task_bound_a_batch_by_their_bytes(tmp_path, m
     """Device statistics wait for stop(), but host copies of full tensors do not pile up: a
     batch crosses once they hold BATCH_BYTES."""
     from precdbg.capture import batch as batch_module
-    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", "torch")
+    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", "torch")
     model = torch.nn.Sequential(*[torch.nn.ReLU() for _ in range(10)])
     x = torch.randn(2 << 20)                              # 8 MiB per activation
     dbg = PrecisionDebugger(task="tensor", level="module", dump_path=str(tmp_path / "d"))
@@ -388,5 +403,5 @@ def test_torch_ops_in_pieces_match_numpy(monkeypatch):
     for t in (sample(4567, torch.float32), sample(3001, torch.bfloat16),
               sample(60 * 70, torch.float16).reshape(60, 70).t(),
               torch.arange(-2500, 2500, dtype=torch.int32)):
-        raw = device_stats.resolve(device_stats.summarize_with("torch", [t]))[0]
+        raw = STATS.resolve(STATS.summarize_with("torch", [t]))[0]
         check_raw(raw, t, 1e-12 if t.dtype in (torch.int32,) else KERNEL_BOUND)

@@ -10,7 +10,8 @@ import pytest
 
 import precdbg
 
-from conftest import TINY, run_ranks
+from conftest import run_ranks
+from torch_support import TINY
 
 WORKER = r"""
 import contextlib, json, os, sys

@@ -17,8 +17,8 @@ from torch import nn
 
 import precdbg
 
-from conftest import (PYTHON, REPO, make_batch_list, make_model, make_optimizer, run_steps,
-                      torch_hooks_left)
+from conftest import PYTHON, REPO
+from torch_support import make_batch_list, make_model, make_optimizer, run_steps, torch_hooks_left
 from precdbg_pt import PrecisionDebugger
 from precdbg_pt import tensors as precdbg_tensors
 
@@ -58,13 +58,13 @@ class RaggedSideLM(nn.Module):
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_capture_failure_is_contained(tmp_path, caplog, monkeypatch):
-    real = precdbg_tensors.summarize
+    real = precdbg_tensors.TorchTensors.summarize
 
-    def failing(t):                           # statistics that fail inside a hook
+    def failing(self, t):                     # statistics that fail inside a hook
         if t.dim() == 1 and t.numel() == 176:
             raise RuntimeError("statistics of the nested values failed (injected)")
-        return real(t)
-    monkeypatch.setattr(precdbg_tensors, "summarize", failing)
+        return real(self, t)
+    monkeypatch.setattr(precdbg_tensors.TorchTensors, "summarize", failing)
     torch.manual_seed(0)
     model = RaggedSideLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -19,7 +19,8 @@ from precdbg.errors import PrecdbgError
 from precdbg.capture.instrumentor import BaseInstrumentor, ClassPatch
 from precdbg_pt import PrecisionDebugger as TorchDebugger
 
-from conftest import loss_of, rows_where, torch_hooks_left
+from conftest import rows_where
+from torch_support import loss_of, torch_hooks_left
 
 
 class _FailingHandle:

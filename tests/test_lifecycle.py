@@ -15,8 +15,9 @@ import precdbg
 from precdbg_pt import PrecisionDebugger
 from precdbg_pt import tensors as precdbg_tensors
 
-from conftest import (dump_once, loss_of, make_batch_list, make_model, make_optimizer,
-                      one_row, rows_where, run_python, run_steps, torch_hooks_left)
+from conftest import one_row, rows_where, run_python
+from torch_support import (dump_once, loss_of, make_batch_list, make_model, make_optimizer,
+                           run_steps, torch_hooks_left)
 
 
 def test_nothing_left_in_torch_after_stop(tmp_path, gpt, optimizer, batch):
@@ -276,13 +277,13 @@ class RaggedOut(nn.Module):
 def test_hook_failures_never_reach_training(tmp_path, caplog, monkeypatch):
     """Statistics that fail inside a hook (injected here for the nested output's values, 12
     elements) are counted and reported; training goes on and everything else is captured."""
-    real = precdbg_tensors.summarize
+    real = precdbg_tensors.TorchTensors.summarize
 
-    def failing(t):
+    def failing(self, t):
         if t.dim() == 1 and t.numel() == 12:
             raise RuntimeError("statistics failed (injected)")
-        return real(t)
-    monkeypatch.setattr(precdbg_tensors, "summarize", failing)
+        return real(self, t)
+    monkeypatch.setattr(precdbg_tensors.TorchTensors, "summarize", failing)
     torch.manual_seed(0)
     model = RaggedOut()
     ref = RaggedOut()

@@ -1,4 +1,4 @@
-"""The backward of MindSpore cells and calls, through HookBackward (precdbg_ms.backward): a cell's
+"""The backward of MindSpore cells and calls, through HookBackward (precdbg_ms.hook_backward): a cell's
 dx and dy are the true gradients of each call (a cell called twice gets each call's own), an
 input no gradient is asked of gets no dx (as in PyTorch), a user's own cell backward hook still
 runs and sees what it saw without precdbg, and a write into a parameter inside the

@@ -51,7 +51,7 @@ def test_stop_restores_every_patched_attribute(tmp_path, settings):
     dbg.stop()
     # the snapshot does see the patches while capturing (so this test can fail); at level
     # module no API call is kept, so nothing but the optimizer, the methods that write
-    # outside any API (precdbg_ms.writes) and activation recompute's replays are wrapped
+    # outside any API (precdbg_ms.untracked_writes) and activation recompute's replays are wrapped
     assert any("Optimizer.__call__" in d for d in patched)
     if settings.get("level") == "module":
         names = {d.split(":")[0].split(".")[-2] + "." + d.split(":")[0].split(".")[-1]
@@ -258,21 +258,21 @@ def test_hook_failure_never_reaches_training(tmp_path, monkeypatch):
 
     model = make_model()
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "broken"))
-    original = ms_tensors.summarize
+    original = ms_tensors.MindSporeTensors.summarize
     hidden = (4, 16, 256)
 
-    def summarize(tensor):
+    def summarize(self, tensor):
         if tuple(tensor.shape) == hidden:
             raise RuntimeError("injected statistics failure")
-        return original(tensor)
-    monkeypatch.setattr(ms_tensors, "summarize", summarize)
+        return original(self, tensor)
+    monkeypatch.setattr(ms_tensors.MindSporeTensors, "summarize", summarize)
     loss = _train_one(dbg, model, make_optimizer(model), batch)
     monkeypatch.undo()
     assert [loss] == ref_loss
     for a, b in zip(model.get_parameters(), ref.get_parameters()):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy(), err_msg=a.name)
     assert dbg.close()
-    assert dbg.failures > 0, "the injected fault did not fire: precdbg_ms.tensors.summarize " \
+    assert dbg.failures > 0, "the injected fault did not fire: MindSporeTensors.summarize " \
         "is no longer where the session computes statistics"
     assert hooks_left(model) == []
 

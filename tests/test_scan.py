@@ -17,7 +17,7 @@ from precdbg.scan.scanner import (EXPLODING_GRAD_RATIO, VANISHING_GRAD_RATIO, fo
 from precdbg.errors import DumpError
 from precdbg_pt import PrecisionDebugger
 
-from conftest import dump_once
+from torch_support import dump_once
 
 
 def _run(tmp_path, model: nn.Module, make_input: Callable[[int], torch.Tensor], steps: int = 1,

@@ -10,12 +10,12 @@ import torch
 
 import precdbg
 from precdbg_pt import PrecisionDebugger, device_stats
-from precdbg_pt import statistics as pt_statistics
+from precdbg_pt import tensors as pt_tensors
 
-from conftest import make_batch_list, make_model, make_optimizer, run_steps
+from torch_support import make_batch_list, make_model, make_optimizer, run_steps
 
 try:
-    device_stats.summarize_with("triton", [torch.ones(3)])
+    device_stats.DeviceStatistics().summarize_with("triton", [torch.ones(3)])
     INTERPRETED = device_stats.triton_available()
 except (RuntimeError, ValueError):
     INTERPRETED = False
@@ -33,7 +33,7 @@ def launches(monkeypatch):
         counts["tensors"] += len(tensors)
         return original(tensors, handles, interpret)
     monkeypatch.setattr(device_stats, "_launch_triton", spy)
-    monkeypatch.setattr(pt_statistics, "_FORCED_BACKEND", "triton")
+    monkeypatch.setattr(pt_tensors, "_FORCED_BACKEND", "triton")
     return counts
 
 

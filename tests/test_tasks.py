@@ -16,7 +16,8 @@ from torch import nn
 import precdbg
 from precdbg_pt import PrecisionDebugger
 
-from conftest import dump_once, loss_of, make_batch_list, make_model, one_row
+from conftest import one_row
+from torch_support import dump_once, loss_of, make_batch_list, make_model
 
 
 def _capture_gpt(path, dtype=torch.float32, **settings):

@@ -10,7 +10,8 @@ import torch
 import precdbg
 from precdbg_pt import PrecisionDebugger
 
-from conftest import norm64, assert_rel
+from conftest import assert_rel
+from torch_support import norm64
 
 transformers = pytest.importorskip("transformers")
 

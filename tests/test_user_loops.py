@@ -16,9 +16,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import precdbg
-from precdbg_pt import PrecisionDebugger, module_patches
+from precdbg_pt import PrecisionDebugger
 
-from conftest import make_model
+from torch_support import make_model
 
 
 def _hook_count(model: nn.Module) -> int:
@@ -124,7 +124,6 @@ def test_eval_fast_path_of_a_transformer_encoder_gives_the_same_numbers(tmp_path
     """Captured API calls would send nn.TransformerEncoder to its slow path in eval (padding
     positions come out nonzero instead of 0): it runs its fast path unobserved instead. The
     nested tensor it hands its layers is recorded as its values."""
-    monkeypatch.setattr(module_patches, "_SAID", set())        # said once per process
     model = _encoder()
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 5, 16, generator=g)

@@ -12,7 +12,8 @@ import pytest
 import precdbg
 from precdbg.compare import compare_dumps
 
-from conftest import TINY, run_python
+from conftest import run_python
+from torch_support import TINY
 
 SCRIPT = r"""
 import functools, json, os, sys

@@ -146,8 +146,8 @@ def test_each_core_module_imports_only_what_its_stage_declares():
     assert not wrong, "\n".join(wrong)
 
 
-def _public_names(package: str) -> Set[str]:
-    path = os.path.join(REPO, *package.split("."), "__init__.py")
+def _public_names(path: str) -> Set[str]:
+    """The names in the `__all__` of the module at `path`."""
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read())
     for node in tree.body:
@@ -157,22 +157,16 @@ def _public_names(package: str) -> Set[str]:
     return set()
 
 
-def _error_names() -> Set[str]:
-    with open(os.path.join(REPO, "precdbg", "errors.py"), encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
-                                                for t in node.targets):
-            return set(ast.literal_eval(node.value))
-    return set()
+def _surface_file(package: str) -> str:
+    path = os.path.join(REPO, *package.split("."))
+    return os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
 def test_adapters_use_only_the_core_public_surface(adapter):
     other = [a for a in ADAPTERS if a != adapter]
     wrong: List[str] = []
-    public: Dict[str, Set[str]] = {p: (_error_names() if p == "precdbg.errors"
-                                       else _public_names(p)) for p in ADAPTER_SURFACE}
+    public: Dict[str, Set[str]] = {p: _public_names(_surface_file(p)) for p in ADAPTER_SURFACE}
     for module, path in _modules(adapter):
         for target, names, line in _imports(module, path):
             top = target.split(".")[0]
