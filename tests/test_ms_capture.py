@@ -907,6 +907,7 @@ def test_optimizer_names_a_replaced_cells_parameters_by_their_path(tmp_path):
     dump, dbg = dump_once(tmp_path, model=model)
     assert dbg.failures == 0
     optimizers = dump.run["manifest"]["optimizers"]
+    assert dump.optimizers(0, 0) == optimizers      # the step's own: the one window's settings
     names = set(optimizers[0]["param_groups"][0]["params"])
     t = dump.records(step=0)
     inventory = set(t["alias"][(t["kind"] == "param") & (t["role"] == "param")].tolist())

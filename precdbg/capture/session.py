@@ -9,14 +9,16 @@ until `stop()` drops it. Nothing here is reset by hand: a new lifetime is a new 
 """
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..config.dump_config import DumpConfig
 from ..errors import ConfigError
 from ..records.schema import Record, Task
 from ..storage import process_exit
 from ..storage.dump_folder import count_step, refuse_dump_folder, steps_counted
+from ..storage.json_files import jsonable
 from ..storage.step_file import Payload
 from ..storage.writer import DumpWriter
 from ..version import __version__
@@ -165,7 +167,7 @@ class Session:
         self._guarded(window, window.flush_batch, "stop(): flushing statistics")
         self._guarded(window, lambda: self.writer.close_step(
             window.modules, window.stacks.texts,
-            {"interrupted": interrupted, "failures": window.failures}),
+            self._step_attributes(window, interrupted)),
             "stop(): closing the step file")
         self._guarded(window, lambda: self._note_first_batch(window.first_batch_parts),
                       "stop(): recording the first batch")
@@ -213,6 +215,16 @@ class Session:
             payloads = [p for p in payloads if p.tensor_id in ids]
         if records or payloads:
             self.writer.submit(records, payloads)
+
+    @staticmethod
+    def _step_attributes(window: CaptureWindow, interrupted: bool) -> Dict[str, Any]:
+        """What the step file says of its window besides its records: whether the process
+        ended inside it, the failures inside precdbg, and the optimizers that stepped in it with
+        the settings this step used (JSON; `Dump.optimizers` reads them)."""
+        attrs: Dict[str, Any] = {"interrupted": interrupted, "failures": window.failures}
+        if window.optimizers:
+            attrs["optimizers"] = json.dumps(jsonable(window.optimizers), allow_nan=True)
+        return attrs
 
     def _note_first_batch(self, parts: List[Any]) -> None:
         if self.run.first_batch_done or not parts:

@@ -61,6 +61,7 @@ class CaptureWindow:
         self.first_seq = step.seq            # records made before this window
         self.failures = 0                    # failures inside precdbg in this window
         self.first_batch_parts: List[Tuple[Record, Any]] = []
+        self.optimizers: List[Dict[str, Any]] = []   # as each stepped first in this window
         self._every_record = self.filter.keeps_every_record()
         self._checksum = config.checksums
         self._run = session.run
@@ -218,9 +219,14 @@ class CaptureWindow:
                       self.current_step, where, thread, start_thread)
 
     def note_optimizer(self, info: Dict[str, Any]) -> None:
-        """An optimizer seen in this run (class, param groups with hyperparameters and the
-        names of their parameters); run.json is rewritten at stop() when something is new."""
+        """An optimizer stepping in this window (class, param groups with hyperparameters and
+        the names of their parameters), described at its first step here: the values this step
+        used (a scheduler changes the lr between steps). Kept with the step (its file's
+        `optimizers`) and in the run manifest (run.json, rewritten at stop() when something is
+        new: the last window's values)."""
         self._run.note("optimizers", info)
+        self.optimizers = [seen for seen in self.optimizers if seen.get("id") != info.get("id")]
+        self.optimizers.append(info)
 
     def note_manifest(self, section: str, info: Dict[str, Any]) -> None:
         self._run.note(section, info)

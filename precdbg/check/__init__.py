@@ -12,7 +12,9 @@ Imports: precdbg.errors, precdbg.records, precdbg.storage
 """
 from __future__ import annotations
 
-from .run_check import check_dumps, check_main, format_check, incomplete_findings
+from .run_check import (check_dumps, check_main, format_check, incomplete_findings,
+                        step_optimizer_findings)
 from .values import semantics
 
-__all__ = ["check_dumps", "format_check", "check_main", "incomplete_findings", "semantics"]
+__all__ = ["check_dumps", "format_check", "check_main", "incomplete_findings", "semantics",
+           "step_optimizer_findings"]

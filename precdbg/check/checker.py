@@ -215,6 +215,12 @@ class Checker:
             self.notes.append("no optimizer recorded in either run (no optimizer step ran "
                               "while dumping)")
             return
+        from_run = [r.label for r in (self.a, self.b) if r.step_optimizers is None]
+        if from_run and (oa or ob):
+            self.notes.append(f"optimizer settings of {' and '.join(from_run)} from run.json "
+                              f"(its last captured window), not from step {self.a.step}'s "
+                              "file: dumped by an older precdbg, or no optimizer step ran "
+                              "inside that step's capture")
         if len(oa) != len(ob):
             self.add("medium", "optimizer", f"{la} records {len(oa)} optimizer(s) "
                      f"({', '.join(o.get('class', '?') for o in oa) or 'none'}), {lb} {len(ob)} "

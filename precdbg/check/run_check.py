@@ -21,7 +21,7 @@ from ..storage.reader import Dump, open_dump
 from .checker import Checker
 from .values import _CONDITIONS, SEVERITIES, _KIND_ORDER, _Run, semantics  # noqa: F401
 
-__all__ = ["check_dumps", "format_check", "check_main", "semantics"]
+__all__ = ["check_dumps", "format_check", "check_main", "semantics", "step_optimizer_findings"]
 
 
 def _choose(a: Dump, b: Dump, step: Optional[int], rank: Optional[int], labels: Tuple[str, str]
@@ -134,6 +134,20 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
             da.close()
         if own_b:
             db.close()
+
+
+def step_optimizer_findings(a: Dump, b: Dump, step: int, rank: int,
+                            labels: Tuple[str, str] = ("A", "B")
+                            ) -> Optional[List[Dict[str, Any]]]:
+    """The optimizer findings of one step, from the settings that step used (its step files),
+    or None when either dump does not hold them for that step (then only run.json's are
+    known, which `check_dumps` compares)."""
+    run_a, run_b = _Run(a, labels[0], step, rank), _Run(b, labels[1], step, rank)
+    if run_a.step_optimizers is None or run_b.step_optimizers is None:
+        return None
+    checker = Checker(run_a, run_b)
+    checker.optimizers()
+    return checker.findings
 
 
 def format_check(result: Dict[str, Any]) -> str:

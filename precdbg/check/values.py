@@ -168,7 +168,11 @@ class _Run:
         if not isinstance(manifest, dict):
             manifest = self.run.get("manifest")
         self.manifest: Optional[Dict[str, Any]] = manifest if isinstance(manifest, dict) else None
-        self.table: RecordTable = dump.records(step, rank)
+
+    @functools.cached_property
+    def table(self) -> RecordTable:
+        """The checked step's records (read when a check first asks)."""
+        return self.dump.records(self.step, self.rank)
 
     @functools.cached_property
     def inventory(self) -> Dict[str, Dict[str, Any]]:
@@ -211,8 +215,17 @@ class _Run:
         return {path: settings[key] for path, (cls, settings) in self.module_settings.items()
                 if key in settings and canonical_op(cls) == op}
 
+    @functools.cached_property
+    def step_optimizers(self) -> Optional[List[Dict[str, Any]]]:
+        """The optimizers as the checked step used them (its step files), or None."""
+        return self.dump.optimizers(self.step, self.rank)
+
     @property
     def optimizers(self) -> List[Dict[str, Any]]:
+        """The checked step's optimizer settings where its files hold them; otherwise the run
+        manifest's (run.json: as the last captured window saw them, maybe another step's)."""
+        if self.step_optimizers is not None:
+            return list(self.step_optimizers)
         return list((self.manifest or {}).get("optimizers") or [])
 
     def torch_arg_values(self, op: str, key: str, default: Optional[str]) -> Set[str]:

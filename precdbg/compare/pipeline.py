@@ -38,6 +38,7 @@ Progress = Optional[Callable[[CompareProgress], None]]
 
 _MAX_CONSEQUENCES = 20
 _PARAM = RecordKind.PARAM
+_STEP_KINDS = ("optimizer", "optimizer_groups")     # findings of the settings a step used
 
 
 def _framework(dump: Dump) -> str:
@@ -181,6 +182,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                             unknown=[setup[side]["label"] for side in ("a", "b")
                                      if not setup[side]["manifest"]],
                             conventions=[m for m in optimizer_differs if m not in strict])
+        updates = _optimizer_by_step(a, b, pairs, setup["findings"])
         before: Dict[Tuple[int, int], bool] = {}   # a step before --step S: whether it agrees
         unread: List[str] = []        # such a step that cannot be read: --step S goes on
         for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
@@ -203,7 +205,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
         first, involved = locate(steps, optimizer_differs, structural,
-                                 other_setup(setup["findings"], optimizer_differs), before)
+                                 other_setup(setup["findings"], optimizer_differs), before,
+                                 updates)
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
             unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
             other_causes(steps, structural, first) + weights_agree_after(steps, first)
@@ -263,6 +266,29 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     finally:
         a.close()
         b.close()
+
+
+def _optimizer_by_step(a: Dump, b: Dump, pairs: List[Tuple[int, int]],
+                       findings: List[Dict[str, Any]]) -> Dict[Tuple[int, int], List[str]]:
+    """(step, rank) -> the optimizer set-up differences of the settings that step used, for
+    the compared steps and the ones just before them whose files both hold them: a parameter
+    that differs at a step's start is explained by the update of the step before, with the lr
+    a schedule gave that step (run.json holds the last captured window's). The run's other
+    optimizer findings (`findings` of the check: loss scale, the frameworks' optimizer
+    conventions) hold for every step."""
+    from ..check import step_optimizer_findings
+    every_step = optimizer_setup([f for f in findings if f["kind"] not in _STEP_KINDS])
+    out: Dict[Tuple[int, int], List[str]] = {}
+    for s, r in sorted(set(pairs) | {(s - 1, r) for s, r in pairs}):
+        if not (a.files(s, r) and b.files(s, r)):
+            continue
+        try:
+            found = step_optimizer_findings(a, b, s, r, ("baseline", "candidate"))
+        except DumpError:       # what compares the step says why it cannot be read
+            continue
+        if found is not None:
+            out[(s, r)] = optimizer_setup(found) + every_step
+    return out
 
 
 def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tuple[int, int]]:

@@ -408,6 +408,28 @@ class Dump:
                         zip(paths, sf.strings("modules", "cls"), texts)}
         return {}
 
+    def optimizers(self, step: int, rank: int) -> Optional[List[Dict[str, Any]]]:
+        """The optimizers that stepped while this step was captured, with the settings the
+        step used (class, per param group its hyperparameters and parameter names), in the
+        order they first stepped; None when the step's files do not say (written before they
+        did, or no optimizer stepped inside a window of this step)."""
+        found: Optional[List[Dict[str, Any]]] = None
+        for sf in self.files(step, rank):
+            text = sf.attrs.get("optimizers")
+            if not text:
+                continue
+            try:
+                listed = json.loads(text)
+            except ValueError:
+                raise DumpError(f"{sf.path}: attribute 'optimizers' is not JSON") from None
+            if not isinstance(listed, list):
+                raise DumpError(f"{sf.path}: attribute 'optimizers' is not a list")
+            found = found or []
+            known = {opt.get("id") for opt in found if isinstance(opt, dict)}
+            found.extend(opt for opt in listed if isinstance(opt, dict)
+                         and opt.get("id") not in known)
+        return found
+
     def stacks(self, step: int, rank: int = 0, part: int = 0) -> List[str]:
         for sf in self._files.get((step, rank), []):
             if sf.part == part:

@@ -124,7 +124,8 @@ def _walk(start: Entry, step: StepEntries) -> List[Link]:
 
 def locate(steps: List[StepEntries], setup: Sequence[str] = (),
            structural: Sequence[StructuralDiff] = (), others: Sequence[str] = (),
-           before: Optional[Dict[Tuple[int, int], bool]] = None
+           before: Optional[Dict[Tuple[int, int], bool]] = None,
+           updates: Optional[Dict[Tuple[int, int], List[str]]] = None
            ) -> Tuple[Optional[Dict[str, Any]], List[Entry]]:
     """`steps` ascending; `setup`: the optimizer set-up differences `check` found (`others`:
     its other high and medium ones, which a parameter verdict names too). Returns the
@@ -132,14 +133,16 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
     differs is a consequence). A structural difference (`structural`, see compare/structure.py)
     is named when it ran before the first record that differs in number. `before`: the
     steps both dumps hold just before the compared ones (`--step S`), compared only to judge
-    S by: (step, rank) -> whether they agree."""
+    S by: (step, rank) -> whether they agree. `updates`: (step, rank) -> the optimizer
+    set-up differences of the settings that step used, where both dumps hold them (a
+    parameter verdict quotes the step whose update it blames; `setup` otherwise)."""
     before = before or {}
     # (step, rank) compared before this step, all agreeing
     matched: set = {key for key, agrees in before.items() if agrees}
     differed = {key for key, agrees in before.items() if not agrees}
     for step in steps:
         found = inventory_verdict([e for e in step.entries if e.is_inventory], matched, setup,
-                                  others, differed)
+                                  others, differed, updates)
         if found:
             return found, []
         shapes = [d for d in structural if d.step == step.step]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...records.schema import Direction, RecordKind, Role
 from ..judge.entries import Entry, StepEntries
@@ -262,7 +262,8 @@ def _most_telling(e: Entry) -> Tuple[int, float, int, int]:
 
 def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]],
                       setup: Sequence[str], others: Sequence[str] = (),
-                      differed: AbstractSet[Tuple[int, int]] = frozenset()
+                      differed: AbstractSet[Tuple[int, int]] = frozenset(),
+                      updates: Optional[Mapping[Tuple[int, int], Sequence[str]]] = None
                       ) -> Optional[Dict[str, Any]]:
     """The parameter inventory's verdict at the start of a step; `matched`: the (step, rank)
     pairs compared before it, which all agreed (the step before on the same rank is then
@@ -276,6 +277,8 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
     if (e.step - 1, e.rank) not in matched:
         e = min(bad, key=_most_telling)
     previous_matched = (e.step - 1, e.rank) in matched
+    # the update that moved them apart is the step before's: quoted with its own settings
+    setup = (updates or {}).get((e.step - 1, e.rank), setup)
     ev = e.outputs_bad[0] if e.outputs_bad else None
     if e.trainable_differs:
         reason = "parameter is trainable in one run and frozen in the other"
