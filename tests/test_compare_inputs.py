@@ -425,17 +425,26 @@ def _whole_against_cut(tmp_path, how: str) -> Dict[str, Any]:
                                mode], capture_output=True, text=True, timeout=300)
         assert proc.returncode == (3 if mode == how else 0), proc.stderr
     result = compare_dumps(str(tmp_path / "whole"), str(tmp_path / "cut"))
-    assert result["verdict"] == "match", result["first_divergence"]
-    assert any("interrupted" in f["message"] for f in result["setup"]), result["setup"]
+    # never a match (issue 45): the verdict is where the candidate stopped, and what ran
+    # before is compared as far as both got (no "calls differ" of the root, no number apart)
+    assert result["verdict"] == "diverged"
+    first = result["first_divergence"]
+    assert "structure" not in first, first
+    assert (first["unfinished"]["side"], first["unfinished"]["interrupted"]) == \
+        ("candidate", True), first
+    assert not [row for row in result["rows"] if row["status"] == "diverged"]
+    assert any(f["kind"] == "incomplete" for f in result["setup"]), result["setup"]
     return result
 
 
 def test_a_step_the_process_ended_inside_is_compared_as_far_as_it_got(tmp_path):
     """The candidate's step ended inside the model's forward (sys.exit): the root's calls up to
-    there are those of the complete run, so it matches (the set-up names the interrupted step)
-    instead of "the candidate calls nothing" in the root module."""
+    there are those of the complete run, so the verdict is where it stopped (the root module's
+    call, which never returned; the set-up names the interrupted step) instead of "the
+    candidate calls nothing" in the root module."""
     result = _whole_against_cut(tmp_path, "exit")
     assert result["rows"] and result["unmatched_count"] > 0
+    assert result["first_divergence"]["unfinished"]["module"] == ""
 
 
 def test_a_step_that_ended_between_micro_batches_is_compared_as_far_as_it_got(tmp_path):

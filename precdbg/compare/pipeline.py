@@ -24,6 +24,7 @@ from .localize.callsite import place_first
 from .judge.entries import Entry, StepCompare, StepEntries, pair_row
 from .localize.locate import contains, locate
 from .judge.structure import StructuralDiff, structural_differences
+from .judge.unfinished import UnfinishedStep, unfinished_step
 from .judge.floors import apply_floors
 from .judge.metrics import integer_plumbing, stat_errors, tensor_metrics
 from .judge.multistep import NoisePolicy, optimizer_setup, other_setup
@@ -62,18 +63,28 @@ def _interrupted(dump: Dump, step: int, rank: int) -> bool:
 def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                   rows: List[Row], unmatched: List[Dict[str, Any]],
                   progress: Progress, files: Tuple[int, int], noise: NoisePolicy,
-                  structural: List[StructuralDiff]) -> List[Entry]:
+                  structural: List[StructuralDiff],
+                  unfinished: Optional[List[UnfinishedStep]] = None) -> List[Entry]:
     def report(done: int, total: int, phase: str) -> None:
         if progress is not None:
             progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
     ta, tb = a.records(step, rank), b.records(step, rank)
     report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
+    interrupted = (_interrupted(a, step, rank), _interrupted(b, step, rank))
+    modules = (mapping or {}).get("modules")
+    stop = unfinished_step(ta, tb, al.pairs_a, al.pairs_b, al.only_a, al.only_b, step, rank,
+                           interrupted, (lambda p: rename_module(p, modules)) if modules else None)
+    if stop is not None:
+        if unfinished is not None:
+            unfinished.append(stop)
+        # the run that stopped is compared as far as it got
+        interrupted = (interrupted[0] or stop.side == "baseline",
+                       interrupted[1] or stop.side == "candidate")
     structural.extend(structural_differences(ta, tb, step, rank, same, mapping,
                                              _setting_differences(a, b, step, rank, mapping),
                                              unobserved_modules(a) + unobserved_modules(b),
-                                             (_interrupted(a, step, rank),
-                                              _interrupted(b, step, rank))))
+                                             interrupted))
     st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
     apply_floors(ta, tb, al.pairs_a, al.pairs_b, st)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
@@ -176,6 +187,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         unmatched: List[Dict[str, Any]] = []
         per_step: Dict[int, List[Entry]] = {}
         structural: List[StructuralDiff] = []
+        unfinished: List[UnfinishedStep] = []
         optimizer_differs = optimizer_setup(setup["findings"])
         strict = optimizer_setup(setup["findings"], conventions=False)
         noise = NoisePolicy(alike=not strict,
@@ -197,7 +209,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
         for k, (s, r) in enumerate(pairs):
             found = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
-                                  (k, len(pairs)), noise, structural)
+                                  (k, len(pairs)), noise, structural, unfinished)
             noise.settle(r, found)
             per_step.setdefault(s, []).extend(found)
         if progress is not None:
@@ -206,7 +218,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before,
-                                 updates)
+                                 updates, unfinished)
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
             unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
             other_causes(steps, structural, first) + weights_agree_after(steps, first)
@@ -248,7 +260,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
                          "to confirm a match bit for bit")
         consequences = _consequences(steps, first, involved)
-        if first is not None and "structure" not in first:
+        if first is not None and "structure" not in first and "unfinished" not in first:
             note_extra_calls(first, unmatched, rows)
             note_loss_scale(first, setup["findings"])
         place_first(first, a, b)

@@ -202,6 +202,8 @@ class Variant:
     nan_in_weight: bool = False       # fc2.weight holds a NaN before the first step
     lr: float = 0.1                   # SGD's learning rate (run.json's manifest)
     interrupted: bool = False         # the step files say the process ended inside the step
+    stop_in: str = ""                 # the step stops inside this module's forward (an
+                                      # exception the script caught): nothing after its input
 
 
 MODULES = (("", "MLP", ""), ("fc1", "Linear", ""), ("act", "GELU", ""), ("fc2", "Linear", ""))
@@ -459,6 +461,14 @@ def write_run_json(root: str, info: Dict[str, Any]) -> None:
     write_json_atomic(run_json_path(root), info)
 
 
+def _cut_inside(records: List[Record], module: str) -> List[Record]:
+    """The records of a step that stopped inside `module`'s forward: everything up to its
+    input record (the parameter inventory included), nothing after."""
+    cut = next(i for i, r in enumerate(records) if r.kind == "module" and r.module == module
+               and r.direction == "forward" and r.role == "input")
+    return records[:cut + 1]
+
+
 def write_dump(root: Any, variant: Optional[Variant] = None, **changes: Any) -> str:
     """Write a synthetic dump of `variant` (or the reference run with `changes`) to `root`:
     every step and rank of the variant, each step's records in two batches (the forward and
@@ -476,7 +486,10 @@ def write_dump(root: Any, variant: Optional[Variant] = None, **changes: Any) -> 
             if first is None:
                 first = next(r for r in b.records if r.kind == "module" and r.module == ""
                              and r.role == "input")
-            split = next(i for i, r in enumerate(b.records) if r.direction == "backward")
+            if v.stop_in:
+                b.records = _cut_inside(b.records, v.stop_in)
+            split = next((i for i, r in enumerate(b.records) if r.direction == "backward"),
+                         len(b.records))
             ids = {r.tensor_id for r in b.records[:split]}
             early = [p for p in b.payloads if p.tensor_id in ids]
             late = [p for p in b.payloads if p.tensor_id not in ids]

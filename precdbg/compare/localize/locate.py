@@ -31,7 +31,9 @@ from ...records.schema import RecordKind, Role
 from ..judge.entries import Entry, StepEntries
 from ..judge.rows import Source
 from ..judge.structure import StructuralDiff
-from .verdicts import Cause, Link, chain, inventory_verdict, root_verdict, structural_verdict
+from ..judge.unfinished import UnfinishedStep
+from .verdicts import (Cause, Link, chain, inventory_verdict, root_verdict, structural_verdict,
+                       unfinished_verdict)
 
 __all__ = ["locate", "contains"]
 
@@ -125,7 +127,8 @@ def _walk(start: Entry, step: StepEntries) -> List[Link]:
 def locate(steps: List[StepEntries], setup: Sequence[str] = (),
            structural: Sequence[StructuralDiff] = (), others: Sequence[str] = (),
            before: Optional[Dict[Tuple[int, int], bool]] = None,
-           updates: Optional[Dict[Tuple[int, int], List[str]]] = None
+           updates: Optional[Dict[Tuple[int, int], List[str]]] = None,
+           unfinished: Sequence[UnfinishedStep] = ()
            ) -> Tuple[Optional[Dict[str, Any]], List[Entry]]:
     """`steps` ascending; `setup`: the optimizer set-up differences `check` found (`others`:
     its other high and medium ones, which a parameter verdict names too). Returns the
@@ -135,7 +138,9 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
     steps both dumps hold just before the compared ones (`--step S`), compared only to judge
     S by: (step, rank) -> whether they agree. `updates`: (step, rank) -> the optimizer
     set-up differences of the settings that step used, where both dumps hold them (a
-    parameter verdict quotes the step whose update it blames; `setup` otherwise)."""
+    parameter verdict quotes the step whose update it blames; `setup` otherwise).
+    `unfinished`: steps one run stopped early in (judge.unfinished): named where it stopped,
+    unless the numbers parted before that."""
     before = before or {}
     # (step, rank) compared before this step, all agreeing
     matched: set = {key for key, agrees in before.items() if agrees}
@@ -160,6 +165,11 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
                 when = min(shape.seq if shape is not None else 1 << 62,
                            start.first_bad if start is not None else 1 << 62)
                 starts.append((when, rank, shape, start))
+        stops = [u for u in unfinished if u.step == step.step]
+        if stops:
+            stop = min(stops, key=lambda u: (u.seq, u.rank))
+            if not any(when <= stop.seq for when, _, _, _ in starts):
+                return unfinished_verdict(stop, step)
         if starts:
             _, _, shape, start = min(starts, key=lambda s: (s[0], s[1]))
             numeric = _numeric_verdict(start, step) if start is not None else None

@@ -13,8 +13,10 @@ from ..judge.entries import Entry, StepEntries
 from ..judge.multistep import param_reason
 from ..judge.rows import Evidence, Producer
 from ..judge.structure import StructuralDiff
+from ..judge.unfinished import UnfinishedStep
 
-__all__ = ["Cause", "Link", "root_verdict", "chain", "inventory_verdict", "structural_verdict"]
+__all__ = ["Cause", "Link", "root_verdict", "chain", "inventory_verdict", "structural_verdict",
+           "unfinished_verdict"]
 
 _BACKWARD = Direction.BACKWARD
 _API = RecordKind.API
@@ -341,3 +343,31 @@ def structural_verdict(diff: StructuralDiff, step: StepEntries) -> Tuple[Dict[st
                        "text": f"{diff.name_a} and {diff.name_b} run different code (a "
                                "structural difference)"}]
     return first, [entry] if entry is not None else []
+
+
+def unfinished_verdict(stop: UnfinishedStep, step: StepEntries
+                       ) -> Tuple[Dict[str, Any], List[Entry]]:
+    """One run's step stopped early (judge.unfinished): named where it stopped."""
+    other = "baseline" if stop.side == "candidate" else "candidate"
+    where = f"module '{stop.module}'" if stop.module else "the root module"
+    if stop.other_entry:
+        how = (f"{stop.entry} began and did not return (in the {other} it did)")
+    else:
+        how = "the process ended in it (the step file is marked interrupted)"
+    reason = (f"the {stop.side}'s step stopped early, inside {where}: {how}; its last record is "
+              f"{stop.last_record}, and {stop.records_after} record(s) of the {other} from "
+              "there on have no counterpart (an exception the training script caught before "
+              "stop(), or a process that ended): what ran before agrees as far as both got")
+    name_a, name_b = (stop.entry, stop.other_entry) if stop.side == "baseline" else \
+        (stop.other_entry, stop.entry)
+    first = {"step": stop.step, "rank": stop.rank, "direction": "forward", "kind": _MODULE,
+             "name_a": name_a, "name_b": name_b, "module": stop.module, "op": "",
+             "role": "", "metrics": {}, "reason": reason,
+             "evidence": {"inputs_bad": [], "outputs_bad": [], "arguments_bad": [],
+                          "inputs_agreeing": 0},
+             "unfinished": stop.as_json()}
+    first["chain"] = [{"name_a": name_a, "name_b": name_b, "step": stop.step,
+                       "rank": stop.rank, "kind": _MODULE, "direction": Direction.FORWARD,
+                       "module": stop.module,
+                       "text": f"the {stop.side}'s step stopped inside {where}"}]
+    return first, []
