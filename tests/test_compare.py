@@ -112,11 +112,16 @@ def test_argument_only_consequences_say_the_argument(dumps):
 
 
 def test_a_step_entered_with_other_weights_still_lists_the_differing_arguments(dumps):
-    """--step 1 of a run whose LayerNorm eps differs from step 0 on: the verdict is a parameter
-    (the weights entered the step apart), every number after it differs, and the eps, which
-    appeared nowhere, is listed in a note."""
+    """--step 1 of a run whose LayerNorm eps differs from step 0 on: the weights entered the
+    step apart, and the headline is the eps the step shows (issue 45: the cause, with the
+    parameter difference as its evidence); every number after it differs, and the argument
+    that differs is listed in a note."""
     result = compare_dumps(dumps("base"), dumps("layer_norm_eps_2"), step=1)
-    assert result["first_divergence"]["kind"] == "param", cs.describe(result)
+    first = result["first_divergence"]
+    assert (first["cause"]["code"], first["module"]) == ("layer_setting", "blocks.0.ln_2"), \
+        cs.describe(result)
+    assert first["parameters"]["name_a"].startswith("Param.")
+    assert "weights_entered_apart" in first["annotations"]
     also = [n for n in result["notes"] if n.startswith("also differing in the compared step")]
     assert also and "Functional.layer_norm.1.forward argument 'eps' '1e-05' vs '0.001'" in \
         also[0] and "layer settings differ (eps 1e-05 vs 0.001) in module 'blocks.0.ln_2'" in \

@@ -218,7 +218,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before,
-                                 updates, unfinished)
+                                 updates, unfinished, _one_run_calls(unmatched, rows, same))
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
             unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
             other_causes(steps, structural, first) + weights_agree_after(steps, first)
@@ -260,7 +260,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
                          "to confirm a match bit for bit")
         consequences = _consequences(steps, first, involved)
-        if first is not None and "structure" not in first and "unfinished" not in first:
+        if first is not None and not {"structure", "unfinished", "cause"} & set(first):
             note_extra_calls(first, unmatched, rows)
             note_loss_scale(first, setup["findings"])
         place_first(first, a, b)
@@ -278,6 +278,17 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     finally:
         a.close()
         b.close()
+
+
+def _one_run_calls(unmatched: List[Dict[str, Any]], rows: List[Row], same: bool
+                   ) -> List[Dict[str, Any]]:
+    """The records of calls only one run made (not a call with a counterpart one of whose
+    records the other run lacks); across frameworks none (their calls differ by design)."""
+    if not same:
+        return []
+    paired = {("a", row.step, row.rank, row.name_a) for row in rows} | \
+        {("b", row.step, row.rank, row.name_b) for row in rows}
+    return [u for u in unmatched if (u["side"], u["step"], u["rank"], u["name"]) not in paired]
 
 
 def _optimizer_by_step(a: Dump, b: Dump, pairs: List[Tuple[int, int]],

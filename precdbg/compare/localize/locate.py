@@ -32,6 +32,7 @@ from ..judge.entries import Entry, StepEntries
 from ..judge.rows import Source
 from ..judge.structure import StructuralDiff
 from ..judge.unfinished import UnfinishedStep
+from .step_causes import ENTERED_APART, cause_verdict, step_causes
 from .verdicts import (Cause, Link, chain, inventory_verdict, root_verdict, structural_verdict,
                        unfinished_verdict)
 
@@ -128,7 +129,8 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
            structural: Sequence[StructuralDiff] = (), others: Sequence[str] = (),
            before: Optional[Dict[Tuple[int, int], bool]] = None,
            updates: Optional[Dict[Tuple[int, int], List[str]]] = None,
-           unfinished: Sequence[UnfinishedStep] = ()
+           unfinished: Sequence[UnfinishedStep] = (),
+           one_run: Sequence[Dict[str, Any]] = ()
            ) -> Tuple[Optional[Dict[str, Any]], List[Entry]]:
     """`steps` ascending; `setup`: the optimizer set-up differences `check` found (`others`:
     its other high and medium ones, which a parameter verdict names too). Returns the
@@ -140,7 +142,10 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
     set-up differences of the settings that step used, where both dumps hold them (a
     parameter verdict quotes the step whose update it blames; `setup` otherwise).
     `unfinished`: steps one run stopped early in (judge.unfinished): named where it stopped,
-    unless the numbers parted before that."""
+    unless the numbers parted before that. `one_run`: calls one run made and the other did
+    not (records without counterpart): with the structural differences and the step's
+    optimizer settings, what a step whose weights entered apart shows as its cause
+    (step_causes)."""
     before = before or {}
     # (step, rank) compared before this step, all agreeing
     matched: set = {key for key, agrees in before.items() if agrees}
@@ -149,6 +154,11 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
         found = inventory_verdict([e for e in step.entries if e.is_inventory], matched, setup,
                                   others, differed, updates)
         if found:
+            if ENTERED_APART in found.get("annotations", ()):
+                causes = step_causes(found["step"], found["rank"], structural, one_run,
+                                     (updates or {}).get((found["step"], found["rank"]), ()))
+                if causes:
+                    return cause_verdict(causes, found, step), []
             return found, []
         shapes = [d for d in structural if d.step == step.step]
         # each rank's earliest difference; the verdict starts at the one that came first in

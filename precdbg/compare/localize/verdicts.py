@@ -14,6 +14,7 @@ from ..judge.multistep import param_reason
 from ..judge.rows import Evidence, Producer
 from ..judge.structure import StructuralDiff
 from ..judge.unfinished import UnfinishedStep
+from .step_causes import ENTERED_APART
 
 __all__ = ["Cause", "Link", "root_verdict", "chain", "inventory_verdict", "structural_verdict",
            "unfinished_verdict"]
@@ -294,8 +295,9 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
     more = len(bad) - 1
     if more:
         reason += f" ({more} more parameter(s) differ)"
-    if not previous_matched and not e.trainable_differs and \
-            (ev is None or (not ev.only_in and ev.shape_ok)):
+    entered_apart = not previous_matched and not e.trainable_differs and \
+        (ev is None or (not ev.only_in and ev.shape_ok))
+    if entered_apart:
         if (e.step - 1, e.rank) in differed:
             reason += (f": the runs entered step {e.step} with different weights, and step "
                        f"{e.step - 1} (rank {e.rank}), which both dumps hold but this compare "
@@ -317,6 +319,8 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
     verdict["chain"] = [{"name_a": e.name_a, "name_b": e.name_b, "step": e.step, "rank": e.rank,
                          "kind": e.kind, "direction": e.direction, "module": e.module,
                          "text": f"{e.name} differs at the start of step {e.step}"}]
+    if entered_apart:
+        verdict["annotations"] = [ENTERED_APART]
     return verdict
 
 

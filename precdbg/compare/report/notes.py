@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...storage.reader import Dump
 from ...records.schema import READ_ROLES, WRITE_ROLES, Direction, RecordKind, Role
 from ..judge.rows import Row
+from ..localize.step_causes import ENTERED_APART
 
 __all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
            "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes",
@@ -174,12 +175,13 @@ _OTHER_CAUSES_SHOWN = 4
 
 def other_causes(steps: Sequence[Any], structural: Sequence[Any],
                  first: Optional[Dict[str, Any]]) -> List[str]:
-    """When the verdict is a parameter (the runs entered the step with different weights, so
-    every number after it differs), the causes a compare still sees in the compared steps:
+    """When the runs entered the step with different weights (so every number after it
+    differs: a parameter verdict, or the cause the step shows headed over it), the causes a compare still sees in the compared steps:
     non-tensor arguments that differ (a loss's reduction, a clipping norm, an eps) and modules
     whose calls or class differ, which the numbers cannot single out any more (a dump from
     the first training step shows which came first)."""
-    if first is None or first.get("kind") != RecordKind.PARAM:
+    if first is None or (first.get("kind") != RecordKind.PARAM
+                         and ENTERED_APART not in first.get("annotations", ())):
         return []
     found: List[str] = []
     for step in steps:
