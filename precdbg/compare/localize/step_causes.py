@@ -114,8 +114,9 @@ def cause_verdict(causes: List[StepCause], parameter: Dict[str, Any], step: Step
     from .verdicts import structural_verdict
     top = causes[0]
     # the parameter's own reason says which earlier step to dump (or compare) to confirm it
-    weights = (f"what differs in the code that ran; the weights already differ at the start "
-               f"of step {top.step} ({parameter['name_a']}: {parameter['reason']})")
+    weights = (f"this is what differs in the code that ran, while the weights already differ "
+               f"at the start of step {top.step} ({parameter['name_a']}: "
+               f"{parameter['reason']})")
     if top.structural is not None:
         first, _ = structural_verdict(top.structural, step)
         first["reason"] = f"{first['reason']}; {weights}"

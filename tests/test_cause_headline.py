@@ -1,0 +1,54 @@
+"""The cause is the headline under the guides' own usage (issue 45): a transformers GPT-2 dumped
+at iteration 1 only (tests/guide_gpt2_iteration1.py, a fresh process each), whose weights
+already differ at that step's start because iteration 0 ran the same difference. The verdict
+names what the step shows to differ (a layer setting, a structural difference, a call only one
+run makes) with the parameter difference as evidence; a rerun of the baseline matches."""
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+import pytest
+
+from conftest import run_python, write_config_file
+from precdbg.compare import compare_dumps
+
+pytest.importorskip("transformers")
+GUIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guide_gpt2_iteration1.py")
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Dict[str, str]:
+    tmp = tmp_path_factory.mktemp("cause_headline")
+    out = {}
+    for name, variant in (("base", "base"), ("rerun", "base"), ("eps", "eps"), ("tanh", "tanh"),
+                          ("write", "write")):
+        dump = str(tmp / name)
+        config = write_config_file(tmp / f"{name}.json", {"task": "statistics", "level": "mix",
+                                                          "dump_path": dump, "step": [0]})
+        done = run_python([GUIDE, config, variant], timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "precdbg" not in done.stderr, done.stderr
+        out[name] = dump
+    return out
+
+
+def test_a_rerun_matches(dumps):
+    assert compare_dumps(dumps["base"], dumps["rerun"])["verdict"] == "match"
+
+
+@pytest.mark.parametrize("variant, code, module", [
+    ("eps", "layer_setting", "transformer.h.2.ln_2"),
+    ("tanh", "structure", "transformer.h.3.mlp.act"),
+])
+def test_the_step_shows_the_cause_over_the_weights(dumps, variant, code, module):
+    first = compare_dumps(dumps["base"], dumps[variant])["first_divergence"]
+    assert (first["cause"]["code"], first["module"]) == (code, module), first["reason"]
+    assert "weights_entered_apart" in first["annotations"]
+    assert first["parameters"]["name_a"].startswith("Param.transformer.")
+
+
+def test_a_candidate_only_write_into_the_batch_is_named(dumps):
+    first = compare_dumps(dumps["base"], dumps["write"])["first_divergence"]
+    assert first["cause"]["code"] == "one_run_call", first["reason"]
+    assert first["name_b"].startswith("Tensor.__setitem__.") and first["name_a"] == ""
