@@ -8,6 +8,7 @@ import enum
 import math
 from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ...records.naming import in_place
 from ...records.schema import Direction, RecordKind, Role
 from ..judge.entries import Entry, StepEntries
 from ..judge.multistep import param_reason
@@ -169,9 +170,28 @@ def _uncaptured_inside_reason(holder: Entry, e: Entry, ev: Evidence, step: StepE
             f"custom autograd Function, a C++/CUDA extension op, compiled code){ev.why}")
 
 
-def root_verdict(link: Link, step: StepEntries) -> Tuple[Dict[str, Any], Optional[Entry]]:
+def _one_run_writer(e: Entry, one_run: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """A call only one run made, in `e`'s step and rank, within `e`'s module (or around it),
+    that writes its input in place: what changed a tensor between the call that produced it
+    (which agrees) and `e`, which reads it changed."""
+    for u in one_run:
+        name = str(u["name"])
+        parts = name.split(".")
+        if u["step"] != e.step or u["rank"] != e.rank or u["kind"] != _API \
+                or not name.endswith(".forward") or len(parts) < 3 or not in_place(parts[-3]):
+            continue
+        module = str(u["module"])
+        if module == "" or e.module == module or e.module.startswith(module + ".") or \
+                module.startswith(e.module + "."):
+            return u
+    return None
+
+
+def root_verdict(link: Link, step: StepEntries, one_run: Sequence[Dict[str, Any]] = ()
+                 ) -> Tuple[Dict[str, Any], Optional[Entry]]:
     """The verdict at the end of the walk, and the culprit entry when it is not the last link's
-    (a module's innermost call)."""
+    (a module's innermost call). `one_run`: calls only one run made (records without
+    counterpart), which may have changed what a call read."""
     e, ev = link.entry, link.evidence
     if link.cause is Cause.CANDIDATE:
         culprit = _innermost(e, step.timeline(e.rank))
@@ -205,6 +225,22 @@ def root_verdict(link: Link, step: StepEntries) -> Tuple[Dict[str, Any], Optiona
                            "writes .grad")
         return first, None
     if link.cause is Cause.CHANGED_AFTER:
+        writer = _one_run_writer(e, one_run)
+        if writer is not None:       # a captured call changed it: that call is the culprit
+            side = "candidate" if writer["side"] == "b" else "baseline"
+            first = _verdict(e, "", role=ev.role)
+            first.update(kind=_API, module=str(writer["module"]), op=str(writer["op"]),
+                         name_a="" if side == "candidate" else str(writer["name"]),
+                         name_b=str(writer["name"]) if side == "candidate" else "",
+                         direction="forward")
+            first["reason"] = (f"only the {side} calls {writer['name']}, which writes its "
+                               f"input in place: {e.name} reads its {ev.role} {ev.arg_index} "
+                               f"changed{ev.why}, while {p.entry.name}, which produced it, "
+                               "agrees")
+            first["cause"] = {"code": "one_run_call", "step": e.step, "rank": e.rank,
+                              "module": str(writer["module"]), "name_a": first["name_a"],
+                              "name_b": first["name_b"], "text": first["reason"]}
+            return first, None
         return _verdict(e, f"its {ev.role} {ev.arg_index} differs{ev.why} while "
                         f"{p.entry.name}, which produced it, agrees: something not captured "
                         "changed it in between", role=ev.role), None
@@ -243,6 +279,14 @@ def chain(links: List[Link], culprit: Optional[Entry], first: Dict[str, Any]
                       "text": f"{p.name_a or '(nothing)'} in the baseline vs "
                               f"{p.name_b or '(nothing)'} in the candidate: the calls (or the "
                               "module's class) differ between the runs"})
+    elif last.cause is Cause.CHANGED_AFTER and first.get("cause"):
+        # a call one run made wrote it in between (root_verdict's `_one_run_writer`)
+        items[-1]["text"] = (f"{last.entry.name} reads the output of "
+                             f"{last.producer.entry.name}, which agrees, changed in between")
+        items.append({"name_a": first["name_a"], "name_b": first["name_b"],
+                      "step": first["step"], "rank": first["rank"], "kind": first["kind"],
+                      "direction": last.entry.direction, "module": first["module"],
+                      "text": first["cause"]["text"].split(":")[0]})
     if len(items) > _CHAIN_LIMIT:     # the start, and the links nearest the culprit
         dropped = len(items) - _CHAIN_LIMIT
         items = items[:2] + items[2 + dropped:]
