@@ -92,7 +92,8 @@ def _apply(variant: str, patches: _Patches) -> None:
     from precdbg.capture.window import CaptureWindow
     level = VARIANTS.index(variant)
     if level >= 1:      # a finished row: what host statistics return, nothing left to resolve
-        patches.set(tensors.TorchTensors, "summarize", lambda self, t: (0.0, 0.0, 0.0, 0.0, 0, 0))
+        patches.set(tensors.TorchTensors, "summarize",
+                    lambda self, t: (0.0, 0.0, 0.0, 0.0, 0, 0, 0.0))
     if level >= 2:
         patches.set(CaptureWindow, "capture", lambda self, *args, **kwargs: None)
         patches.set(CaptureWindow, "capture_value", lambda self, *args, **kwargs: None)

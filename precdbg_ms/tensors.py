@@ -52,7 +52,9 @@ _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16
              "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8,
              "float64": 8, "complex64": 8, "complex128": 16}
 
-HostRow = Tuple[float, float, float, float, int, int]   # min, max, mean, norm, NaN and Inf counts
+# min, max, mean, norm, NaN and Inf counts, pos_mean (the finite values' mean weighted by a hash
+# of their row-major index: see precdbg/capture/_fastats.c)
+HostRow = Tuple[float, float, float, float, int, int, float]
 
 
 def dtype_name(dtype: Any) -> str:
@@ -112,6 +114,19 @@ class _HostCopy:
         self.data, self.moved = data, moved     # a numpy copy, or a tensor being moved
 
 
+_HASH_K = 0x9E3779B9     # pos_mean's index hash (precdbg/capture/_fastats.c)
+
+
+def _index_hashes(n: int) -> np.ndarray:
+    """s(i) = i * _HASH_K modulo 2^32 as a signed 32-bit integer, for i < n, float64."""
+    hashed = (np.arange(n, dtype=np.uint64) * np.uint64(_HASH_K)) & np.uint64(0xFFFFFFFF)
+    return hashed.astype(np.uint32).view(np.int32).astype(np.float64)
+
+
+def _pos_mean(weighted: float, total: float, finite: float) -> float:
+    return (total + (2.0 * weighted + total) * 2.0 ** -32) / finite if finite else math.nan
+
+
 def _host_row(arr: np.ndarray) -> HostRow:
     if arr.dtype == np.bool_ or arr.dtype.kind in "iub":
         arr = arr.astype(np.float64)
@@ -129,7 +144,9 @@ def _host_row(arr: np.ndarray) -> HostRow:
     valid = w[~np.isnan(w)]
     mn, mx = (float(valid.min()), float(valid.max())) if valid.size else (math.nan, math.nan)
     finite_n = arr.size - nan - inf
-    return (mn, mx, total / finite_n if finite_n else math.nan, math.sqrt(sq), nan, inf)
+    weighted = float(np.dot(fw.reshape(-1), _index_hashes(arr.size)))
+    pos = _pos_mean(weighted, total, finite_n)
+    return (mn, mx, total / finite_n if finite_n else math.nan, math.sqrt(sq), nan, inf, pos)
 
 
 def _read_at_capture(t: ms.Tensor) -> bool:
@@ -332,7 +349,10 @@ class MindSporeTensors:
         x = t.astype(ms.float32) if name in ("float16", "bfloat16") or name not in _FLOATS \
             else t
         x = ops.stop_gradient(x)
-        return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum()))
+        index = ops.arange(0, numel, dtype=ms.int64)
+        hashed = ops.bitwise_and(index * _HASH_K + (1 << 31), 0xFFFFFFFF) - (1 << 31)
+        weighted = (x.reshape(-1).astype(ms.float64) * hashed.astype(ms.float64)).sum()
+        return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum(), weighted))
 
     def retained_bytes(self, handle: Any) -> int:
         """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), the host
@@ -354,11 +374,11 @@ class MindSporeTensors:
         """MindSpore statistics are enqueued as they are captured: nothing waits for a launch."""
 
     def resolve(self, handles: Sequence[_Pending]) -> np.ndarray:
-        """Rows of (min, max, mean, norm, nan_count, inf_count); one wait for the pipeline per
-        batch (the first deferred read waits, the rest are done by then)."""
+        """Rows of (min, max, mean, norm, nan_count, inf_count, pos_mean); one wait for the
+        pipeline per batch (the first deferred read waits, the rest are done by then)."""
         self.settle()
-        out = np.full((len(handles), 6), np.nan, dtype=np.float64)
-        out[:, 4:] = 0
+        out = np.full((len(handles), 7), np.nan, dtype=np.float64)
+        out[:, 4:6] = 0
         for i, p in enumerate(handles):
             if type(p) is tuple:                  # a finished row (callers need not resolve it)
                 out[i] = p
@@ -368,12 +388,14 @@ class MindSporeTensors:
                   if type(p) is not tuple and p.host is None and p.values is not None]
         if device:
             flat = [v.astype(ms.float64) for i in device for v in handles[i].values]
-            host = ops.stack(flat).asnumpy().reshape(len(device), 4)
+            host = ops.stack(flat).asnumpy().reshape(len(device), 5)
             for row, i in zip(host, device):
-                lo, hi, total, sq = (float(v) for v in row)
+                lo, hi, total, sq, weighted = (float(v) for v in row)
                 p = handles[i]
-                if all(math.isfinite(v) for v in (lo, hi, total, sq)):
-                    out[i] = (lo, hi, total / p.numel, math.sqrt(sq), 0, 0)
+                if all(math.isfinite(v) for v in (lo, hi, total, sq, weighted)):
+                    n = p.numel
+                    out[i] = (lo, hi, total / n, math.sqrt(sq), 0, 0,
+                              _pos_mean(weighted, total, n))
                 else:                              # non-finite values: exact pass on the host
                     out[i] = _host_row(p.tensor.asnumpy())
         for p in handles:

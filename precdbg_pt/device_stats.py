@@ -6,8 +6,12 @@ Here each captured tensor costs one kernel launch that reads its bytes once and 
 statistics into a row of a device result buffer; nothing crosses to the host until `resolve`,
 which copies all rows of a device in one transfer (one synchronisation per step).
 
-A row holds six float64 values: min, max (over the non-NaN values, so +-Inf shows: the convention
-of the CPU `_fastats` pass), sum and sum of squares of the finite values, NaN count, Inf count.
+A row holds seven float64 values: min, max (over the non-NaN values, so +-Inf shows: the
+convention of the CPU `_fastats` pass), sum and sum of squares of the finite values, NaN count,
+Inf count, and the finite values' sum weighted by a hash of their row-major index (sum of
+x_i * s(i), s in precdbg/capture/_fastats.c: the order-sensitive statistic; `finish_rows` makes
+it the record's `pos_mean`). A tensor that is
+not contiguous is read through its contiguous copy, so that index is its logical one.
 The tensor is not kept alive after its kernel is enqueued: stream order guarantees the kernel
 reads the values as they were at capture time, and the caching allocator is stream-aware, so the
 memory is not handed to another stream before the kernel ran.
@@ -74,9 +78,9 @@ __all__ = ["DeviceHandle", "DeviceStatistics", "finish_rows", "triton_available"
 log = logging.getLogger("precdbg")
 
 _CHUNK_ROWS = 4096            # rows per buffer chunk (192 KiB); a full chunk adds another
-_COLUMNS = 6
-_INIT = (math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0)
-_UNKNOWN = np.array([math.nan, math.nan, math.nan, math.nan, -1.0, -1.0])
+_COLUMNS = 7
+_INIT = (math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0)
+_UNKNOWN = np.array([math.nan, math.nan, math.nan, math.nan, -1.0, -1.0, math.nan])
 _QUEUE_LIMIT = 64             # launch early past this many (a foreach call's tensor list)
 _KERNEL_DTYPES = frozenset(stats_kernel.KERNEL_DTYPES)
 _STRIDED = torch.strided
@@ -378,7 +382,8 @@ class DeviceStatistics:
             return self._enqueue(backend, [t.detach() for t in tensors])
 
     def resolve(self, handles: Sequence[DeviceHandle]) -> np.ndarray:
-        """Raw rows (min, max, sum, sum of squares, nan, inf) of `handles`: one transfer per
+        """Raw rows (min, max, sum, sum of squares, nan, inf, index-weighted sum) of `handles`:
+        one transfer per
         device whose rows are not on the host yet (every outstanding row of that device comes
         along)."""
         self.launch_queued()
@@ -397,13 +402,17 @@ class DeviceStatistics:
 
 
 def finish_rows(raw: np.ndarray, numels: Sequence[int]) -> np.ndarray:
-    """(min, max, mean, norm, nan, inf) from raw rows: mean over the finite values, min and max
-    NaN when every value is NaN (the `_fastats` convention)."""
+    """(min, max, mean, norm, nan, inf, pos_mean) from raw rows: mean over the finite values,
+    pos_mean sum x_i (1 + (2 s(i) + 1) / 2^32) over them divided by their count (as
+    `_fastats.row`), min
+    and max NaN when every value is NaN (the `_fastats` convention)."""
     out = np.array(raw, dtype=np.float64, copy=True)
     n = np.asarray(numels, dtype=np.float64)
     finite = n - raw[:, 4] - raw[:, 5]
     with np.errstate(invalid="ignore", divide="ignore"):
         out[:, 2] = np.where(finite > 0, raw[:, 2] / np.maximum(finite, 1), np.nan)
+        out[:, 6] = np.where(finite > 0, (raw[:, 2] + (2.0 * raw[:, 6] + raw[:, 2]) * 2.0 ** -32)
+                             / np.maximum(finite, 1), np.nan)
     out[:, 3] = np.sqrt(raw[:, 3])
     all_nan = raw[:, 4] >= n
     out[all_nan, 0] = np.nan

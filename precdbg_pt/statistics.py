@@ -1,4 +1,6 @@
-"""How the statistics row of a PyTorch tensor (min, max, mean, norm, NaN and Inf counts) is
+"""How the statistics row of a PyTorch tensor (min, max, mean, norm, NaN and Inf counts, and the
+order-sensitive `pos_mean`: the finite values' mean weighted by a hash of their row-major index,
+precdbg/capture/_fastats.c) is
 computed; which way a tensor goes is `TorchTensors.summarize`'s choice (precdbg_pt.tensors).
 
 CPU tensors (whose device *is* host memory) go through `precdbg.capture._fastats` (`host_row`):
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from .device_stats import DeviceHandle, DeviceStatistics, finish_rows
+from .torch_stats import index_hashes
 
 try:   # one-pass C statistics for tensors in host memory; optional (needs a C compiler)
     from precdbg.capture import fastats as _fastats
@@ -55,30 +58,40 @@ def version_of(t: torch.Tensor) -> int:
 
 # (shape, strides) -> element_layout's answer: a cache of a pure function of its key, so every
 # debugger of the process may share it (bounded, cleared when full)
-_LAYOUTS: Dict[Tuple[Any, Tuple[int, ...]], Tuple[Tuple[int, int], ...]] = {}
+_LAYOUTS: Dict[Tuple[Any, Tuple[int, ...]], Tuple[Tuple[int, int, int], ...]] = {}
 _LAYOUTS_MAX = 4096        # distinct (shape, strides) kept; a model has far fewer
 
 
 def element_layout(t: torch.Tensor, stride: Optional[Tuple[int, ...]] = None
-            ) -> Tuple[Tuple[int, int], ...]:
-    """Canonical (size, stride) pairs: equal for every view that addresses the same elements
-    (view, reshape without copy, transpose, permute, split then view...), so their statistics,
-    which do not depend on element order, are computed once. Answered once per (shape,
-    strides): a model's views come in few shapes, and the sort costs ~3 us."""
+            ) -> Tuple[Tuple[int, int, int], ...]:
+    """Canonical (size, stride, logical stride) triples, by increasing stride (the logical
+    stride: how far the dimension moves the row-major index): equal for every view that
+    addresses the same elements in the same row-major order (a view with more or fewer
+    size-1 dimensions, dimensions merged or split where both the memory and the order allow),
+    so their statistics, which depend on that order (`pos_mean`), are computed once; a
+    transpose or a flip has a layout of its own. Answered once per (shape, strides): a
+    model's views come in few shapes, and the sort costs ~3 us."""
     shape = t.shape
     if stride is None:
         stride = t.stride()
     found = _LAYOUTS.get((shape, stride))
     if found is not None:
         return found
-    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
+    logical = []
+    run = 1
+    for size in reversed(shape):
+        logical.append(run)
+        run *= size
+    logical.reverse()
+    dims = sorted((st, lst, sz) for sz, st, lst in zip(shape, stride, logical) if sz != 1)
     merged: List[List[int]] = []
-    for step, size in dims:
-        if merged and merged[-1][1] != 0 and step == merged[-1][1] * merged[-1][0]:
+    for step, lstep, size in dims:
+        if merged and merged[-1][1] != 0 and step == merged[-1][1] * merged[-1][0] \
+                and lstep == merged[-1][2] * merged[-1][0]:
             merged[-1][0] *= size
         else:
-            merged.append([size, step])
-    found = tuple((size, step) for size, step in merged)
+            merged.append([size, step, lstep])
+    found = tuple((size, step, lstep) for size, step, lstep in merged)
     if len(_LAYOUTS) >= _LAYOUTS_MAX:
         _LAYOUTS.clear()
     _LAYOUTS[(shape, stride)] = found
@@ -129,16 +142,18 @@ FAST_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat
 # splits across two threads (precdbg/capture/_fastats.c: PAR_MIN).
 
 
-HostRow = Tuple[float, float, float, float, int, int]
+HostRow = Tuple[float, float, float, float, int, int, float]
 
 
 def host_row(t: torch.Tensor, code: int) -> HostRow:
-    """The record's row itself (min, max, mean, norm, NaN and Inf counts), computed now: a
-    host tensor's statistics handle is its finished row (no object, no arithmetic here)."""
+    """The record's row itself (min, max, mean, norm, NaN and Inf counts, pos_mean), computed
+    now: a host tensor's statistics handle is its finished row (no object, no arithmetic
+    here)."""
     if not t.is_contiguous():
         dims = element_layout(t)
-        if len(dims) != 1 or dims[0][1] != 1:   # not a permutation of a dense block
-            # contiguous rows (a split, a slice; a broadcast counted, not read): no copy
+        if len(dims) != 1 or dims[0][1] != 1:   # not a dense block in row-major order
+            # contiguous rows (a split, a slice, a transpose's columns, a broadcast's copies
+            # read again): no copy
             row = _fastats.row_layout(t.data_ptr(), code, dims)
             if row is not None:
                 return row
@@ -155,7 +170,20 @@ def reductions(t: torch.Tensor, numel: int) -> Pending:
     w = _work_view(t)
     lo, hi = torch.aminmax(w)
     flat = w.reshape(-1)
-    return Pending(t, numel, (lo, hi, w.sum(), _sum_of_squares(flat)))
+    return Pending(t, numel, (lo, hi, w.sum(), _sum_of_squares(flat), _index_weighted(flat)))
+
+
+def _index_weighted(flat: torch.Tensor) -> torch.Tensor:
+    """sum of flat[i] * s(i) in float64 (`flat`: row-major; s: pos_mean's index hash)."""
+    return torch.dot(flat.double(), index_hashes(0, flat.numel(), flat.device))
+
+
+def pos_mean(weighted: float, total: float, finite: float) -> float:
+    """pos_mean from the finite values' hash-weighted sum and sum (`_fastats.c`)."""
+    return (total + (2.0 * weighted + total) * _UNIT) / finite if finite else math.nan
+
+
+_UNIT = 2.0 ** -32
 
 
 # the values a sparse layout stores (duplicates of an uncoalesced COO tensor summed first)
@@ -174,16 +202,17 @@ def stored_values(t: torch.Tensor) -> Optional[torch.Tensor]:
 
 def with_zeros(row: HostRow, stored: int, numel: int) -> HostRow:
     """The row of `stored` values extended by the `numel - stored` zeros a sparse tensor holds
-    without storing them (min, max and mean change; the norm and the counts do not)."""
+    without storing them (min, max and mean change; the norm and the counts do not; pos_mean
+    is unknown, NaN: the stored values are not in the dense tensor's order)."""
     zeros = numel - stored
+    lo, hi, mean, norm, nan, inf = row[:6]
     if zeros <= 0:
-        return row
-    lo, hi, mean, norm, nan, inf = row
+        return lo, hi, mean, norm, nan, inf, math.nan
     finite = stored - nan - inf
     total = mean * finite if finite > 0 else 0.0
     lo = min(lo, 0.0) if lo == lo else 0.0       # NaN: no stored value is a number
     hi = max(hi, 0.0) if hi == hi else 0.0
-    return lo, hi, total / (finite + zeros), norm, nan, inf
+    return lo, hi, total / (finite + zeros), norm, nan, inf, math.nan
 
 
 def _nonfinite_rows(pending: Sequence[Pending]) -> List[Optional[List[float]]]:
@@ -200,7 +229,8 @@ def _nonfinite_rows(pending: Sequence[Pending]) -> List[Optional[List[float]]]:
         inf = torch.isinf(w).sum()
         finite = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
         flat = finite.reshape(-1)
-        stacks.append(torch.stack([nan.double(), inf.double(), flat.sum(), torch.dot(flat, flat)]))
+        stacks.append(torch.stack([nan.double(), inf.double(), flat.sum(), torch.dot(flat, flat),
+                                   _index_weighted(flat)]))
         where.append(i)
     if stacks:
         host = torch.stack(stacks).cpu().tolist()
@@ -220,12 +250,12 @@ def _resolve_device(handles: Sequence[Handle], out: np.ndarray,
 
 
 def resolve(handles: Sequence[Handle], device: DeviceStatistics) -> np.ndarray:
-    """Rows of (min, max, mean, norm, nan_count, inf_count), one host transfer per device (and
-    per dtype for large CPU tensors); `device`: the statistics object device handles are of.
-    min/max are over all non-NaN values (so -inf shows); mean and norm over the finite
-    values."""
-    out = np.full((len(handles), 6), np.nan, dtype=np.float64)
-    out[:, 4:] = 0
+    """Rows of (min, max, mean, norm, nan_count, inf_count, pos_mean), one host transfer per
+    device (and per dtype for large CPU tensors); `device`: the statistics object device
+    handles are of. min/max are over all non-NaN values (so -inf shows); mean, norm and
+    pos_mean over the finite values."""
+    out = np.full((len(handles), 7), np.nan, dtype=np.float64)
+    out[:, 4:6] = 0
     _resolve_device(handles, out, device)
     groups: Dict[Tuple[torch.dtype, torch.device], List[int]] = {}
     for i, p in enumerate(handles):
@@ -238,10 +268,10 @@ def resolve(handles: Sequence[Handle], device: DeviceStatistics) -> np.ndarray:
             groups.setdefault((p.values[0].dtype, p.values[0].device), []).append(i)
     redo: List[int] = []
     for indices in groups.values():
-        flat = [v for i in indices for v in handles[i].values]
-        host = torch.stack(flat).cpu().double().numpy().reshape(len(indices), 4)
+        flat = [v.double() for i in indices for v in handles[i].values]
+        host = torch.stack(flat).cpu().double().numpy().reshape(len(indices), 5)
         for row, i in zip(host, indices):
-            lo, hi, total, sq = row
+            lo, hi, total, sq, weighted = row
             out[i, 0], out[i, 1] = lo, hi
             if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(total)
                     and math.isfinite(sq)):
@@ -249,14 +279,17 @@ def resolve(handles: Sequence[Handle], device: DeviceStatistics) -> np.ndarray:
                 continue
             n = handles[i].numel
             out[i, 2], out[i, 3] = total / n, math.sqrt(sq)
+            out[i, 6] = pos_mean(weighted, total, n)
     if redo:
         for i, row in zip(redo, _nonfinite_rows([handles[i] for i in redo])):
             if row is None:
-                out[i, 4:] = -1               # changed in place since: counts unknown
+                out[i, 4:6] = -1              # changed in place since: counts unknown
                 continue
-            nan, inf, total, sq = row
-            finite = handles[i].numel - nan - inf
+            nan, inf, total, sq, weighted = row
+            n = handles[i].numel
+            finite = n - nan - inf
             out[i, 2] = total / finite if finite else math.nan
+            out[i, 6] = pos_mean(weighted, total, finite)
             out[i, 3] = math.sqrt(sq)
             out[i, 4], out[i, 5] = nan, inf
     for p in handles:

@@ -1,5 +1,7 @@
 """The fused statistics kernel (Triton, CUDA): one read of each tensor in its own dtype, six
-values per tensor into a row of a device result buffer (`precdbg_pt.device_stats`). Sums and
+values per tensor into a row of a device result buffer (min, max, finite sum and sum of squares,
+NaN and Inf counts, and the finite sum weighted by a hash of the row-major index: s(i) = i *
+0x9E3779B9 modulo 2^32 as a signed 32-bit integer, precdbg/capture/_fastats.c) (`precdbg_pt.device_stats`). Sums and
 sums of squares are accumulated in float64 per lane and reduced once per program (a float64
 add per element is far below what memory bandwidth lets the kernel do). Triton is
 imported lazily and optionally; a kernel that cannot be built or launched turns the fused path
@@ -85,6 +87,7 @@ def _build_kernel() -> Any:
         infs = tl.full((BLOCK,), 0, tl.int32)
         total = tl.full((BLOCK,), 0.0, tl.float64)
         squares = tl.full((BLOCK,), 0.0, tl.float64)
+        weighted = tl.full((BLOCK,), 0.0, tl.float64)       # sum of x_i * s(i) (i: row-major)
         for start in range(begin, end, BLOCK):
             offs = start + lanes
             inside = offs < end
@@ -99,13 +102,16 @@ def _build_kernel() -> Any:
             v = tl.where(is_nan | is_inf, 0.0, x).to(tl.float64)
             total += v
             squares += v * v
-        base = out + (row0 + slot) * 6
+            hashed = offs.to(tl.uint32) * 0x9E3779B9         # wraps modulo 2^32
+            weighted += v * hashed.to(tl.int32, bitcast=True).to(tl.float64)
+        base = out + (row0 + slot) * 7
         tl.atomic_min(base, tl.min(mn, axis=0).to(tl.float64))
         tl.atomic_max(base + 1, tl.max(mx, axis=0).to(tl.float64))
         tl.atomic_add(base + 2, tl.sum(total, axis=0))
         tl.atomic_add(base + 3, tl.sum(squares, axis=0))
         tl.atomic_add(base + 4, tl.sum(nans, axis=0).to(tl.float64))
         tl.atomic_add(base + 5, tl.sum(infs, axis=0).to(tl.float64))
+        tl.atomic_add(base + 6, tl.sum(weighted, axis=0))
 
     return _stats_kernel
 
@@ -121,17 +127,10 @@ def _interpreted() -> Any:
 
 
 def flat_view(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's elements as one dense block in some order: the tensor itself when it is a
-    permutation of a dense block (statistics do not depend on order), else a contiguous copy."""
-    if t.is_contiguous():
-        return t
-    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return t.contiguous()
-        expected *= size
-    return t
+    """The tensor's elements as one dense block in row-major order: the tensor itself when it
+    is contiguous, else its contiguous copy (a transpose too: the index-weighted sum is that of
+    the logical order, so that every layout of the same tensor gets the same statistics)."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def launch(tensors: Sequence[torch.Tensor], chunk: torch.Tensor, row0: int,

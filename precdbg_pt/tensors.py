@@ -99,8 +99,9 @@ class TorchTensors:
 
     def identity(self, t: torch.Tensor) -> Optional[Tuple[Hashable, Hashable]]:
         """(statistics key, data key). Equal statistics keys: the same elements of the same
-        storage at the same version, in any order (a transpose has the statistics of its base).
-        Equal data keys: also the same shape and strides, so the same bytes in the same order.
+        storage at the same version in the same row-major order (the statistics' `pos_mean`
+        depends on it: a transpose or a flip has statistics of its own; a contiguous view of
+        any shape shares its base's). Equal data keys: also the same shape and strides.
         The core checks that the first tensor of a key is still alive, so its storage cannot
         have been reused."""
         try:
@@ -111,7 +112,7 @@ class TorchTensors:
             base = (ptr, t.dtype, t._version, t.get_device())
             if t.is_neg() or t.is_conj():     # the same bytes read negated or conjugated
                 base += (t.is_neg(), t.is_conj())
-            layout = ((t.numel(), 1),) if contiguous else element_layout(t)
+            layout = ((t.numel(), 1, 1),) if contiguous else element_layout(t)
             shape = tuple(t.shape)
             return (base, layout), (base, shape, None if contiguous else t.stride())
         except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, fake)
@@ -145,7 +146,7 @@ class TorchTensors:
             if t.is_neg() or t.is_conj():    # the same bytes read negated or conjugated
                 base += (t.is_neg(), t.is_conj())
             if t.is_contiguous():
-                keys = ((base, ((numel, 1),)), (base, shape, None))
+                keys = ((base, ((numel, 1, 1),)), (base, shape, None))
             else:
                 stride = t.stride()
                 keys = ((base, element_layout(t, stride)), (base, shape, stride))
@@ -243,7 +244,7 @@ class TorchTensors:
             return self.device.summarize(t, backend)
 
     def resolve(self, handles: Sequence[Handle]) -> np.ndarray:
-        """Rows of (min, max, mean, norm, nan_count, inf_count) of a batch of handles
+        """Rows of (min, max, mean, norm, nan_count, inf_count, pos_mean) of a batch of handles
         (precdbg_pt.statistics.resolve), unobserved: the session resolves at stop() too,
         outside every hook."""
         with _Unobserved():

@@ -628,20 +628,26 @@ def test_statistics_of_views_match_numpy(tmp_path, view):
 
 def test_view_layout_names_the_same_elements_however_often_asked():
     """The canonical layout of a view (remembered per shape and strides) is the same for every
-    view over exactly the same elements, in any order, and differs for other elements, the
-    first time and from the table alike."""
+    view over exactly the same elements in the same row-major order (the statistics' pos_mean
+    depends on the order), and differs for other elements or another order (a permutation),
+    the first time and from the table alike."""
     from precdbg_pt import statistics
     base = torch.randn(6, 10, 4)
-    same = [base, base.permute(2, 0, 1), base.transpose(0, 1), base.view(60, 4).t(),
-            base.view(240)]
-    other = [base[:, ::2], base[1:], base[:, :, :2], base.view(240)[::3]]
+    same = [base, base.view(60, 4), base.view(240), base.unsqueeze(1),
+            base.view(60, 4).t().t()]
+    other = [base[:, ::2], base[1:], base[:, :, :2], base.view(240)[::3],
+             base.permute(2, 0, 1), base.transpose(0, 1)]
     for _ in range(2):                       # computed, then answered from the table
         layouts = {statistics.element_layout(v) for v in same}
         assert len(layouts) == 1, layouts
         assert all(statistics.element_layout(v) not in layouts for v in other)
         assert len({statistics.element_layout(v) for v in other}) == len(other)
+    # the same elements in the same row-major order, another shape: one layout
+    assert statistics.element_layout(base.permute(2, 0, 1)) == \
+        statistics.element_layout(base.view(60, 4).t())
     statistics._LAYOUTS.clear()
-    assert statistics.element_layout(base[:, ::2]) == ((4, 1), (30, 8))   # rows of 4, 30 of them
+    # rows of 4 (row-major step 1), 30 of them (memory step 8, row-major step 4)
+    assert statistics.element_layout(base[:, ::2]) == ((4, 1, 1), (30, 8, 4))
 
 
 def test_debugger_does_not_change_numerics(batches):
@@ -1326,9 +1332,11 @@ def test_bytes_seen_through_a_gone_object_keep_their_tensor(tmp_path):
     assert norm_inputs[0]["norm"] == dw["norm"]
 
 
-def test_a_transposed_view_of_a_dense_tensor_shares_its_statistics(tmp_path, monkeypatch):
-    """The elements of a dense tensor and of any permutation of it are one set: their
-    statistics are taken once (a matmul's output and its transpose)."""
+def test_a_transposed_view_has_statistics_of_its_own_a_reshape_shares_them(tmp_path,
+                                                                            monkeypatch):
+    """A permutation of a dense tensor holds the same elements in another row-major order: its
+    pos_mean differs, so its statistics are taken again (min, max, mean and norm agree to
+    rounding); a contiguous view of another shape keeps the order and shares them."""
     from precdbg_pt import tensors as pt_tensors
     passes = []
     summarize = pt_tensors.TorchTensors.summarize
@@ -1343,16 +1351,22 @@ def test_a_transposed_view_of_a_dense_tensor_shares_its_statistics(tmp_path, mon
     dbg.start()
     out = torch.matmul(a, b)
     out.transpose(1, 2)
+    out.reshape(2, 3, 16)
     dbg.stop()
     dbg.step()
     assert dbg.close() and dbg.failures == 0
     t = precdbg.open_dump(str(tmp_path)).records(step=0)
     product = one_row(t, op="matmul", role="output")
     moved = one_row(t, op="transpose", role="output")
+    flat = one_row(t, op="reshape", role="output")
     assert moved["tensor_id"] != product["tensor_id"]          # another order of the bytes
-    assert (moved["min"], moved["max"], moved["mean"], moved["norm"]) == \
-        (product["min"], product["max"], product["mean"], product["norm"])
-    assert passes.count((2, 3, 4, 4)) == 1 and passes.count((2, 4, 3, 4)) == 0
+    assert (moved["min"], moved["max"]) == (product["min"], product["max"])
+    for stat in ("mean", "norm"):
+        assert moved[stat] == pytest.approx(product[stat], rel=1e-12)
+    assert moved["pos_mean"] != product["pos_mean"]
+    assert flat["pos_mean"] == product["pos_mean"]
+    assert passes.count((2, 3, 4, 4)) == 1 and passes.count((2, 4, 3, 4)) == 1
+    assert passes.count((2, 3, 16)) == 0
 
 
 def test_statistics_of_strided_views_are_those_of_their_elements(tmp_path):

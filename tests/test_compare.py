@@ -468,11 +468,15 @@ def test_mapping_then_defect_is_still_named(dumps, tmp_path):
 
 # =========================================================================== statistics vs tensors
 def test_statistics_only_note(dumps):
+    """Dumps that carry pos_mean (schema 4) see a permutation: no statistics-only note; the
+    rows carry pos_mean and its difference (old dumps: tests/test_order_stats.py)."""
     result = compare(dumps, "base", "rerun")
     notes = " ".join(result["notes"]).lower()
-    assert "statistics only" in notes and "permutation" in notes, result["notes"]
-    assert "tensor" in notes or "checksum" in notes, result["notes"]
+    assert "statistics only" not in notes, result["notes"]
     assert not any("rel_rmse" in r or "cosine" in r for r in result["rows"])
+    tensors = [r for r in result["rows"] if not r["dtype_a"].startswith("py.")]
+    assert tensors and all(r["pos_mean_a"] is not None and r["d_pos_mean"] is not None
+                           for r in tensors if r["nan_a"] == 0 and r["inf_a"] == 0)
 
 
 def test_tensor_task_rows_carry_tensor_metrics(dumps):
@@ -494,13 +498,16 @@ def test_tensor_task_names_1e4_relative_change(dumps):
     assert first["metrics"].get("cosine") == pytest.approx(1.0, abs=1e-6), first["metrics"]
 
 
-def test_tensor_task_sees_a_permutation(dumps):
-    # statistics cannot: the permuted output keeps min, max, mean and norm (the note's warning)
+def test_statistics_and_tensor_task_see_a_permutation(dumps):
+    # the permuted output keeps min, max, mean and norm; pos_mean (schema 4) moves
     stats = compare(dumps, "base", "stats_permuted")
-    assert any("permutation" in n for n in stats["notes"]), stats["notes"]
+    first = cs.assert_first(stats, step=0, direction="forward", kind=("module", "api"),
+                            module="blocks.0.attn.proj", op="linear")
+    assert first["role"] == "output", cs.describe(stats)
     proj = [r for r in stats["rows"] if r["name_a"] == "Module.blocks.0.attn.proj.Linear.forward.0"
             and r["role"] == "output"]
-    assert proj and all(r["status"] == "match" for r in proj), proj
+    assert proj and all(r["status"] == "diverged" and r["d_pos_mean"] > r["tol"]
+                        for r in proj), proj
     result = compare(dumps, "tensor_base", "tensor_permuted")
     first = cs.assert_first(result, step=0, direction="forward", kind=("module", "api"),
                             module="blocks.0.attn.proj", op="linear")

@@ -89,7 +89,7 @@ def test_row_is_what_a_record_stores(values):
     """row(): mean over the finite values (NaN when there are none), norm of the finite values,
     min/max over the non-NaN ones, and the counts, as a record stores them."""
     a = np.array(values, dtype=np.float32)
-    mn, mx, mean, norm, nan, inf = fastats.row(a.ctypes.data, a.size, 0)
+    mn, mx, mean, norm, nan, inf = fastats.row(a.ctypes.data, a.size, 0)[:6]
     rmn, rmx, rtotal, rsq, rnan, rinf = reference(a) if not np.isnan(a).all() else (
         np.nan, np.nan, 0.0, 0.0, a.size, 0)
     finite = a.size - rnan - rinf
@@ -217,19 +217,35 @@ def test_exact_pass_of_non_finite_buffers(n, pattern, dtype):
         check(a, 0)
 
 
+def position_weights(n: int) -> np.ndarray:
+    """pos_mean's weights of n elements in row-major order: 1 + (2 s(i) + 1) / 2^32, s(i) the
+    index times 0x9E3779B9 modulo 2^32 read as a signed 32-bit integer (_fastats.c)."""
+    hashed = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B9)) & np.uint64(0xFFFFFFFF)
+    signed = hashed.astype(np.uint32).view(np.int32).astype(np.float64)
+    return 1.0 + (2.0 * signed + 1.0) / 2.0 ** 32
+
+
 def _view_layout(v: np.ndarray):
-    """A numpy view's canonical (size, step) pairs in elements, innermost first, as
-    precdbg_pt.statistics.element_layout makes them (sorted by step, dimensions that continue
-    each other merged, size-1 dimensions left out)."""
+    """A numpy view's canonical (size, step, logical step) triples in elements, innermost
+    first, as precdbg_pt.statistics.element_layout makes them (sorted by step, dimensions that
+    continue each other in memory and in row-major order merged, size-1 dimensions left
+    out)."""
     item = v.itemsize
-    dims = sorted((st // item, sz) for sz, st in zip(v.shape, v.strides) if sz != 1)
+    logical, run = [], 1
+    for size in reversed(v.shape):
+        logical.append(run)
+        run *= size
+    logical.reverse()
+    dims = sorted((st // item, lst, sz) for sz, st, lst in zip(v.shape, v.strides, logical)
+                  if sz != 1)
     merged = []
-    for step, size in dims:
-        if merged and merged[-1][1] != 0 and step == merged[-1][1] * merged[-1][0]:
+    for step, lstep, size in dims:
+        if merged and merged[-1][1] != 0 and step == merged[-1][1] * merged[-1][0] \
+                and lstep == merged[-1][2] * merged[-1][0]:
             merged[-1][0] *= size
         else:
-            merged.append([size, step])
-    return tuple((size, step) for size, step in merged)
+            merged.append([size, step, lstep])
+    return tuple((size, step, lstep) for size, step, lstep in merged)
 
 
 def _strided_views(dtype):
@@ -270,8 +286,13 @@ def test_strided_view_without_a_copy(dtype, name):
     want = (ordered.min() if ordered.size else np.nan, ordered.max() if ordered.size else np.nan,
             finite.mean() if finite.size else np.nan, np.sqrt((finite * finite).sum()),
             int(nan.sum()), int(inf.sum()))
-    assert got[4:] == want[4:]
-    for a, b in zip(got[:4], want[:4]):
+    flat = w.reshape(-1)
+    keep = np.isfinite(flat)
+    pos = (flat[keep] * position_weights(flat.size)[keep]).sum() / keep.sum() \
+        if keep.any() else np.nan
+    want = want + (pos,)
+    assert got[4:6] == want[4:6]
+    for a, b in zip(got[:4] + got[6:], want[:4] + want[6:]):
         assert (np.isnan(a) and np.isnan(b)) or a == b or abs(a - b) <= 1e-12 * max(1.0, abs(b)), \
             (got, want)
 

@@ -144,7 +144,8 @@ class TensorBatch:
     def seen_tensor(self, tensor: Any, written: bool = False, keys: Any = False,
                     values: bool = True, store: Optional[Hashable] = None) -> Seen:
         """The distinct tensor this one is (same storage bytes, order and version), reusing the
-        statistics of any live view of exactly the same elements (not when `written`). `keys`:
+        statistics of any live view of exactly the same elements in the same row-major order
+        (the statistics key: `pos_mean` depends on the order; not when `written`). `keys`:
         the tensor's identity when the caller has it already (None: it has none). `values`:
         False for memory nobody has written yet (`torch.empty`): no statistics are taken.
         `store`: the tensor's storage key, when the caller has it: bytes first seen through an
@@ -266,7 +267,7 @@ class TensorBatch:
             if seen is not None:
                 v = seen.stats.values
                 if v is not None:
-                    rec.min, rec.max, rec.mean, rec.norm, nan, inf = v
+                    rec.min, rec.max, rec.mean, rec.norm, nan, inf, rec.pos_mean = v
                     rec.nan_count, rec.inf_count = int(nan), int(inf)
             records.append(rec)
         return records, payloads

@@ -174,7 +174,7 @@ class RunInfo:
         self.first_batch_done = True
         tensors = [{"arg_key": rec.arg_key, "dtype": rec.dtype, "shape": list(rec.shape),
                     "min": rec.min, "max": rec.max, "mean": rec.mean, "norm": rec.norm,
-                    "checksum": xxhash.xxh3_64_hexdigest(
+                    "pos_mean": rec.pos_mean, "checksum": xxhash.xxh3_64_hexdigest(
                         np.ascontiguousarray(arr).reshape(-1).view(np.uint8))}
                    for (rec, _), arr in zip(parts, arrays)]
         self.note("first_batch", {"step": step, "tensors": jsonable(tensors)})

@@ -137,7 +137,7 @@ class CaptureWindow:
                      -1)
         if isinstance(value, (bool, int, float)):
             number = float(value)
-            rec.min = rec.max = rec.mean = number
+            rec.min = rec.max = rec.mean = rec.pos_mean = number
             rec.norm = abs(number)
             rec.nan_count = int(number != number)
             rec.inf_count = int(number in (float("inf"), float("-inf")))

@@ -128,14 +128,20 @@ def _stat_difference(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[str]:
     if checksums and ra["checksum"] == rb["checksum"]:
         return None
     scale_floor = max(_rms(ra), _rms(rb))
-    for stat in ("mean", "norm", "min", "max"):
-        va, vb = float(ra[stat]), float(rb[stat])
+    for stat in _STATS:
+        va, vb = float(ra.get(stat, math.nan)), float(rb.get(stat, math.nan))
         if math.isnan(va) and math.isnan(vb):
             continue
+        if stat == "pos_mean" and (math.isnan(va) or math.isnan(vb)):
+            continue                  # a side without it (an older dump): not compared
         if math.isnan(va) != math.isnan(vb) or \
                 abs(va - vb) > _RTOL * max(abs(va), abs(vb), scale_floor):
             return f"{stat} {va:.7g} vs {vb:.7g}"
     return "checksum differs" if checksums else None
+
+
+# the statistics compared, pos_mean (order-sensitive) only where both records have it
+_STATS = ("mean", "norm", "min", "max", "pos_mean")
 
 
 def stat_gap(ra: Dict[str, Any], rb: Dict[str, Any]) -> float:
@@ -145,8 +151,10 @@ def stat_gap(ra: Dict[str, Any], rb: Dict[str, Any]) -> float:
         return math.inf
     scale_floor = max(_rms(ra), _rms(rb))
     gap = 0.0
-    for stat in ("mean", "norm", "min", "max"):
-        va, vb = float(ra[stat]), float(rb[stat])
+    for stat in _STATS:
+        va, vb = float(ra.get(stat, math.nan)), float(rb.get(stat, math.nan))
+        if stat == "pos_mean" and (math.isnan(va) or math.isnan(vb)):
+            continue
         if math.isnan(va) or math.isnan(vb):
             gap = math.inf if math.isnan(va) != math.isnan(vb) else gap
             continue

@@ -215,6 +215,9 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         if progress is not None:
             progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
         stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
+        # both dumps carry pos_mean (schema 4): a permutation shows in the statistics
+        ordered = any(row.pos_mean_a is not None for row in rows) and \
+            any(row.pos_mean_b is not None for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before,
@@ -255,7 +258,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          f"{origin.arg_index}: a sum whose terms cancel, like an attention key "
                          "bias's gradient, and what is computed from it) judged against that "
                          "gradient's rounding, not their own scale (column 'floor')")
-        if stats_only:
+        if stats_only and not ordered:
             notes.append("statistics only: a permutation or a compensating change keeps min, "
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
                          "to confirm a match bit for bit")

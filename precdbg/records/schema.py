@@ -22,8 +22,9 @@ __all__ = [
     "is_scalar_dtype", "scalar_mask", "scalar_dtype", "DtypeName", "DTYPE_VALUE", "ENUM_COLUMNS",
 ]
 
-SCHEMA_VERSION = 3          # 2: `producer`, `storage` (dataflow provenance); 3: `precision`
-READ_SCHEMA_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4          # 2: `producer`, `storage` (dataflow provenance); 3: `precision`;
+                            # 4: `pos_mean` (order-sensitive statistic)
+READ_SCHEMA_VERSIONS = (1, 2, 3, 4)
 NO_PRODUCER = -1            # `producer` of a tensor nothing captured in the step produced
 MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)
 
@@ -165,6 +166,7 @@ class Record:
     norm: float
     nan_count: int
     inf_count: int
+    pos_mean: float                # finite values' mean weighted by (2 i + 1) / n, i row-major
     checksum: str
     text: str                      # value of a non-tensor argument
     alias: str                     # a parameter's name in the other framework (gamma <-> weight)
@@ -204,7 +206,7 @@ class Record:
         self.shape = shape
         self.numel = numel
         self.tensor_id = tensor_id
-        self.min = self.max = self.mean = self.norm = _NAN
+        self.min = self.max = self.mean = self.norm = self.pos_mean = _NAN
         self.nan_count = self.inf_count = 0
         self.checksum = self.text = self.precision = ""
         self.trainable = False
@@ -234,9 +236,9 @@ RECORD_COLUMNS: Tuple[Tuple[str, Optional[np.dtype]], ...] = (
     ("text", None), ("alias", None), ("trainable", np.dtype(np.bool_)), ("stack_id", np.dtype(np.int32)),
     ("data_offset", np.dtype(np.int64)), ("data_nbytes", np.dtype(np.int64)),
     ("tensor_id", np.dtype(np.int64)), ("producer", np.dtype(np.int64)),
-    ("storage", np.dtype(np.int64)), ("precision", None),
+    ("storage", np.dtype(np.int64)), ("precision", None), ("pos_mean", np.dtype(np.float64)),
 )
 # the string columns whose values are enum members while captured (plain text once read)
 ENUM_COLUMNS = frozenset({"kind", "direction", "role", "phase"})
 # columns a file of an older schema version lacks, and the value they read as
-ADDED_COLUMNS = {"producer": NO_PRODUCER, "storage": -1, "precision": ""}
+ADDED_COLUMNS = {"producer": NO_PRODUCER, "storage": -1, "precision": "", "pos_mean": _NAN}

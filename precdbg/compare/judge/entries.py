@@ -106,8 +106,10 @@ def pair_row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.
     for stat in ("min", "max", "mean", "norm"):
         setattr(row, f"{stat}_a", finite_or_none(ra[stat]))
         setattr(row, f"{stat}_b", finite_or_none(rb[stat]))
-    for key in ("d_min", "d_max", "d_mean", "d_norm", "err", "tol"):
+    for key in ("d_min", "d_max", "d_mean", "d_norm", "d_pos_mean", "err", "tol"):
         setattr(row, key, finite_or_none(st[key][p]))
+    row.pos_mean_a = finite_or_none(ra.get("pos_mean", np.nan))
+    row.pos_mean_b = finite_or_none(rb.get("pos_mean", np.nan))
     row.nan_a, row.nan_b = ra["nan_count"], rb["nan_count"]
     row.inf_a, row.inf_b = ra["inf_count"], rb["inf_count"]
     if ra["checksum"] and rb["checksum"]:      # None: a side has none, nothing was compared

@@ -113,7 +113,9 @@ def apply_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
     f = floor[hit]
     rms = f / np.sqrt(np.maximum(np.maximum(a["numel"][ja], b["numel"][jb]), 1))
     with np.errstate(invalid="ignore"):
-        for stat in ("min", "max", "mean"):
+        for stat in ("min", "max", "mean", "pos_mean"):
+            if stat not in a or stat not in b:
+                continue
             diff = np.abs(a[stat][ja] - b[stat][jb])
             relaxed = diff / rms
             st[f"d_{stat}"][hit] = np.where(np.isfinite(relaxed),
@@ -124,7 +126,7 @@ def apply_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
                                      st["d_norm"][hit])
     extremes = st["extremes"][hit]
     err = np.max(np.stack([st["d_min"][hit] / extremes, st["d_max"][hit] / extremes,
-                           st["d_mean"][hit], st["d_norm"][hit]]), axis=0)
+                           st["d_mean"][hit], st["d_norm"][hit], st["d_pos_mean"][hit]]), axis=0)
     st["err"][hit] = err
     before = st["diverged"][hit].copy()
     st["diverged"][hit] = ((err > st["tol"][hit]) | ~st["shape_ok"][hit]

@@ -1,7 +1,9 @@
 """How far apart two aligned records are, vectorised over all pairs.
 
-Statistics task: relative differences of min, max, mean and norm, each against the tensor's
-scale (its RMS, so a mean near zero does not explode), plus NaN/Inf counts and shapes. Tensor task
+Statistics task: relative differences of min, max, mean, norm and pos_mean (the order-sensitive
+mean weighted by position: compared like the mean, and only where both records have it, so
+files written before it compare as they did), each against the tensor's scale (its RMS, so a
+mean near zero does not explode), plus NaN/Inf counts and shapes. Tensor task
 (both sides hold data): cosine, max absolute and relative error, RMSE, share of elements beyond
 0.1 % and 0.5 % relative error. Checksums: equal bytes are a match whatever the statistics say.
 
@@ -99,6 +101,25 @@ def _rel(a: np.ndarray, b: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(diff), np.inf, diff)
 
 
+def pos_mean_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
+                    scale: np.ndarray) -> np.ndarray:
+    """pos_mean's relative differences, as the mean's: 0 where either side lacks it (NaN: a
+    file written before the column, a sparse tensor's, a tensor without finite values, whose
+    counts are compared instead)."""
+    if "pos_mean" not in a or "pos_mean" not in b:
+        return np.zeros(len(ia), dtype=np.float64)
+    pa, pb = a["pos_mean"][ia], b["pos_mean"][ib]
+    return np.where(np.isnan(pa) | np.isnan(pb), 0.0, _rel(pa, pb, scale))
+
+
+def has_pos_mean(t: RecordTable) -> bool:
+    """Whether a dump's records carry pos_mean (written by a version that computes it): any
+    record of a tensor with finite values has a number there."""
+    if "pos_mean" not in t or not len(t):
+        return False
+    return bool(np.any(~np.isnan(t["pos_mean"]) & (t["numel"] > 1)))
+
+
 def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
                 ) -> Dict[str, np.ndarray]:
     """Per pair: relative differences, the worst of them, tolerance, and whether it diverges."""
@@ -113,6 +134,7 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
         va, vb = col(a, stat, ia), col(b, stat, ib)
         out[f"d_{stat}"] = _rel(va, vb, np.fmax(np.abs(np.nan_to_num(vb)), scale))
     out["d_mean"] = _rel(col(a, "mean", ia), col(b, "mean", ib), scale)
+    out["d_pos_mean"] = pos_mean_errors(a, b, ia, ib, scale)
     # relative to the larger norm: an all-zero side (a gradient that never arrived) is a 100 %
     # difference, not one over the 1e-30 floor
     out["d_norm"] = _rel(col(a, "norm", ia), col(b, "norm", ib),
@@ -126,7 +148,7 @@ def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
     extremes = np.where(coarse, _EXTREMES_FACTOR, 1.0)
     # err is in units of the tolerance of mean and norm: min and max count at 1/extremes
     err = np.max(np.stack([out["d_min"] / extremes, out["d_max"] / extremes, out["d_mean"],
-                           out["d_norm"]]), axis=0)
+                           out["d_norm"], out["d_pos_mean"]]), axis=0)
     tol = np.array([tolerance_of(d) for d in precision.tolist()], dtype=np.float64)
     tol = np.where(col(b, "kind", ib) == RecordKind.PARAM, np.minimum(tol, PARAM_TOLERANCE), tol)
     shape_ok = np.all(a["shape"][ia] == b["shape"][ib], axis=1) & (

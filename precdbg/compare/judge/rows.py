@@ -59,6 +59,9 @@ class Row:
     d_max: Optional[float] = None
     d_mean: Optional[float] = None
     d_norm: Optional[float] = None
+    pos_mean_a: Optional[float] = None   # the order-sensitive mean (None: not in the dump)
+    pos_mean_b: Optional[float] = None
+    d_pos_mean: Optional[float] = None
     err: Optional[float] = None
     tol: Optional[float] = None
     nan_a: int = 0

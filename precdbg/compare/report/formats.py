@@ -11,11 +11,11 @@ __all__ = ["summary_text", "write_csv", "write_json", "write_html"]
 
 _CSV_FIELDS = ["step", "rank", "direction", "kind", "name_a", "name_b", "module", "op", "role",
                "arg_index", "status", "dtype_a", "dtype_b", "shape_a", "shape_b", "err", "tol",
-               "d_min", "d_max", "d_mean", "d_norm", "min_a", "min_b", "max_a", "max_b",
-               "mean_a", "mean_b", "norm_a", "norm_b", "nan_a", "nan_b", "inf_a", "inf_b",
-               "checksum_equal", "cosine", "max_abs", "max_rel", "rmse", "rel_rmse",
-               "beyond_0.1%", "beyond_0.5%", "floor", "update_share", "dw_agreed", "order",
-               "seq"]
+               "d_min", "d_max", "d_mean", "d_norm", "d_pos_mean", "min_a", "min_b", "max_a",
+               "max_b", "mean_a", "mean_b", "norm_a", "norm_b", "pos_mean_a", "pos_mean_b",
+               "nan_a", "nan_b", "inf_a", "inf_b", "checksum_equal", "cosine", "max_abs",
+               "max_rel", "rmse", "rel_rmse", "beyond_0.1%", "beyond_0.5%", "floor",
+               "update_share", "dw_agreed", "order", "seq"]
 
 
 def _fmt(value: Any) -> str:
