@@ -23,10 +23,12 @@ from .align.alignment import align, load_mapping, rename_module
 from .localize.callsite import place_first
 from .judge.entries import Entry, StepCompare, StepEntries, pair_row
 from .localize.locate import contains, locate
+from .localize.verdict import CONTRACT_VERSION, Verdict
 from .judge.structure import StructuralDiff, structural_differences
 from .judge.unfinished import UnfinishedStep, unfinished_step
-from .judge.floors import apply_floors
-from .judge.metrics import integer_plumbing, stat_errors, tensor_metrics
+from .judge.judges import judge_pairs
+from .judge.metrics import tensor_metrics
+from .judge.pairs import PairTable, StepContext
 from .judge.multistep import NoisePolicy, optimizer_setup, other_setup
 from .report.notes import (level_note, note_extra_calls, note_loss_scale, other_causes, uncompared,
                     unobserved_modules, unobserved_note, unused_mapping, weights_agree_after)
@@ -44,15 +46,6 @@ _STEP_KINDS = ("optimizer", "optimizer_groups")     # findings of the settings a
 
 def _framework(dump: Dump) -> str:
     return dump.setting("framework")
-
-
-def _rel_rmse(tm: Dict[str, Any], floor: float, numel: int) -> float:
-    """The RMSE relative to the baseline's RMS, or to the pair's rounding floor where it has
-    one above that (floors.py)."""
-    if floor <= 0.0:
-        return float(tm["rel_rmse"])
-    rms_b = tm["rmse"] / tm["rel_rmse"] if tm["rel_rmse"] > 0 else 0.0
-    return float(tm["rmse"] / max(rms_b, floor / max(numel, 1) ** 0.5, 1e-300))
 
 
 def _interrupted(dump: Dump, step: int, rank: int) -> bool:
@@ -85,35 +78,26 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
                                              _setting_differences(a, b, step, rank, mapping),
                                              unobserved_modules(a) + unobserved_modules(b),
                                              interrupted))
-    st = stat_errors(ta, tb, al.pairs_a, al.pairs_b)
-    apply_floors(ta, tb, al.pairs_a, al.pairs_b, st)
+    table = PairTable(ta, tb, al.pairs_a, al.pairs_b)
     stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
-    sc = StepCompare(ta, tb, al)
-    step_rows: List[Row] = []
     total = len(al.pairs_a)
     pairs = list(zip(al.pairs_a.tolist(), al.pairs_b.tolist()))
-    tms: List[Optional[Dict[str, Any]]] = [None] * total
     for p, (i, j) in enumerate(pairs):
         if stored[p]:
-            tms[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
+            table.tensors[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
         if p % 200 == 0:
             report(p, total, "comparing")
-    noise.adjust(step, rank, ta, tb, al.pairs_a, al.pairs_b, st, tms)
+    judge_pairs(table, StepContext(step, rank, noise))
+    sc = StepCompare(ta, tb, al)
+    step_rows: List[Row] = []
     for p, (i, j) in enumerate(pairs):
-        tm = tms[p]
-        if tm is not None and not st["checksum_equal"][p] and not st["by_update"][p]:
-            st["diverged"][p] = (_rel_rmse(tm, st["floor"][p], int(tb["numel"][j]))
-                                 > max(st["tol"][p], 1e-12)) or not st["counts_ok"][p]
-    integer_plumbing(ta, tb, al.pairs_a, al.pairs_b, st)
-    for p, (i, j) in enumerate(pairs):
-        tm = tms[p]
-        row = pair_row(ta, tb, i, j, st, p, tm)
+        row = pair_row(table, p)
         step_rows.append(row)
         sc.add(row, i, j)
-    noise.remember(step, rank, ta, tb, al.pairs_a, al.pairs_b, st)
-    for side, table, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
+    noise.remember(step, rank, table)
+    for side, records, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
         for i in idx.tolist():
-            r = table.row(i)
+            r = records.row(i)
             unmatched.append({"side": side, "step": step, "rank": rank, "name": r["entry"],
                               "kind": r["kind"], "module": r["module"], "op": r["op"],
                               "role": r["role"], "arg_index": r["arg_index"]})
@@ -258,16 +242,21 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                          f"{origin.arg_index}: a sum whose terms cancel, like an attention key "
                          "bias's gradient, and what is computed from it) judged against that "
                          "gradient's rounding, not their own scale (column 'floor')")
-        if stats_only and not ordered:
+        if stats_only and not ordered and first is None:
+            # a match by statistics alone, in dumps without pos_mean (a divergence says where
+            # its verdict bears on it: judge.unseen_inputs)
             notes.append("statistics only: a permutation or a compensating change keeps min, "
                          "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
                          "to confirm a match bit for bit")
         consequences = _consequences(steps, first, involved)
-        if first is not None and not {"structure", "unfinished", "cause"} & set(first):
+        if first is not None and first.structure is None and first.unfinished is None \
+                and first.cause is None:
             note_extra_calls(first, unmatched, rows)
             note_loss_scale(first, setup["findings"])
         place_first(first, a, b)
-        return {"verdict": "diverged" if first else "match", "first_divergence": first,
+        return {"contract": CONTRACT_VERSION,
+                "verdict": "diverged" if first else "match",
+                "first_divergence": first.as_json() if first is not None else None,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched), "notes": notes,
                 # every compared step that is not whole (check looks at one step)
@@ -325,7 +314,7 @@ def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tupl
                    and a.files(s - 1, r) and b.files(s - 1, r)})
 
 
-def _consequences(steps: List[StepEntries], first: Optional[Dict[str, Any]],
+def _consequences(steps: List[StepEntries], first: Optional[Verdict],
                   involved: List[Entry]) -> List[Dict[str, Any]]:
     """What differs besides the verdict's chain and the modules holding the culprit, in the
     order it ran (step, rank, timeline)."""
@@ -336,8 +325,8 @@ def _consequences(steps: List[StepEntries], first: Optional[Dict[str, Any]],
     for step in steps:
         for e in sorted(step.entries, key=lambda x: (x.rank, x.seq)):
             if not e.diverged or id(e) in skip or contains(e, first) or \
-                    (e.name_a == first["name_a"] and e.step == first["step"]
-                     and e.rank == first["rank"]):
+                    (e.name_a == first.name_a and e.step == first.step
+                     and e.rank == first.rank):
                 continue
             ev = (e.outputs_bad or e.inputs_bad or [None])[0]
             found = {"step": e.step, "rank": e.rank, "direction": e.direction,

@@ -12,6 +12,7 @@ import numpy as np
 from ...storage.reader import RecordTable
 from ...records.schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, Direction, RecordKind, is_scalar_dtype
 from ..align.alignment import Alignment
+from .pairs import PairTable
 from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
 
 __all__ = ["Entry", "StepEntries", "StepCompare", "pair_row"]
@@ -42,6 +43,10 @@ class Entry:
     inputs_ok: int = 0
     outputs_ok: int = 0
     inputs_ok_err: float = 0.0     # the largest relative error among the agreeing inputs
+    # the agreeing tensor reads: (role, arg_index, checksums equal (None: not both dumped),
+    # judged by statistics only (no stored tensors))
+    reads_agreeing: List[Tuple[str, int, Optional[bool], bool]] = \
+        dataclasses.field(default_factory=list)
     trainable_differs: bool = False
 
     @property
@@ -93,35 +98,35 @@ class StepEntries:
 
 
 
-def pair_row(ta: RecordTable, tb: RecordTable, i: int, j: int, st: Dict[str, np.ndarray], p: int,
-         tm: Optional[Dict[str, Any]]) -> Row:
-    ra, rb = ta.row(i), tb.row(j)
+def pair_row(t: PairTable, p: int) -> Row:
+    """The row of pair `p` of a judged pair table."""
+    ra, rb = t.a.row(int(t.ia[p])), t.b.row(int(t.ib[p]))
     row = Row(ra["step"], ra["rank"], ra["entry"], rb["entry"], ra["kind"], ra["direction"],
               ra["module"], ra["op"], ra["role"], ra["arg_index"], ra["dtype"], rb["dtype"],
               list(ra["shape"]), list(rb["shape"]), ra["order"], ra["seq"],
-              "diverged" if st["diverged"][p] else
-              "precision" if st["precision_explained"][p] else
-              "integer" if st["integer_plumbing"][p] else "match")
+              t.status(p).value)
+    row.judged_by = str(t.judged_by[p])
     row.module_b = rb["module"]
     for stat in ("min", "max", "mean", "norm"):
         setattr(row, f"{stat}_a", finite_or_none(ra[stat]))
         setattr(row, f"{stat}_b", finite_or_none(rb[stat]))
     for key in ("d_min", "d_max", "d_mean", "d_norm", "d_pos_mean", "err", "tol"):
-        setattr(row, key, finite_or_none(st[key][p]))
+        setattr(row, key, finite_or_none(getattr(t, key)[p]))
     row.pos_mean_a = finite_or_none(ra.get("pos_mean", np.nan))
     row.pos_mean_b = finite_or_none(rb.get("pos_mean", np.nan))
     row.nan_a, row.nan_b = ra["nan_count"], rb["nan_count"]
     row.inf_a, row.inf_b = ra["inf_count"], rb["inf_count"]
     if ra["checksum"] and rb["checksum"]:      # None: a side has none, nothing was compared
-        row.checksum_equal = bool(st["checksum_equal"][p])
-    if st["floor_decided"][p]:
-        row.floor = float(st["floor"][p])
+        row.checksum_equal = bool(t.checksum_equal[p])
+    if t.floor_decided[p]:
+        row.floor = float(t.floor[p])
+    tm = t.tensors[p]
     if tm is not None:
         row.tensor = {k: finite_or_none(v) for k, v in tm.items()}
-    if np.isfinite(st["update_share"][p]):
-        row.update_share = finite_or_none(st["update_share"][p])
-    if st["dw_agreed"][p] >= 0:
-        row.dw_agreed = bool(st["dw_agreed"][p])
+    if np.isfinite(t.update_share[p]):
+        row.update_share = finite_or_none(t.update_share[p])
+    if t.dw_agreed[p] >= 0:
+        row.dw_agreed = bool(t.dw_agreed[p])
     return row
 
 
@@ -165,6 +170,8 @@ class StepCompare:
                 self.reads.append((ev, i, j))
         elif is_read:
             e.inputs_ok += 1
+            e.reads_agreeing.append((row.role, row.arg_index, row.checksum_equal,
+                                     row.tensor is None))
             if row.err is not None and row.err > e.inputs_ok_err:
                 e.inputs_ok_err = row.err
         else:

@@ -29,9 +29,13 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ...storage.reader import RecordTable
+from .metrics import worst_error
+from .pairs import PairTable
 from ...records.schema import NO_PRODUCER, READ_ROLES, Role, scalar_mask
 
-__all__ = ["rounding_floors", "apply_floors"]
+__all__ = ["JUDGE_ID", "rounding_floors", "apply_floors"]
+
+JUDGE_ID = "rounding_floor"
 
 _GRAD_OUTPUT, _GRAD_INPUT = Role.GRAD_OUTPUT, Role.GRAD_INPUT
 
@@ -97,15 +101,14 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
     return np.where(floor > own, floor, 0.0)
 
 
-def apply_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
-                 st: Dict[str, np.ndarray]) -> None:
-    """Judge the pairs with a floor against it (in place on `stat_errors`' result): their
-    relative differences are taken against max(own scale, floor) and their verdict redone;
-    `st["floor"]` holds each pair's floor (0: none), `st["floor_decided"]` whether it turned
-    the pair's verdict."""
+def apply_floors(t: PairTable) -> None:
+    """Judge `rounding_floor`: the pairs with a floor are judged against it (this module's
+    docstring): their relative differences are taken against max(own scale, floor) and their
+    verdict redone; `t.floor` holds each pair's floor (0: none), `t.floor_decided` whether it
+    turned the pair's verdict."""
+    a, b, ia, ib = t.a, t.b, t.ia, t.ib
     floor = rounding_floors(a, b, ia, ib)
-    st["floor"] = floor
-    st["floor_decided"] = np.zeros(len(floor), dtype=bool)
+    t.floor = floor
     hit = np.nonzero(floor > 0.0)[0]
     if not len(hit):
         return
@@ -116,19 +119,15 @@ def apply_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
         for stat in ("min", "max", "mean", "pos_mean"):
             if stat not in a or stat not in b:
                 continue
+            column = getattr(t, f"d_{stat}")
             diff = np.abs(a[stat][ja] - b[stat][jb])
             relaxed = diff / rms
-            st[f"d_{stat}"][hit] = np.where(np.isfinite(relaxed),
-                                            np.fmin(st[f"d_{stat}"][hit], relaxed),
-                                            st[f"d_{stat}"][hit])
+            column[hit] = np.where(np.isfinite(relaxed), np.fmin(column[hit], relaxed),
+                                   column[hit])
         diff = np.abs(a["norm"][ja] - b["norm"][jb]) / f
-        st["d_norm"][hit] = np.where(np.isfinite(diff), np.fmin(st["d_norm"][hit], diff),
-                                     st["d_norm"][hit])
-    extremes = st["extremes"][hit]
-    err = np.max(np.stack([st["d_min"][hit] / extremes, st["d_max"][hit] / extremes,
-                           st["d_mean"][hit], st["d_norm"][hit], st["d_pos_mean"][hit]]), axis=0)
-    st["err"][hit] = err
-    before = st["diverged"][hit].copy()
-    st["diverged"][hit] = ((err > st["tol"][hit]) | ~st["shape_ok"][hit]
-                           | ~st["counts_ok"][hit]) & ~st["checksum_equal"][hit]
-    st["floor_decided"][hit] = before & ~st["diverged"][hit]
+        t.d_norm[hit] = np.where(np.isfinite(diff), np.fmin(t.d_norm[hit], diff), t.d_norm[hit])
+    t.err[hit] = worst_error(t, hit)
+    before = t.diverged[hit].copy()
+    t.diverged[hit] = t.differs(hit)
+    t.floor_decided[hit] = before & ~t.diverged[hit]
+    t.judged_by[hit[t.floor_decided[hit]]] = JUDGE_ID

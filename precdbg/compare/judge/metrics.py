@@ -31,9 +31,13 @@ import numpy as np
 
 from ...records.precision import MANTISSA_BITS, is_floating
 from ...storage.reader import RecordTable
+from .pairs import PairTable
 from ...records.schema import DTYPE_VALUE, RecordKind, is_scalar_dtype, scalar_mask
 
-__all__ = ["TOLERANCE", "stat_errors", "tensor_metrics", "tolerance_of"]
+__all__ = ["TOLERANCE", "STATISTICS", "CHECKSUM", "INTEGER_PLUMBING", "stat_errors",
+           "integer_plumbing", "worst_error", "tensor_metrics", "tolerance_of"]
+
+STATISTICS, CHECKSUM, INTEGER_PLUMBING = "statistics", "checksum", "integer_plumbing"   # judges
 
 TOLERANCE: Dict[str, float] = {
     "float64": 1e-9, "float32": 2e-5, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -8,
@@ -120,74 +124,81 @@ def has_pos_mean(t: RecordTable) -> bool:
     return bool(np.any(~np.isnan(t["pos_mean"]) & (t["numel"] > 1)))
 
 
-def stat_errors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
-                ) -> Dict[str, np.ndarray]:
-    """Per pair: relative differences, the worst of them, tolerance, and whether it diverges."""
-    col = lambda t, name, idx: t[name][idx]  # noqa: E731
+def stat_errors(t: PairTable) -> None:
+    """Judge `statistics`: per pair, the relative differences of the statistics, the worst of
+    them, the tolerance of the precision the values carry, and whether it diverges (this
+    module's docstring: the measurements behind the tolerances). Equal checksums are a match
+    whatever the statistics say; a dtype argument explained by precisions already apart is
+    status 'precision'."""
+    a, b, ia, ib = t.a, t.b, t.ia, t.ib
+    col = lambda table, name, idx: table[name][idx]  # noqa: E731
     numel_b = np.maximum(col(b, "numel", ib), 1).astype(np.float64)
     numel_a = np.maximum(col(a, "numel", ia), 1).astype(np.float64)
     rms_a = np.abs(col(a, "norm", ia)) / np.sqrt(numel_a)
     rms_b = np.abs(col(b, "norm", ib)) / np.sqrt(numel_b)
     scale = np.nan_to_num(np.fmax(rms_a, rms_b), nan=0.0, posinf=0.0)
-    out: Dict[str, np.ndarray] = {}
-    for stat in ("min", "max"):
-        va, vb = col(a, stat, ia), col(b, stat, ib)
-        out[f"d_{stat}"] = _rel(va, vb, np.fmax(np.abs(np.nan_to_num(vb)), scale))
-    out["d_mean"] = _rel(col(a, "mean", ia), col(b, "mean", ib), scale)
-    out["d_pos_mean"] = pos_mean_errors(a, b, ia, ib, scale)
+    t.d_min = _rel(col(a, "min", ia), col(b, "min", ib),
+                   np.fmax(np.abs(np.nan_to_num(col(b, "min", ib))), scale))
+    t.d_max = _rel(col(a, "max", ia), col(b, "max", ib),
+                   np.fmax(np.abs(np.nan_to_num(col(b, "max", ib))), scale))
+    t.d_mean = _rel(col(a, "mean", ia), col(b, "mean", ib), scale)
+    t.d_pos_mean = pos_mean_errors(a, b, ia, ib, scale)
     # relative to the larger norm: an all-zero side (a gradient that never arrived) is a 100 %
     # difference, not one over the 1e-30 floor
-    out["d_norm"] = _rel(col(a, "norm", ia), col(b, "norm", ib),
-                         np.fmax(np.abs(np.nan_to_num(col(a, "norm", ia))),
-                                 np.abs(np.nan_to_num(col(b, "norm", ib)))))
+    t.d_norm = _rel(col(a, "norm", ia), col(b, "norm", ib),
+                    np.fmax(np.abs(np.nan_to_num(col(a, "norm", ia))),
+                            np.abs(np.nan_to_num(col(b, "norm", ib)))))
     dtype_b = col(b, "dtype", ib)
     pa, pb = _carried(a, ia), _carried(b, ib)
     precision = _coarser(pa, pb)
     coarse = np.array([MANTISSA_BITS.get(p, 99) < MANTISSA_BITS["float32"]
                        for p in precision.tolist()], dtype=bool)
-    extremes = np.where(coarse, _EXTREMES_FACTOR, 1.0)
+    t.extremes = np.where(coarse, _EXTREMES_FACTOR, 1.0)
     # err is in units of the tolerance of mean and norm: min and max count at 1/extremes
-    err = np.max(np.stack([out["d_min"] / extremes, out["d_max"] / extremes, out["d_mean"],
-                           out["d_norm"], out["d_pos_mean"]]), axis=0)
+    err = worst_error(t)
     tol = np.array([tolerance_of(d) for d in precision.tolist()], dtype=np.float64)
-    tol = np.where(col(b, "kind", ib) == RecordKind.PARAM, np.minimum(tol, PARAM_TOLERANCE), tol)
-    shape_ok = np.all(a["shape"][ia] == b["shape"][ib], axis=1) & (
+    t.tol = np.where(col(b, "kind", ib) == RecordKind.PARAM, np.minimum(tol, PARAM_TOLERANCE),
+                     tol)
+    t.shape_ok = np.all(a["shape"][ia] == b["shape"][ib], axis=1) & (
         a["ndim"][ia] == b["ndim"][ib])
-    counts_ok = (col(a, "nan_count", ia) == col(b, "nan_count", ib)) & (
+    t.counts_ok = (col(a, "nan_count", ia) == col(b, "nan_count", ib)) & (
         col(a, "inf_count", ia) == col(b, "inf_count", ib))
     scalar = scalar_mask(dtype_b)
     text_ok = col(a, "text", ia) == col(b, "text", ib)
     ck_a, ck_b = col(a, "checksum", ia), col(b, "checksum", ib)
-    checksum_equal = (ck_a != "") & (ck_a == ck_b)
-    explained = _dtype_arguments_explained(a, b, ia, ib, pa, pb, text_ok)
-    text_ok = text_ok | explained
-    diverged = np.where(scalar, ~text_ok, (err > tol) | ~shape_ok | ~counts_ok)
-    diverged &= ~checksum_equal
-    out.update(err=np.where(scalar, np.where(text_ok, 0.0, np.inf), err), tol=tol,
-               precision_explained=explained, extremes=extremes,
-               shape_ok=shape_ok, counts_ok=counts_ok, checksum_equal=checksum_equal,
-               diverged=diverged)
-    return out
+    t.checksum_equal = (ck_a != "") & (ck_a == ck_b)
+    t.precision_explained = _dtype_arguments_explained(a, b, ia, ib, pa, pb, text_ok)
+    text_ok = text_ok | t.precision_explained
+    t.err = np.where(scalar, np.where(text_ok, 0.0, np.inf), err)
+    t.diverged = np.where(scalar, ~text_ok, t.differs()) & ~t.checksum_equal
+    t.judged_by = np.where(t.checksum_equal, CHECKSUM, STATISTICS).astype(object)
 
 
-def integer_plumbing(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
-                     st: Dict[str, np.ndarray]) -> None:
-    """Pairs of integer or boolean tensors (positions, masks, indices) that differ in a step
-    and rank where no other pair does: the runs reach the same floating-point numbers through
-    integer plumbing computed another way (transformers builds its masks and positions one way
-    with a KV cache and another without, and gradient checkpointing turns the cache off), and
-    the pairing of such calls is by order, not by meaning. They are no divergence there
-    (`st["integer_plumbing"]`). Where an integer difference matters (other token ids, other
-    positions), the floating-point records that read it differ too, and all stay divergences."""
-    dtype_a, dtype_b = a["dtype"][ia], b["dtype"][ib]
+def worst_error(t: PairTable, q: Any = slice(None)) -> np.ndarray:
+    """The worst relative difference of the pairs `q`, in units of the tolerance of mean and
+    norm (min and max count at 1/extremes)."""
+    return np.max(np.stack([t.d_min[q] / t.extremes[q], t.d_max[q] / t.extremes[q],
+                            t.d_mean[q], t.d_norm[q], t.d_pos_mean[q]]), axis=0)
+
+
+def integer_plumbing(t: PairTable) -> None:
+    """Judge `integer_plumbing`: pairs of integer or boolean tensors (positions, masks,
+    indices) that differ in a step and rank where no other pair does: the runs reach the same
+    floating-point numbers through integer plumbing computed another way (transformers builds
+    its masks and positions one way with a KV cache and another without, and gradient
+    checkpointing turns the cache off), and the pairing of such calls is by order, not by
+    meaning. They are no divergence there (status 'integer'). Where an integer difference
+    matters (other token ids, other positions), the floating-point records that read it
+    differ too, and all stay divergences."""
+    dtype_a, dtype_b = t.a["dtype"][t.ia], t.b["dtype"][t.ib]
     integer = np.array([_is_integer(x) and _is_integer(y)
                         for x, y in zip(dtype_a.tolist(), dtype_b.tolist())], dtype=bool)
-    diverged = st["diverged"]
+    diverged = t.diverged
     plumbing = diverged & integer
     if not plumbing.any() or (diverged & ~integer).any():
-        plumbing = np.zeros_like(diverged)
-    st["integer_plumbing"] = plumbing
-    st["diverged"] = diverged & ~plumbing
+        return
+    t.integer_plumbing = plumbing
+    t.decide(plumbing, False, INTEGER_PLUMBING)
 
 
 def _is_integer(dtype: str) -> bool:

@@ -47,10 +47,12 @@ import numpy as np
 from ...storage.reader import RecordTable
 from ...records.schema import READ_ROLES, RecordKind, Role, scalar_mask
 from .metrics import PARAM_TOLERANCE
+from .pairs import PairTable
 
-__all__ = ["NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN", "optimizer_setup",
+__all__ = ["JUDGE_ID", "NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN", "optimizer_setup",
            "param_reason"]
 
+JUDGE_ID = "update_noise"
 UPDATE_SHARE = 0.02
 NOISE_GAIN = 5.0
 TENSOR_GAIN = 1.0
@@ -130,19 +132,15 @@ class NoisePolicy:
                       "update), the other records above a floor from the parameters' "
                       f"difference: {why}"]
 
-    def adjust(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
-               ib: np.ndarray, st: Dict[str, np.ndarray],
-               tms: Sequence[Optional[Dict[str, Any]]]) -> None:
-        """Rewrite `st` (metrics.stat_errors of the pairs ia/ib; `tms` their element-wise
-        metrics where stored) for step k: the parameters' tolerance from their last update (a
-        read of a parameter is judged with it), the other records' from the parameters'
-        difference.
-        Adds `update_share` (NaN where not judged), `by_update` (judged by it: the element-wise
-        metrics do not override) and `dw_agreed` (-1 unknown, 0, 1)."""
+    def adjust(self, step: int, rank: int, st: PairTable) -> None:
+        """Judge `update_noise` (this module's docstring): rewrite the pair table of step k
+        (the statistics' and rounding floors' verdicts; `tensors`, the element-wise metrics
+        where stored): the parameters' tolerance from their last update (a read of a
+        parameter is judged with it), the other records' from the parameters' difference.
+        Sets `update_share` (NaN where not judged), `by_update` (judged by it: the
+        element-wise metrics do not override) and `dw_agreed` (-1 unknown, 0, 1)."""
+        ta, tb, ia, ib, tms = st.a, st.b, st.ia, st.ib, st.tensors
         n = len(ia)
-        st["update_share"] = np.full(n, np.nan)
-        st["by_update"] = np.zeros(n, dtype=bool)
-        st["dw_agreed"] = np.full(n, -1, dtype=np.int8)
         last = self._last.get(rank)
         if last is None or last.step != step - 1 or n == 0:
             return
@@ -155,8 +153,8 @@ class NoisePolicy:
         for p in np.nonzero(is_param)[0].tolist():
             before = last.stats.get(keys[p])
             if keys[p] in last.dw_agreed:
-                st["dw_agreed"][p] = int(last.dw_agreed[keys[p]])
-            if before is None or not st["shape_ok"][p] or not st["counts_ok"][p]:
+                st.dw_agreed[p] = int(last.dw_agreed[keys[p]])
+            if before is None or not st.shape_ok[p] or not st.counts_ok[p]:
                 continue
             update_a, update_b = now_a[p] - before[0], now_b[p] - before[1]
             update = float(np.nanmax(np.abs(update_a)))
@@ -164,26 +162,28 @@ class NoisePolicy:
             if not np.isfinite(diff) or not np.isfinite(update):
                 continue
             share = diff / update if update > 0 else (0.0 if diff == 0 else np.inf)
-            st["update_share"][p] = share
+            st.update_share[p] = share
             self._judged[step] = self._judged.get(step, 0) + 1
             if not self.alike:        # explained by its update, judged by rounding
                 continue
-            err = float(st["err"][p])
+            err = float(st.err[p])
             if last.dw_rounding.get(keys[p]) and last.dw_agreed.get(keys[p]):
                 # updated from rounding noise alone in both runs: whatever the optimizer made
                 # of it (Adam: about +-lr) is no divergence, nor a floor for the other records
-                st["tol"][p] = max(PARAM_TOLERANCE, err)
-                st["by_update"][p] = True
-                st["diverged"][p] = False
+                st.tol[p] = max(PARAM_TOLERANCE, err)
+                st.by_update[p] = True
+                st.judged_by[p] = JUDGE_ID
+                st.diverged[p] = False
                 if err > PARAM_TOLERANCE:
                     self._rounding.setdefault(step, []).append(str(ta["entry"][ia[p]]))
                 continue
             # in err's units: the error this parameter may have at UPDATE_SHARE of its update
             # (the same updates: what differs was there before, and step k-1 agreed)
             limit = err * UPDATE_SHARE / share if share > 0 else err
-            st["tol"][p] = max(PARAM_TOLERANCE, limit)
-            st["by_update"][p] = True
-            st["diverged"][p] = bool(err > st["tol"][p]) and not st["checksum_equal"][p]
+            st.tol[p] = max(PARAM_TOLERANCE, limit)
+            st.by_update[p] = True
+            st.judged_by[p] = JUDGE_ID
+            st.diverged[p] = bool(err > st.tol[p]) and not st.checksum_equal[p]
             tm = tms[p]
             param_err = max(param_err, err)
             param_rmse = max(param_rmse, tm["rel_rmse"] if tm is not None else 0.0)
@@ -193,35 +193,35 @@ class NoisePolicy:
         stored = np.array([tm is not None for tm in tms], dtype=bool)
         floor = np.where(stored, max(NOISE_GAIN * param_err, TENSOR_GAIN * param_rmse),
                          NOISE_GAIN * param_err)
-        others = ~is_param & ~st["by_update"] & (kind != _PARAM) & \
-            ~scalar_mask(tb["dtype"][ib]) & (st["tol"] < floor)
+        others = ~is_param & ~st.by_update & (kind != _PARAM) & \
+            ~scalar_mask(tb["dtype"][ib]) & (st.tol < floor)
         if others.any():
-            st["tol"] = np.where(others, floor, st["tol"])
-            st["diverged"] = np.where(others, _differs(st), st["diverged"])
+            st.tol = np.where(others, floor, st.tol)
+            st.decide(others, st.differs(), JUDGE_ID)
 
     @staticmethod
-    def _reads_of_parameters(ta: RecordTable, ia: np.ndarray, st: Dict[str, np.ndarray]
-                             ) -> None:
+    def _reads_of_parameters(ta: RecordTable, ia: np.ndarray, st: PairTable) -> None:
         """A record that reads a parameter (its producer is the parameter's record at the start
         of the step) reads the same tensor: it gets the parameter's tolerance, and is judged by
         its own statistics (something not captured may have changed it in between)."""
-        judged = np.nonzero(st["by_update"])[0]
+        judged = np.nonzero(st.by_update)[0]
         if not len(judged):
             return
         of_seq = dict(zip(ta["seq"][ia[judged]].tolist(), judged.tolist()))
         producer, role = ta["producer"][ia], ta["role"][ia]
         for q in range(len(ia)):
             p = of_seq.get(int(producer[q]))
-            if p is not None and role[q] in READ_ROLES and not st["by_update"][q]:
-                st["tol"][q] = st["tol"][p]
-                st["diverged"][q] = _differs(st, q)
-                st["by_update"][q] = True
+            if p is not None and role[q] in READ_ROLES and not st.by_update[q]:
+                st.tol[q] = st.tol[p]
+                st.diverged[q] = st.differs(q)
+                st.by_update[q] = True
+                st.judged_by[q] = JUDGE_ID
 
-    def remember(self, step: int, rank: int, ta: RecordTable, tb: RecordTable, ia: np.ndarray,
-                 ib: np.ndarray, st: Dict[str, np.ndarray]) -> None:
-        """After the step's verdicts per pair (`st`: metrics.stat_errors with the rounding
-        floors of precdbg.compare.judge.floors): keep what step k+1 is judged against."""
-        diverged, floor, tol = st["diverged"], st["floor"], st["tol"]
+    def remember(self, step: int, rank: int, st: PairTable) -> None:
+        """After the step's verdicts per pair (the judged pair table): keep what step k+1 is
+        judged against."""
+        ta, tb, ia, ib = st.a, st.b, st.ia, st.ib
+        diverged, floor, tol = st.diverged, st.floor, st.tol
         own = np.fmax(np.abs(ta["norm"][ia].astype(np.float64)),
                       np.abs(tb["norm"][ib].astype(np.float64)))
         kind, role = ta["kind"][ia], ta["role"][ia]
@@ -239,12 +239,6 @@ class NoisePolicy:
                 rounding[keys[p]] = rounding.get(keys[p], True) and \
                     bool(own[p] <= ROUNDING_SHARE_OF_NOISE * tol[p] * floor[p])
         self._last[rank] = _Last(step, stats, dw, rounding)
-
-
-def _differs(st: Dict[str, np.ndarray], q: Any = slice(None)) -> Any:
-    """metrics.stat_errors' verdict, under the tolerance now in `st`."""
-    return ((st["err"][q] > st["tol"][q]) | ~st["shape_ok"][q] | ~st["counts_ok"][q]) & \
-        ~st["checksum_equal"][q]
 
 
 def param_reason(step: int, metrics: Dict[str, Any], previous_matched: bool,

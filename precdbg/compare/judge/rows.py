@@ -47,6 +47,7 @@ class Row:
     order: int
     seq: int
     status: str
+    judged_by: str = "statistics"  # the id of the pair judge that decided the status
     min_a: Optional[float] = None
     min_b: Optional[float] = None
     max_a: Optional[float] = None

@@ -15,6 +15,7 @@ import numpy as np
 from ...errors import DumpError
 from ...storage.reader import Dump, RecordTable
 from ...records.schema import Direction, RecordKind
+from .verdict import Verdict
 
 __all__ = ["place_first"]
 
@@ -26,33 +27,30 @@ AFTER_BACKWARD = "after the backward, outside the model (gradient clipping, scal
 BEFORE_FORWARD = "before the model's forward, outside the model (input preparation)"
 
 
-def place_first(first: Optional[Dict[str, Any]], a: Dump, b: Dump) -> None:
+def place_first(first: Optional[Verdict], a: Dump, b: Dump) -> None:
     """Add `call_site` ({"baseline": "file:line in function", "candidate": ...}, the runs that
     recorded one) to a verdict about an API or module call, and `when` (words, or absent) for
     a forward call outside every module. Never raises for a dump it cannot read again."""
-    if first is None or first.get("kind") not in (_API, _MODULE):
+    if first is None or first.kind not in (_API, _MODULE):
         return
     sites: Dict[str, str] = {}
-    for label, dump, name in (("baseline", a, first.get("name_a")),
-                              ("candidate", b, first.get("name_b"))):
+    for label, dump, name in (("baseline", a, first.name_a), ("candidate", b, first.name_b)):
         if not name:
             continue
         try:
-            table = dump.records(first["step"], first["rank"])
-            row = _row_of(table, name, first["direction"])
+            table = dump.records(first.step, first.rank)
+            row = _row_of(table, name, first.direction)
             if row is None:
                 continue
-            site = _site(dump, table, row, first["step"], first["rank"])
+            site = _site(dump, table, row, first.step, first.rank)
         except (DumpError, OSError, KeyError, ValueError):
             continue
         if site:
             sites[label] = site
-        if "when" not in first:
-            when = _when(table, row)
-            if when:
-                first["when"] = when
+        if first.when is None:
+            first.when = _when(table, row) or None
     if sites:
-        first["call_site"] = sites
+        first.call_site = sites
 
 
 def _row_of(table: RecordTable, name: str, direction: str) -> Optional[int]:

@@ -33,6 +33,7 @@ from ..judge.rows import Source
 from ..judge.structure import StructuralDiff
 from ..judge.unfinished import UnfinishedStep
 from .step_causes import ENTERED_APART, cause_verdict, step_causes
+from .verdict import Annotation, Verdict
 from .verdicts import (Cause, Link, chain, inventory_verdict, root_verdict, structural_verdict,
                        unfinished_verdict)
 
@@ -131,7 +132,7 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
            updates: Optional[Dict[Tuple[int, int], List[str]]] = None,
            unfinished: Sequence[UnfinishedStep] = (),
            one_run: Sequence[Dict[str, Any]] = ()
-           ) -> Tuple[Optional[Dict[str, Any]], List[Entry]]:
+           ) -> Tuple[Optional[Verdict], List[Entry]]:
     """`steps` ascending; `setup`: the optimizer set-up differences `check` found (`others`:
     its other high and medium ones, which a parameter verdict names too). Returns the
     first divergence (None when the runs agree) and the entries of its chain (whatever else
@@ -154,9 +155,9 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
         found = inventory_verdict([e for e in step.entries if e.is_inventory], matched, setup,
                                   others, differed, updates)
         if found:
-            if ENTERED_APART in found.get("annotations", ()):
-                causes = step_causes(found["step"], found["rank"], structural, one_run,
-                                     (updates or {}).get((found["step"], found["rank"]), ()))
+            if ENTERED_APART in found.annotations:
+                causes = step_causes(found.step, found.rank, structural, one_run,
+                                     (updates or {}).get((found.step, found.rank), ()))
                 if causes:
                     return cause_verdict(causes, found, step), []
             return found, []
@@ -185,13 +186,14 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
             numeric = _numeric_verdict(start, step, one_run) if start is not None else None
             if shape is not None and (start is None or shape.seq <= start.first_bad):
                 if numeric is not None and shape.settings and not shape.calls_differ \
-                        and _within(numeric[0]["module"], shape.module):
+                        and _within(numeric[0].module, shape.module):
                     # a layer setting (eps, approximate) decides the call the numbers name
                     # inside that module: name the call, with the setting
                     first = numeric[0]
-                    first["reason"] += (f"; module '{shape.module}' is constructed with other "
-                                        "settings: " + shape.settings_text())
-                    first["structure"] = shape.as_json()
+                    first.annotate(Annotation.LAYER_SETTING,
+                                   f"module '{shape.module}' is constructed with other "
+                                   "settings: " + shape.settings_text())
+                    first.structure = shape.as_json()
                     return numeric
                 return structural_verdict(shape, step)
             if numeric is not None:
@@ -205,18 +207,17 @@ def _within(module: str, outer: str) -> bool:
 
 
 def _numeric_verdict(start: Entry, step: StepEntries, one_run: Sequence[Dict[str, Any]] = ()
-                     ) -> Tuple[Dict[str, Any], List[Entry]]:
+                     ) -> Tuple[Verdict, List[Entry]]:
     links = _walk(start, step)
     first, culprit = root_verdict(links[-1], step, one_run)
-    first["chain"] = chain(links, culprit, first)
+    first.chain = chain(links, culprit, first)
     involved = [link.entry for link in links] + ([culprit] if culprit else [])
     return first, involved
 
 
-def contains(e: Entry, first: Dict[str, Any]) -> bool:
+def contains(e: Entry, first: Verdict) -> bool:
     """A module that encloses the culprit diverges because of it, not after it."""
-    if e.kind != _MODULE or e.step != first["step"] or e.direction not in (
-            first["direction"], ) or e.rank != first["rank"]:
+    if e.kind != _MODULE or e.step != first.step or e.direction != first.direction \
+            or e.rank != first.rank:
         return False
-    return e.module == "" or first["module"] == e.module or \
-        first["module"].startswith(e.module + ".")
+    return e.module == "" or first.module == e.module or first.module.startswith(e.module + ".")

@@ -23,10 +23,11 @@ from ...records.naming import in_place
 from ...records.schema import Direction, RecordKind
 from ..judge.entries import StepEntries
 from ..judge.structure import StructuralDiff
+from .verdict import Annotation, Verdict, VerdictCode
 
 __all__ = ["CauseCode", "StepCause", "step_causes", "cause_verdict", "ENTERED_APART"]
 
-ENTERED_APART = "weights_entered_apart"     # the annotation of an inventory verdict
+ENTERED_APART = Annotation.WEIGHTS_ENTERED_APART  # the annotation of an inventory verdict
 _SHOWN = 5
 
 
@@ -107,38 +108,32 @@ def _api_of(entry: str) -> str:
     return parts[-3] if len(parts) >= 3 else entry
 
 
-def cause_verdict(causes: List[StepCause], parameter: Dict[str, Any], step: StepEntries
-                  ) -> Dict[str, Any]:
+def cause_verdict(causes: List[StepCause], parameter: Verdict, step: StepEntries) -> Verdict:
     """The verdict of a step whose weights entered apart, headed by its most telling cause;
     `parameter` (the inventory verdict) is the evidence."""
     from .verdicts import structural_verdict
     top = causes[0]
     # the parameter's own reason says which earlier step to dump (or compare) to confirm it
     weights = (f"this is what differs in the code that ran, while the weights already differ "
-               f"at the start of step {top.step} ({parameter['name_a']}: "
-               f"{parameter['reason']})")
+               f"at the start of step {top.step} ({parameter.name_a}: {parameter.reason})")
     if top.structural is not None:
         first, _ = structural_verdict(top.structural, step)
-        first["reason"] = f"{first['reason']}; {weights}"
+        first.reason = f"{first.reason}; {weights}"
     else:
         kind = RecordKind.API if top.code == CauseCode.ONE_RUN_CALL else RecordKind.PARAM
-        first = {"step": top.step, "rank": top.rank, "direction": "forward", "kind": kind,
-                 "name_a": top.name_a or (parameter["name_a"] if kind == RecordKind.PARAM
-                                          else ""),
-                 "name_b": top.name_b or (parameter["name_b"] if kind == RecordKind.PARAM
-                                          else ""),
-                 "module": top.module, "op": "", "role": "", "metrics": {},
-                 "reason": f"{top.text}; {weights}",
-                 "evidence": {"inputs_bad": [], "outputs_bad": [], "arguments_bad": [],
-                              "inputs_agreeing": 0}}
-        first["chain"] = [{"name_a": first["name_a"], "name_b": first["name_b"],
-                           "step": top.step, "rank": top.rank, "kind": kind,
-                           "direction": Direction.FORWARD, "module": top.module,
-                           "text": top.text}]
-    first["cause"] = top.as_json()
-    first["candidates"] = [c.as_json() for c in causes[:_SHOWN]]
-    first["parameters"] = {"name_a": parameter["name_a"], "name_b": parameter["name_b"],
-                           "metrics": parameter.get("metrics", {}),
-                           "reason": parameter["reason"]}
-    first.setdefault("annotations", []).append(ENTERED_APART)
+        first = Verdict(VerdictCode(top.code.value), top.step, top.rank, "forward", kind,
+                        top.name_a or (parameter.name_a if kind == RecordKind.PARAM else ""),
+                        top.name_b or (parameter.name_b if kind == RecordKind.PARAM else ""),
+                        top.module, "", reason=f"{top.text}; {weights}")
+        first.chain = [{"name_a": first.name_a, "name_b": first.name_b, "step": top.step,
+                        "rank": top.rank, "kind": kind, "direction": Direction.FORWARD,
+                        "module": top.module, "text": top.text}]
+    first.cause = top.as_json()
+    first.candidates = [c.as_json() for c in causes[:_SHOWN]]
+    first.parameters = {"name_a": parameter.name_a, "name_b": parameter.name_b,
+                        "code": parameter.code.value, "metrics": parameter.metrics,
+                        "reason": parameter.reason}
+    for note in parameter.annotations:      # what to dump to confirm it
+        if note not in first.annotations:
+            first.annotations.append(note)
     return first

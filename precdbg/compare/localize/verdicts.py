@@ -15,7 +15,8 @@ from ..judge.multistep import param_reason
 from ..judge.rows import Evidence, Producer
 from ..judge.structure import StructuralDiff
 from ..judge.unfinished import UnfinishedStep
-from .step_causes import ENTERED_APART
+from ..judge.unseen_inputs import Decision, unseen_inputs
+from .verdict import Annotation, Verdict, VerdictCode, empty_evidence
 
 __all__ = ["Cause", "Link", "root_verdict", "chain", "inventory_verdict", "structural_verdict",
            "unfinished_verdict"]
@@ -70,44 +71,50 @@ def _innermost(first: Entry, timeline: List[Entry]) -> Entry:
         culprit = min(inner, key=key)
 
 
-def _output_reason(entry: Entry) -> str:
+def _output_reason(entry: Entry) -> Tuple[VerdictCode, str]:
     if entry.args_bad:
         args = "; ".join(f"argument {a.key!r}: {a.a!r} vs {a.b!r}" for a in entry.args_bad[:3])
         if not entry.outputs_bad:
-            return f"a non-tensor argument differs ({args})"
+            return VerdictCode.ARGUMENT, f"a non-tensor argument differs ({args})"
         ev = entry.outputs_bad[0]
-        return (f"its tensor inputs agree but a non-tensor argument differs ({args}); its "
-                f"{ev.role} {ev.arg_index} differs{ev.why}")
+        return VerdictCode.ARGUMENT, (f"its tensor inputs agree but a non-tensor argument "
+                                      f"differs ({args}); its {ev.role} {ev.arg_index} "
+                                      f"differs{ev.why}")
     ev = entry.outputs_bad[0]
     what = _OUTPUT_WORDS.get(ev.role, ev.role)
     if entry.inputs_ok and ev.metrics.get("tol") == 0.0 and entry.inputs_ok_err > 0.0:
         # exact values (indices, counts, a mask) from inputs that are close but not equal
-        return (f"its inputs agree within tolerance (largest relative error "
+        return VerdictCode.NEAR_TIE, (f"its inputs agree within tolerance (largest relative error "
                 f"{entry.inputs_ok_err:.3g}) but its {what} {ev.arg_index}, exact values "
                 f"(indices, counts, a mask), differs{ev.why}: a near tie decided by rounding "
                 "(a top-k or argmax choosing between almost equal values), expected where the "
                 "runs' precisions or kernels differ; the runs take different paths from here")
     if entry.inputs_ok:
-        return f"its inputs agree but its {what} {ev.arg_index} differs{ev.why}"
-    return f"its {what} {ev.arg_index} differs{ev.why} (it has no compared inputs)"
+        return VerdictCode.OP_DIFFERS, f"its inputs agree but its {what} {ev.arg_index} " \
+            f"differs{ev.why}"
+    return VerdictCode.NO_COMPARED_INPUTS, \
+        f"its {what} {ev.arg_index} differs{ev.why} (it has no compared inputs)"
 
 
-def _verdict(entry: Entry, reason: str, role: Optional[str] = None) -> Dict[str, Any]:
+def _evidence(entry: Entry) -> Dict[str, Any]:
+    return {"inputs_bad": [x.as_json() for x in entry.inputs_bad[:4]],
+            "outputs_bad": [x.as_json() for x in entry.outputs_bad[:4]],
+            "arguments_bad": [x.as_json() for x in entry.args_bad[:4]],
+            "inputs_agreeing": entry.inputs_ok}
+
+
+def _verdict(code: VerdictCode, entry: Entry, reason: str, role: Optional[str] = None
+             ) -> Verdict:
     evidence: Any = entry.outputs_bad[0] if entry.outputs_bad else (
         entry.inputs_bad[0] if entry.inputs_bad else (entry.args_bad or [None])[0])
-    return {"step": entry.step, "rank": entry.rank,
-            "direction": "backward" if entry.direction == _BACKWARD else "forward",
-            "kind": entry.kind, "name_a": entry.name_a, "name_b": entry.name_b,
-            "module": entry.module, "op": entry.op,
-            "role": role or (evidence.role if evidence is not None else ""),
-            "metrics": getattr(evidence, "metrics", {}), "reason": reason,
-            "evidence": {"inputs_bad": [x.as_json() for x in entry.inputs_bad[:4]],
-                         "outputs_bad": [x.as_json() for x in entry.outputs_bad[:4]],
-                         "arguments_bad": [x.as_json() for x in entry.args_bad[:4]],
-                         "inputs_agreeing": entry.inputs_ok}}
+    return Verdict(code, entry.step, entry.rank,
+                   "backward" if entry.direction == _BACKWARD else "forward",
+                   entry.kind, entry.name_a, entry.name_b, entry.module, entry.op,
+                   role or (evidence.role if evidence is not None else ""),
+                   dict(getattr(evidence, "metrics", {})), reason, _evidence(entry))
 
 
-def _candidate_reason(culprit: Entry, step: StepEntries) -> str:
+def _candidate_reason(culprit: Entry, step: StepEntries) -> Tuple[VerdictCode, str]:
     if culprit.kind == _PARAM_GRAD:
         more = sum(1 for e in step.entries if e.kind == _PARAM_GRAD and e.rank == culprit.rank
                    and e.diverged and e is not culprit)
@@ -119,15 +126,19 @@ def _candidate_reason(culprit: Entry, step: StepEntries) -> str:
         zero = _all_zero_side(culprit)
         zero_text = f"; it is all zero in the {zero}" if zero else ""
         if dx_differs:
-            return (f"the first backward record that differs is the weight gradient of "
-                    f"{culprit.name}{more_text}{zero_text}; the forward agrees")
-        return ("dw-only difference: forward and dx agree, the weight gradient of "
-                f"{culprit.name} does not" + more_text + zero_text)
+            return VerdictCode.DW_FIRST, (
+                f"the first backward record that differs is the weight gradient of "
+                f"{culprit.name}{more_text}{zero_text}; the forward agrees")
+        return VerdictCode.DW_ONLY, ("dw-only difference: forward and dx agree, the weight "
+                                     f"gradient of {culprit.name} does not" + more_text
+                                     + zero_text)
+    code, text = _output_reason(culprit)
     if culprit.direction == _BACKWARD:
         zero = _all_zero_side(culprit)
-        return ("backward-only difference: the forward agrees; " + _output_reason(culprit)
+        return (VerdictCode.BACKWARD_ONLY if code is VerdictCode.OP_DIFFERS else code,
+                "backward-only difference: the forward agrees; " + text
                 + (f"; it is all zero in the {zero}" if zero else ""))
-    return _output_reason(culprit)
+    return code, text
 
 
 def _all_zero_side(e: Entry) -> str:
@@ -156,7 +167,8 @@ def _enclosing_agreeing_module(e: Entry, step: StepEntries) -> Optional[Entry]:
 
 
 def _uncaptured_inside_reason(holder: Entry, e: Entry, ev: Evidence, step: StepEntries
-                              ) -> str:
+                              ) -> Tuple[bool, str]:
+    """(whether the dumps hold module calls only, the words)."""
     where = f"module '{holder.module}'" if holder.module else "the root module"
     read = "the gradient arriving at" if e.direction == _BACKWARD else "a value read by"
     side = "its dy agrees but its dx does not" if e.direction == _BACKWARD else \
@@ -164,10 +176,12 @@ def _uncaptured_inside_reason(holder: Entry, e: Entry, ev: Evidence, step: StepE
     head = (f"{'backward-only difference: ' if e.direction == _BACKWARD else ''}{side}; "
             f"inside it, {read} {e.name} already differs and no captured call produced it: ")
     if not any(x.kind == _API for x in step.entries if x.rank == e.rank):
-        return (head + f"an API call inside {where} computes it, and these dumps hold module "
-                f"calls only (level module): dump level mix to name that call{ev.why}")
-    return (head + f"a call inside {where} that precdbg does not capture computes it (a "
-            f"custom autograd Function, a C++/CUDA extension op, compiled code){ev.why}")
+        return True, (head + f"an API call inside {where} computes it, and these dumps hold "
+                      f"module calls only (level module): dump level mix to name that "
+                      f"call{ev.why}")
+    return False, (head + f"a call inside {where} that precdbg does not capture computes it "
+                   f"(a custom autograd Function, a C++/CUDA extension op, compiled "
+                   f"code){ev.why}")
 
 
 def _one_run_writer(e: Entry, one_run: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -187,78 +201,126 @@ def _one_run_writer(e: Entry, one_run: Sequence[Dict[str, Any]]) -> Optional[Dic
     return None
 
 
+def _unseen(verdict: Verdict, culprit: Entry) -> Verdict:
+    """A call whose inputs agree by every statistic while its output differs far beyond
+    tolerance (judge.unseen_inputs): said so, and decided by the inputs' checksums where
+    both dumps hold them."""
+    found = unseen_inputs(culprit)
+    if found is None:
+        return verdict
+    verdict.evidence["unseen_inputs"] = found.as_json()
+    if found.decision is Decision.OP_DIFFERS:
+        verdict.annotate(Annotation.CHECKSUMS_DECIDE,
+                         "its inputs are bit for bit equal (checksums): the call itself "
+                         "computes differently")
+        return verdict
+    verdict.code = VerdictCode.INPUTS_UNSEEN
+    if found.decision is Decision.INPUTS_DIFFER:
+        args = ", ".join(f"{role} {index}" for role, index in found.checksums_differ[:3])
+        verdict.role = found.checksums_differ[0][0]
+        verdict.annotate(Annotation.CHECKSUMS_DECIDE)
+        verdict.reason = (f"input data differs in a way its statistics cannot see: the "
+                          f"checksums of {culprit.name}'s {args} differ while min, max, mean "
+                          f"and norm agree, and its output differs {found.ratio:.0f} times "
+                          f"its tolerance (a permutation, flip or shuffle of the input)")
+        return verdict
+    verdict.annotate(Annotation.STATISTICS_BLIND)
+    verdict.reason = (f"its inputs likely differ in a way the statistics cannot see: they agree "
+                      f"by every statistic, yet {culprit.name}, a deterministic call, computes "
+                      f"an output {found.ratio:.0f} times its tolerance apart ({verdict.reason}); "
+                      "dump with summary_mode 'checksum' (or task 'tensor') to decide between "
+                      "the inputs and the call")
+    return verdict
+
+
 def root_verdict(link: Link, step: StepEntries, one_run: Sequence[Dict[str, Any]] = ()
-                 ) -> Tuple[Dict[str, Any], Optional[Entry]]:
+                 ) -> Tuple[Verdict, Optional[Entry]]:
     """The verdict at the end of the walk, and the culprit entry when it is not the last link's
     (a module's innermost call). `one_run`: calls only one run made (records without
     counterpart), which may have changed what a call read."""
     e, ev = link.entry, link.evidence
     if link.cause is Cause.CANDIDATE:
         culprit = _innermost(e, step.timeline(e.rank))
-        verdict = _verdict(culprit, _candidate_reason(culprit, step))
+        code, words = _candidate_reason(culprit, step)
+        verdict = _verdict(code, culprit, words)
         zero = _all_zero_side(culprit) if culprit.direction == _BACKWARD else ""
         if zero:
-            verdict["evidence"]["all_zero_in"] = zero
-        return verdict, (culprit if culprit is not e else None)
+            verdict.evidence["all_zero_in"] = zero
+            verdict.annotate(Annotation.ALL_ZERO)
+        return _unseen(verdict, culprit), (culprit if culprit is not e else None)
     if link.cause in (Cause.INPUT_DATA, Cause.ARRIVING_GRAD):
         holder = _enclosing_agreeing_module(e, step)
         if holder is not None:
-            return _verdict(holder, _uncaptured_inside_reason(holder, e, ev, step)), None
+            module_only, words = _uncaptured_inside_reason(holder, e, ev, step)
+            verdict = _verdict(VerdictCode.UNCAPTURED_CALL, holder, words)
+            if module_only:
+                verdict.annotate(Annotation.MODULE_LEVEL)
+            return verdict, None
     if link.cause is Cause.INPUT_DATA:
-        return _verdict(e, f"input data differs: its {ev.role} {ev.arg_index} was produced by "
+        return _verdict(VerdictCode.INPUT_DATA, e,
+                        f"input data differs: its {ev.role} {ev.arg_index} was produced by "
                         f"nothing captured in the step (the batch, RNG, the data loader) and "
                         f"already disagrees{ev.why}", role=ev.role), None
     if link.cause is Cause.ARRIVING_GRAD:
-        return _verdict(e, "the gradient arriving here already differs (loss or an uncaptured "
+        return _verdict(VerdictCode.ARRIVING_GRAD, e,
+                        "the gradient arriving here already differs (loss or an uncaptured "
                         f"op){ev.why}", role=ev.role), None
     p = link.producer
     if link.cause is Cause.CHANGED_AFTER and p.entry.kind == _PARAM_GRAD:
         # the gradient as the parameter's hook saw it agrees; `.grad` as read later does not
-        first = _verdict(e, "", role=Role.PARAM_GRAD)
-        first.update(kind=_PARAM_GRAD, name_a=p.entry.name_a, name_b=p.entry.name_b,
-                     module=p.entry.module, op=p.entry.op, direction="backward")
-        first["reason"] = (f"the weight gradient {p.entry.name} agrees as its hook recorded "
-                           f"it, but {e.name} reads it changed (its {ev.role} {ev.arg_index} "
-                           f"differs{ev.why}): something changed the gradient after it was "
-                           "recorded, outside the captured calls - a gradient hook "
-                           "registered after start() (it runs after precdbg's), or code that "
-                           "writes .grad")
+        first = _verdict(VerdictCode.GRAD_CHANGED_AFTER_HOOK, e, "", role=Role.PARAM_GRAD)
+        first.kind, first.name_a, first.name_b = _PARAM_GRAD, p.entry.name_a, p.entry.name_b
+        first.module, first.op, first.direction = p.entry.module, p.entry.op, "backward"
+        first.reason = (f"the weight gradient {p.entry.name} agrees as its hook recorded "
+                        f"it, but {e.name} reads it changed (its {ev.role} {ev.arg_index} "
+                        f"differs{ev.why}): something changed the gradient after it was "
+                        "recorded, outside the captured calls - a gradient hook "
+                        "registered after start() (it runs after precdbg's), or code that "
+                        "writes .grad")
         return first, None
     if link.cause is Cause.CHANGED_AFTER:
         writer = _one_run_writer(e, one_run)
         if writer is not None:       # a captured call changed it: that call is the culprit
             side = "candidate" if writer["side"] == "b" else "baseline"
-            first = _verdict(e, "", role=ev.role)
-            first.update(kind=_API, module=str(writer["module"]), op=str(writer["op"]),
-                         name_a="" if side == "candidate" else str(writer["name"]),
-                         name_b=str(writer["name"]) if side == "candidate" else "",
-                         direction="forward")
-            first["reason"] = (f"only the {side} calls {writer['name']}, which writes its "
-                               f"input in place: {e.name} reads its {ev.role} {ev.arg_index} "
-                               f"changed{ev.why}, while {p.entry.name}, which produced it, "
-                               "agrees")
-            first["cause"] = {"code": "one_run_call", "step": e.step, "rank": e.rank,
-                              "module": str(writer["module"]), "name_a": first["name_a"],
-                              "name_b": first["name_b"], "text": first["reason"]}
+            first = _verdict(VerdictCode.ONE_RUN_CALL, e, "", role=ev.role)
+            first.kind, first.module, first.op = _API, str(writer["module"]), str(writer["op"])
+            first.name_a = "" if side == "candidate" else str(writer["name"])
+            first.name_b = str(writer["name"]) if side == "candidate" else ""
+            first.direction = "forward"
+            first.reason = (f"only the {side} calls {writer['name']}, which writes its "
+                            f"input in place: {e.name} reads its {ev.role} {ev.arg_index} "
+                            f"changed{ev.why}, while {p.entry.name}, which produced it, "
+                            "agrees")
+            first.cause = {"code": VerdictCode.ONE_RUN_CALL.value, "step": e.step,
+                           "rank": e.rank, "module": first.module, "name_a": first.name_a,
+                           "name_b": first.name_b, "text": first.reason}
             return first, None
-        return _verdict(e, f"its {ev.role} {ev.arg_index} differs{ev.why} while "
+        return _verdict(VerdictCode.CHANGED_AFTER, e,
+                        f"its {ev.role} {ev.arg_index} differs{ev.why} while "
                         f"{p.entry.name}, which produced it, agrees: something not captured "
                         "changed it in between", role=ev.role), None
     who = "baseline" if p.name_a and not p.name_b else (
         "candidate" if p.name_b and not p.name_a else "")
-    first = _verdict(e, "", role=ev.role)
-    first.update(kind=p.kind or e.kind, name_a=p.name_a, name_b=p.name_b, module=p.module,
-                 op=p.op or e.op, direction="backward" if e.direction == _BACKWARD else "forward")
+    first = _verdict(VerdictCode.CALLS_DIFFER, e, "", role=ev.role)
+    first.kind, first.name_a, first.name_b = p.kind or e.kind, p.name_a, p.name_b
+    first.module, first.op = p.module, p.op or e.op
+    first.direction = "backward" if e.direction == _BACKWARD else "forward"
     where = f"module '{p.module}'" if p.module else "the root module"
-    first["reason"] = (f"calls differ in {where}: {e.name} reads what "
-                       + (f"only the {who} computes ({p.name})" if who else
-                          f"each run computes differently (baseline {p.name_a}, candidate "
-                          f"{p.name_b})"))
+    first.reason = (f"calls differ in {where}: {e.name} reads what "
+                    + (f"only the {who} computes ({p.name})" if who else
+                       f"each run computes differently (baseline {p.name_a}, candidate "
+                       f"{p.name_b})"))
     return first, None
 
 
-def chain(links: List[Link], culprit: Optional[Entry], first: Dict[str, Any]
-           ) -> List[Dict[str, Any]]:
+def _link(verdict: Verdict, direction: str, text: str) -> Dict[str, Any]:
+    return {"name_a": verdict.name_a, "name_b": verdict.name_b, "step": verdict.step,
+            "rank": verdict.rank, "kind": verdict.kind, "direction": direction,
+            "module": verdict.module, "text": text}
+
+
+def chain(links: List[Link], culprit: Optional[Entry], first: Verdict
+          ) -> List[Dict[str, Any]]:
     items = [{"name_a": link.entry.name_a, "name_b": link.entry.name_b, "step": link.entry.step,
               "rank": link.entry.rank, "kind": link.entry.kind,
               "direction": link.entry.direction, "module": link.entry.module,
@@ -273,20 +335,15 @@ def chain(links: List[Link], culprit: Optional[Entry], first: Dict[str, Any]
                       "text": f"{culprit.name} differs while its inputs agree"})
     elif last.cause is Cause.ONE_RUN:
         p = last.producer
-        items.append({"name_a": first["name_a"], "name_b": first["name_b"],
-                      "step": first["step"], "rank": first["rank"], "kind": first["kind"],
-                      "direction": last.entry.direction, "module": first["module"],
-                      "text": f"{p.name_a or '(nothing)'} in the baseline vs "
-                              f"{p.name_b or '(nothing)'} in the candidate: the calls (or the "
-                              "module's class) differ between the runs"})
-    elif last.cause is Cause.CHANGED_AFTER and first.get("cause"):
+        items.append(_link(first, last.entry.direction,
+                           f"{p.name_a or '(nothing)'} in the baseline vs "
+                           f"{p.name_b or '(nothing)'} in the candidate: the calls (or the "
+                           "module's class) differ between the runs"))
+    elif first.code is VerdictCode.ONE_RUN_CALL:
         # a call one run made wrote it in between (root_verdict's `_one_run_writer`)
         items[-1]["text"] = (f"{last.entry.name} reads the output of "
                              f"{last.producer.entry.name}, which agrees, changed in between")
-        items.append({"name_a": first["name_a"], "name_b": first["name_b"],
-                      "step": first["step"], "rank": first["rank"], "kind": first["kind"],
-                      "direction": last.entry.direction, "module": first["module"],
-                      "text": first["cause"]["text"].split(":")[0]})
+        items.append(_link(first, last.entry.direction, first.reason.split(":")[0]))
     if len(items) > _CHAIN_LIMIT:     # the start, and the links nearest the culprit
         dropped = len(items) - _CHAIN_LIMIT
         items = items[:2] + items[2 + dropped:]
@@ -311,7 +368,7 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
                       setup: Sequence[str], others: Sequence[str] = (),
                       differed: AbstractSet[Tuple[int, int]] = frozenset(),
                       updates: Optional[Mapping[Tuple[int, int], Sequence[str]]] = None
-                      ) -> Optional[Dict[str, Any]]:
+                      ) -> Optional[Verdict]:
     """The parameter inventory's verdict at the start of a step; `matched`: the (step, rank)
     pairs compared before it, which all agreed (the step before on the same rank is then
     known to have matched)."""
@@ -336,65 +393,67 @@ def inventory_verdict(entries: List[Entry], matched: AbstractSet[Tuple[int, int]
     else:       # judged against its last update where the optimizers agree (multistep.py)
         reason = param_reason(e.step, ev.metrics if ev is not None else {}, previous_matched,
                               setup, others)
+    code = VerdictCode.TRAINABLE_DIFFERS if e.trainable_differs else \
+        VerdictCode.PARAMETER_INVENTORY if ev is not None and ev.only_in else \
+        VerdictCode.PARAMETER_SHAPES if ev is not None and not ev.shape_ok else \
+        VerdictCode.UPDATE_DIFFERS if previous_matched else VerdictCode.PARAMETERS_DIFFER
+    verdict = _verdict(code, e, reason)
     more = len(bad) - 1
     if more:
-        reason += f" ({more} more parameter(s) differ)"
-    entered_apart = not previous_matched and not e.trainable_differs and \
-        (ev is None or (not ev.only_in and ev.shape_ok))
-    if entered_apart:
+        verdict.annotations.append(Annotation.MORE_PARAMETERS)
+        verdict.reason += f" ({more} more parameter(s) differ)"
+    if code is VerdictCode.PARAMETERS_DIFFER:
+        verdict.annotations.append(Annotation.WEIGHTS_ENTERED_APART)
         if (e.step - 1, e.rank) in differed:
-            reason += (f": the runs entered step {e.step} with different weights, and step "
-                       f"{e.step - 1} (rank {e.rank}), which both dumps hold but this compare "
-                       "left out, already differs: compare without --step to see where")
+            verdict.annotations.append(Annotation.EARLIER_STEP_DIFFERS)
+            verdict.reason += (f": the runs entered step {e.step} with different weights, and "
+                               f"step {e.step - 1} (rank {e.rank}), which both dumps hold but "
+                               "this compare left out, already differs: compare without "
+                               "--step to see where")
         elif e.step > 0 and any(step < e.step for step, _ in matched):
-            reason += (f": the runs entered step {e.step} with different weights, and step "
-                       f"{e.step - 1} (rank {e.rank}) was not compared: the difference arose "
-                       "in a step that is not in both dumps; dump every step from the last "
-                       "one that matched")
+            verdict.annotations.append(Annotation.STEP_NOT_COMPARED)
+            verdict.reason += (f": the runs entered step {e.step} with different weights, and "
+                               f"step {e.step - 1} (rank {e.rank}) was not compared: the "
+                               "difference arose in a step that is not in both dumps; dump "
+                               "every step from the last one that matched")
         else:
-            reason += (f": the runs entered step {e.step} with different weights (the "
-                       "initialisation, the checkpoint, or an earlier step that was not "
-                       "dumped); dump from the first training step, or load one checkpoint "
-                       "in both")
+            verdict.annotations.append(Annotation.NOT_DUMPED)
+            verdict.reason += (f": the runs entered step {e.step} with different weights (the "
+                               "initialisation, the checkpoint, or an earlier step that was "
+                               "not dumped); dump from the first training step, or load one "
+                               "checkpoint in both")
             if others:     # what an undumped training step would have carried into them
-                reason += ("; set-up differences an earlier training step turns into other "
-                           "weights: " + "; ".join(list(others)[:2]))
-    verdict = _verdict(e, reason)
-    verdict["chain"] = [{"name_a": e.name_a, "name_b": e.name_b, "step": e.step, "rank": e.rank,
-                         "kind": e.kind, "direction": e.direction, "module": e.module,
-                         "text": f"{e.name} differs at the start of step {e.step}"}]
-    if entered_apart:
-        verdict["annotations"] = [ENTERED_APART]
+                verdict.reason += ("; set-up differences an earlier training step turns into "
+                                   "other weights: " + "; ".join(list(others)[:2]))
+    verdict.chain = [{"name_a": e.name_a, "name_b": e.name_b, "step": e.step, "rank": e.rank,
+                      "kind": e.kind, "direction": e.direction, "module": e.module,
+                      "text": f"{e.name} differs at the start of step {e.step}"}]
     return verdict
 
 
-def structural_verdict(diff: StructuralDiff, step: StepEntries) -> Tuple[Dict[str, Any],
-                                                                          List[Entry]]:
+def structural_verdict(diff: StructuralDiff, step: StepEntries) -> Tuple[Verdict, List[Entry]]:
     """A module whose class or calls differ, named where it ran."""
     entry = next((e for e in step.entries if e.rank == diff.rank and e.kind == _MODULE
                   and e.direction == Direction.FORWARD and e.name_a == diff.name_a), None)
-    first = {"step": diff.step, "rank": diff.rank, "direction": "forward", "kind": _MODULE,
-             "name_a": diff.name_a, "name_b": diff.name_b, "module": diff.module, "op": diff.op,
-             "role": "", "metrics": {}, "reason": diff.reason(),
-             "evidence": {"inputs_bad": [], "outputs_bad": [], "arguments_bad": [],
-                          "inputs_agreeing": 0},
-             "structure": diff.as_json()}
+    code = VerdictCode.LAYER_SETTING if diff.settings and not diff.calls_differ \
+        else VerdictCode.STRUCTURE
+    first = Verdict(code, diff.step, diff.rank, "forward", _MODULE, diff.name_a, diff.name_b,
+                    diff.module, diff.op, reason=diff.reason(), structure=diff.as_json())
     if entry is not None:
-        first["evidence"] = _verdict(entry, "")["evidence"]
+        first.evidence = _evidence(entry)
         if entry.outputs_bad:          # the numbers differ too: say how
-            first["reason"] += "; " + _output_reason(entry)
-            first["role"] = entry.outputs_bad[0].role
-            first["metrics"] = entry.outputs_bad[0].metrics
-    first["chain"] = [{"name_a": diff.name_a, "name_b": diff.name_b, "step": diff.step,
-                       "rank": diff.rank, "kind": _MODULE, "direction": Direction.FORWARD,
-                       "module": diff.module,
-                       "text": f"{diff.name_a} and {diff.name_b} run different code (a "
-                               "structural difference)"}]
+            first.annotate(Annotation.NUMBERS_DIFFER, _output_reason(entry)[1])
+            first.role = entry.outputs_bad[0].role
+            first.metrics = dict(entry.outputs_bad[0].metrics)
+    first.chain = [{"name_a": diff.name_a, "name_b": diff.name_b, "step": diff.step,
+                    "rank": diff.rank, "kind": _MODULE, "direction": Direction.FORWARD,
+                    "module": diff.module,
+                    "text": f"{diff.name_a} and {diff.name_b} run different code (a "
+                            "structural difference)"}]
     return first, [entry] if entry is not None else []
 
 
-def unfinished_verdict(stop: UnfinishedStep, step: StepEntries
-                       ) -> Tuple[Dict[str, Any], List[Entry]]:
+def unfinished_verdict(stop: UnfinishedStep, step: StepEntries) -> Tuple[Verdict, List[Entry]]:
     """One run's step stopped early (judge.unfinished): named where it stopped."""
     other = "baseline" if stop.side == "candidate" else "candidate"
     where = f"module '{stop.module}'" if stop.module else "the root module"
@@ -408,14 +467,10 @@ def unfinished_verdict(stop: UnfinishedStep, step: StepEntries
               "stop(), or a process that ended): what ran before agrees as far as both got")
     name_a, name_b = (stop.entry, stop.other_entry) if stop.side == "baseline" else \
         (stop.other_entry, stop.entry)
-    first = {"step": stop.step, "rank": stop.rank, "direction": "forward", "kind": _MODULE,
-             "name_a": name_a, "name_b": name_b, "module": stop.module, "op": "",
-             "role": "", "metrics": {}, "reason": reason,
-             "evidence": {"inputs_bad": [], "outputs_bad": [], "arguments_bad": [],
-                          "inputs_agreeing": 0},
-             "unfinished": stop.as_json()}
-    first["chain"] = [{"name_a": name_a, "name_b": name_b, "step": stop.step,
-                       "rank": stop.rank, "kind": _MODULE, "direction": Direction.FORWARD,
-                       "module": stop.module,
-                       "text": f"the {stop.side}'s step stopped inside {where}"}]
+    first = Verdict(VerdictCode.UNFINISHED, stop.step, stop.rank, "forward", _MODULE, name_a,
+                    name_b, stop.module, "", reason=reason, unfinished=stop.as_json())
+    first.chain = [{"name_a": name_a, "name_b": name_b, "step": stop.step,
+                    "rank": stop.rank, "kind": _MODULE, "direction": Direction.FORWARD,
+                    "module": stop.module,
+                    "text": f"the {stop.side}'s step stopped inside {where}"}]
     return first, []

@@ -10,6 +10,7 @@ from ...storage.reader import Dump
 from ...records.schema import READ_ROLES, WRITE_ROLES, Direction, RecordKind, Role
 from ..judge.rows import Row
 from ..localize.step_causes import ENTERED_APART
+from ..localize.verdict import Annotation, Verdict
 
 __all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
            "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes",
@@ -114,74 +115,76 @@ def uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
     return notes
 
 
-def note_loss_scale(first: Dict[str, Any], findings: List[Dict[str, Any]]) -> None:
+def note_loss_scale(first: Verdict, findings: List[Dict[str, Any]]) -> None:
     """A verdict in the root module's backward where the loss scale differs: the calls one
     run makes there are most likely its loss scaling, which scales every gradient after it."""
     scale = next((f for f in findings if f["kind"] == "loss_scale"), None)
-    if scale is not None and first["module"] == "" and first["direction"] == Direction.BACKWARD:
-        first["reason"] += (f"; {scale['message']}: a loss scaled in one run only scales every "
-                            "gradient computed from it, so the backward differs from here on "
-                            "by that factor (compare runs that scale alike, or both unscaled)")
+    if scale is not None and first.module == "" and first.direction == Direction.BACKWARD:
+        first.annotate(Annotation.LOSS_SCALE,
+                       f"{scale['message']}: a loss scaled in one run only scales every "
+                       "gradient computed from it, so the backward differs from here on "
+                       "by that factor (compare runs that scale alike, or both unscaled)")
 
 
 _GRADIENT_STOPS = frozenset({"detach", "stop_gradient"})
 
 
-def note_extra_calls(first: Dict[str, Any], unmatched: List[Dict[str, Any]],
+def note_extra_calls(first: Verdict, unmatched: List[Dict[str, Any]],
                       rows: List[Row]) -> None:
     """Calls inside the culprit's module that only one run made are part of the evidence (not
     a call with a counterpart, one of whose records the other run lacks: a gradient that never
     arrived)."""
-    if first["kind"] not in (RecordKind.MODULE, RecordKind.API):
+    if first.kind not in (RecordKind.MODULE, RecordKind.API):
         return
     paired = {("a", row.step, row.rank, row.name_a) for row in rows} | \
         {("b", row.step, row.rank, row.name_b) for row in rows}
     unmatched = [u for u in unmatched
                  if (u["side"], u["step"], u["rank"], u["name"]) not in paired]
-    inside = lambda m: first["module"] == "" or m == first["module"] or \
-        m.startswith(first["module"] + ".")  # noqa: E731
+    inside = lambda m: first.module == "" or m == first.module or \
+        m.startswith(first.module + ".")  # noqa: E731
     # a forward verdict: the calls made in one run only (their forward records); a backward
     # only in one run (a cast that is an identity in the other) is no other call
-    roles = READ_ROLES | WRITE_ROLES if first["direction"] == Direction.BACKWARD \
+    roles = READ_ROLES | WRITE_ROLES if first.direction == Direction.BACKWARD \
         else _FORWARD_ROLES
     extra = {}
     for u in unmatched:
-        if u["step"] == first["step"] and u["kind"] == RecordKind.API and inside(u["module"]) \
+        if u["step"] == first.step and u["kind"] == RecordKind.API and inside(u["module"]) \
                 and u["role"] in roles:
             extra.setdefault(u["side"], []).append(u["name"])
-    zero = first["evidence"].get("all_zero_in")
+    zero = first.evidence.get("all_zero_in")
     if zero:                  # what stops the gradient in that run only
         side = "a" if zero == "baseline" else "b"
         stops = sorted({f"{u['name']} (module '{u['module']}')" for u in unmatched
-                        if u["side"] == side and u["step"] == first["step"]
-                        and u["rank"] == first["rank"] and u["op"] in _GRADIENT_STOPS
+                        if u["side"] == side and u["step"] == first.step
+                        and u["rank"] == first.rank and u["op"] in _GRADIENT_STOPS
                         and u["role"] in _FORWARD_ROLES})
         if stops:
-            first["evidence"]["gradient_stopped_by"] = stops[:10]
-            first["reason"] += (f"; only the {zero} calls {', '.join(stops[:3])}, which stops "
-                                "the gradient")
+            first.evidence["gradient_stopped_by"] = stops[:10]
+            first.annotate(Annotation.GRADIENT_STOPPED,
+                           f"only the {zero} calls {', '.join(stops[:3])}, which stops the "
+                           "gradient")
     if extra:
-        first["evidence"]["calls_in_one_run_only"] = {
+        first.evidence["calls_in_one_run_only"] = {
             ("baseline" if side == "a" else "candidate"): sorted(set(names))[:10]
             for side, names in extra.items()}
         for side, names in extra.items():
             who = "baseline" if side == "a" else "candidate"
-            first["reason"] += (f"; only the {who} calls {', '.join(sorted(set(names))[:4])} "
-                                "inside it")
+            first.annotate(Annotation.CALLS_IN_ONE_RUN_ONLY,
+                           f"only the {who} calls {', '.join(sorted(set(names))[:4])} inside it")
 
 
 _OTHER_CAUSES_SHOWN = 4
 
 
 def other_causes(steps: Sequence[Any], structural: Sequence[Any],
-                 first: Optional[Dict[str, Any]]) -> List[str]:
+                 first: Optional[Verdict]) -> List[str]:
     """When the runs entered the step with different weights (so every number after it
     differs: a parameter verdict, or the cause the step shows headed over it), the causes a compare still sees in the compared steps:
     non-tensor arguments that differ (a loss's reduction, a clipping norm, an eps) and modules
     whose calls or class differ, which the numbers cannot single out any more (a dump from
     the first training step shows which came first)."""
-    if first is None or (first.get("kind") != RecordKind.PARAM
-                         and ENTERED_APART not in first.get("annotations", ())):
+    if first is None or (first.kind != RecordKind.PARAM
+                         and ENTERED_APART not in first.annotations):
         return []
     found: List[str] = []
     for step in steps:
@@ -203,7 +206,7 @@ def other_causes(steps: Sequence[Any], structural: Sequence[Any],
             + "; ".join(found[:_OTHER_CAUSES_SHOWN]) + more]
 
 
-def weights_agree_after(steps: Sequence[Any], first: Optional[Dict[str, Any]]) -> List[str]:
+def weights_agree_after(steps: Sequence[Any], first: Optional[Verdict]) -> List[str]:
     """When every parameter agrees at the start of each compared step after the verdict's step
     (on its rank): what differs there did not reach the weights beyond tolerance (micro-batches
     against one batch, a clipping bound neither run reached, an equivalent computation)."""
@@ -211,16 +214,16 @@ def weights_agree_after(steps: Sequence[Any], first: Optional[Dict[str, Any]]) -
         return []
     later = []
     for step in steps:
-        if step.step <= first["step"]:
+        if step.step <= first.step:
             continue
         params = [e for e in step.entries if e.kind == RecordKind.PARAM and e.direction == Direction.NONE
-                  and e.rank == first["rank"]]
+                  and e.rank == first.rank]
         if not params or any(e.diverged or e.trainable_differs for e in params):
             return []
         later.append(step.step)
     if not later:
         return []
     return [f"every parameter agrees at the start of step(s) {', '.join(map(str, later))} "
-            f"(rank {first['rank']}): the difference of step {first['step']} did not reach "
+            f"(rank {first.rank}): the difference of step {first.step} did not reach "
             "the weights beyond tolerance (an equivalent computation, such as micro-batches "
             "against one batch, or a clipping bound neither run reached)"]
