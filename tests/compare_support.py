@@ -408,21 +408,30 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, cwd=REPO)
 
 
+def notes_of(result: Dict[str, Any], code: str) -> List[str]:
+    """The texts of the compare's notes with this code (`notes[].code`)."""
+    return [n["text"] for n in result["notes"] if n["code"] == code]
+
+
+def note_codes(result: Dict[str, Any]) -> List[str]:
+    return [n["code"] for n in result["notes"]]
+
+
 def describe(result: Dict[str, Any]) -> str:
     """The verdict and first divergence in one readable string (assertion messages)."""
     first = result.get("first_divergence")
     if not first:
         return f"verdict {result.get('verdict')!r}, no first divergence"
-    shown = {k: first.get(k) for k in ("step", "direction", "kind", "module", "op", "role",
-                                       "name_a", "name_b", "reason")}
+    shown = {k: first.get(k) for k in ("code", "annotations", "step", "direction", "kind",
+                                       "module", "op", "role", "name_a", "name_b", "reason")}
     return f"verdict {result.get('verdict')!r}, first divergence {json.dumps(shown, default=str)}"
 
 
 def assert_first(result: Dict[str, Any], *, step: int, direction: str, kind: Any,
                  module: Optional[str], op: Optional[str] = None,
-                 reason: Sequence[str] = ()) -> Dict[str, Any]:
+                 code: Any = None, annotations: Sequence[str] = ()) -> Dict[str, Any]:
     """The result names a divergence with these fields; `kind` may be a set of accepted kinds;
-    each string of `reason` occurs (case-insensitive) in the reason. `module` or `op` None: not
+    `code`: the verdict's code (or a set of accepted codes); `annotations`: codes it carries. `module` or `op` None: not
     checked here."""
     assert result["verdict"] == "diverged", describe(result)
     first = result["first_divergence"]
@@ -435,9 +444,11 @@ def assert_first(result: Dict[str, Any], *, step: int, direction: str, kind: Any
         + describe(result)
     if op is not None:
         assert first["op"] == op, f"expected op {op!r}; " + describe(result)
-    for words in reason:
-        assert words.lower() in first["reason"].lower(), \
-            f"expected the reason to mention {words!r}; " + describe(result)
+    if code is not None:
+        codes = {code} if isinstance(code, str) else set(code)
+        assert first["code"] in codes, f"expected code {sorted(codes)}; " + describe(result)
+    missing = set(annotations) - set(first["annotations"])
+    assert not missing, f"expected annotations {sorted(missing)}; " + describe(result)
     return first
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+import compare_support as cs
 from compare_support import assert_first
 from precdbg.compare import compare_dumps
 from precdbg_pt import PrecisionDebugger
@@ -100,7 +101,7 @@ def test_a_shared_layer_is_named_at_the_call_that_differs(tmp_path):
     _albert(str(tmp_path / "b"), scale_call=4)
     result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
     first = assert_first(result, step=0, direction="forward", kind="module", module=SHARED,
-                         reason=["calls differ", "Tensor.mul", "inputs agree"])
+                         code="structure", annotations=["numbers_differ"])
     assert first["name_a"] == f"Module.{SHARED}.AlbertLayer.forward.3", first["name_a"]
 
 
@@ -260,7 +261,7 @@ def test_casts_that_are_no_ops_in_one_run_are_no_structural_difference(tmp_path)
     # no module is named for its calls (whether every bf16 gradient stays within the bf16
     # tolerance of its float32 counterpart is the numbers' matter: README, known limits)
     first = result["first_divergence"]
-    assert first is None or not (first["kind"] == "module" and "calls differ" in first["reason"]), \
+    assert first is None or not (first["kind"] == "module" and first["code"] == "structure"), \
         first
 
 
@@ -271,7 +272,7 @@ def test_a_cast_to_another_dtype_at_the_same_place_is_still_named(tmp_path):
     _scores_dump(str(tmp_path / "bf16"), upcast=torch.bfloat16)
     result = compare_dumps(str(tmp_path / "f64"), str(tmp_path / "bf16"))
     assert_first(result, step=0, direction="forward", kind="api", module="", op="cast",
-                 reason=["float64", "bfloat16"])
+                 code="argument")
 
 
 def test_masks_and_positions_built_another_way_are_no_divergence(tmp_path):
@@ -285,7 +286,7 @@ def test_masks_and_positions_built_another_way_are_no_divergence(tmp_path):
     assert result["verdict"] == "match", result["first_divergence"]
     integer = [r for r in result["rows"] if r["status"] == "integer"]
     assert integer and {r["dtype_a"] for r in integer} <= {"int64", "bool"}, integer[:3]
-    assert any("integer or boolean record(s) differ" in note for note in result["notes"])
+    assert "integer_plumbing" in cs.note_codes(result), result["notes"]
 
 
 class _Softmax(torch.nn.Module):
@@ -319,7 +320,7 @@ def test_casts_only_one_run_makes_stay_a_structural_difference(tmp_path):
         assert debugger.close() and not debugger.failures
     result = compare_dumps(str(tmp_path / "fp32"), str(tmp_path / "bf16"))
     assert_first(result, step=0, direction="forward", kind="module", module="",
-                 reason=["calls differ", "Tensor.to"])
+                 code="structure")
 
 
 class _RoundedScores(torch.nn.Module):
@@ -360,4 +361,4 @@ def test_a_cast_pairs_with_the_cast_of_its_inputs_counterpart(tmp_path):
     assert {u["name"] for u in result["unmatched"] if u["side"] == "b"} >= \
         {"Tensor.to.0.forward", "Tensor.to.1.forward"}, result["unmatched"]
     assert_first(result, step=0, direction="forward", kind="module", module="",
-                 reason=["calls differ", "Tensor.to"])
+                 code="structure")

@@ -81,8 +81,9 @@ def compare(dumps: Callable[[str], str], baseline: str, candidate: str, **kw: An
 def test_forward_op_change_gelu_tanh(dumps):
     result = compare(dumps, "base", "gelu_tanh")
     first = cs.assert_first(result, step=0, direction="forward", kind="api",
-                            module="blocks.1.mlp.act", op="gelu", reason=["'approximate'"])
-    assert "tanh" in first["reason"], cs.describe(result)
+                            module="blocks.1.mlp.act", op="gelu", code="argument", annotations=["layer_setting"])
+    assert [(a["key"], a["b"]) for a in first["evidence"]["arguments_bad"]] == \
+        [("approximate", "tanh")], cs.describe(result)
     # inside the model: the line of the model's code that called it, no `when`
     assert first["call_site"]["baseline"].split(" in ")[-1] == "forward", first
     assert "gpt_torch.py:" in first["call_site"]["baseline"] and "when" not in first, first
@@ -95,8 +96,8 @@ def test_forward_op_change_gelu_tanh(dumps):
 def test_default_argument_layer_norm_eps(dumps):
     result = compare(dumps, "base", "layer_norm_eps")
     first = cs.assert_first(result, step=0, direction="forward", kind="api",
-                            module="blocks.0.ln_2", op="layer_norm", reason=["'eps'"])
-    assert "0.001" in first["reason"] or "1e-03" in first["reason"], cs.describe(result)
+                            module="blocks.0.ln_2", op="layer_norm", code="argument", annotations=["layer_setting"])
+    assert float(first["evidence"]["arguments_bad"][0]["b"]) == 1e-3, cs.describe(result)
 
 
 def test_argument_only_consequences_say_the_argument(dumps):
@@ -104,7 +105,7 @@ def test_argument_only_consequences_say_the_argument(dumps):
     that argument; each consequence line says which (it printed `(, err None)`)."""
     result = compare(dumps, "base", "every_layer_norm_eps")
     cs.assert_first(result, step=0, direction="forward", kind="api", module="blocks.0.ln_1",
-                    op="layer_norm", reason=["'eps'"])
+                    op="layer_norm", code="argument", annotations=["layer_setting"])
     args = [c for c in result["consequences"] if c.get("argument")]
     assert args and all(c["argument"]["key"] == "eps" for c in args), result["consequences"]
     text = summary_text(result)
@@ -122,7 +123,7 @@ def test_a_step_entered_with_other_weights_still_lists_the_differing_arguments(d
         cs.describe(result)
     assert first["parameters"]["name_a"].startswith("Param.")
     assert "weights_entered_apart" in first["annotations"]
-    also = [n for n in result["notes"] if n.startswith("also differing in the compared step")]
+    also = cs.notes_of(result, "other_causes")
     assert also and "Functional.layer_norm.1.forward argument 'eps' '1e-05' vs '0.001'" in \
         also[0] and "layer settings differ (eps 1e-05 vs 0.001) in module 'blocks.0.ln_2'" in \
         also[0], also
@@ -143,18 +144,16 @@ def test_perturbed_weight(dumps):
     result = compare(dumps, "base", "weight")
     first = cs.assert_first(result, step=0, direction="forward", kind="param",
                             module="blocks.1.mlp.fc", op="weight",
-                            reason=["parameter values differ at start"])
+                            code="parameters_differ", annotations=["weights_entered_apart", "not_dumped"])
     assert first["name_a"] == "Param.blocks.1.mlp.fc.weight", cs.describe(result)
-    assert "optimizer" not in first["reason"], "step 0 has no earlier step to blame"
-    assert "more parameter" not in first["reason"], "only one parameter was changed"
-    assert "entered step 0 with different weights" in first["reason"], first["reason"]
-    assert "load one checkpoint in both" in first["reason"], first["reason"]
+    # step 0 has no earlier step to blame; only one parameter was changed
+    assert first["annotations"] == ["weights_entered_apart", "not_dumped"], first
 
 
 def test_different_input_data(dumps):
     result = compare(dumps, "base", "data")
     first = cs.assert_first(result, step=0, direction="forward", kind=("module", "api"),
-                            module=None, reason=["input data"])
+                            module=None, code="input_data")
     # the model's own input (root module), or the embedding that reads the tokens first
     assert (first["kind"], first["module"], first["op"]) in {
         ("module", "", "gpt"), ("api", "wte", "embedding")}, cs.describe(result)
@@ -164,7 +163,7 @@ def test_different_input_data(dumps):
 def test_backward_only_defect_in_dx(dumps):
     result = compare(dumps, "base", "dx_only")
     first = cs.assert_first(result, step=0, direction="backward", kind="module",
-                            module="blocks.1.mlp.act", op="gelu", reason=["backward-only"])
+                            module="blocks.1.mlp.act", op="gelu", code="backward_only")
     assert first["role"] == "grad_input", cs.describe(result)
 
 
@@ -176,8 +175,7 @@ def test_backward_defect_in_a_call_nothing_captures(dumps):
     an uncaptured op"."""
     result = compare(dumps, "fused_proj", "fused_proj_dx")
     first = cs.assert_first(result, step=0, direction="backward", kind="module",
-                            module="blocks.1.mlp", reason=["backward-only", "does not capture",
-                                                           "Functional.gelu"])
+                            module="blocks.1.mlp", code="uncaptured_call")
     assert first["role"] == "grad_input", cs.describe(result)
 
 
@@ -185,8 +183,10 @@ def test_a_gradient_stopped_in_one_run_is_named_with_what_stops_it(dumps):
     """A detach in the candidate: the backward that differs first is the block holding it,
     and the verdict names the detach among the calls only the candidate makes there."""
     result = compare(dumps, "base", "detach_ln")
-    cs.assert_first(result, step=0, direction="backward", kind="module", module="blocks.1",
-                    reason=["only the candidate calls Tensor.detach.0.forward"])
+    first = cs.assert_first(result, step=0, direction="backward", kind="module",
+                            module="blocks.1", code="backward_only",
+                            annotations=["calls_in_one_run_only"])
+    assert "Tensor.detach.0.forward" in first["evidence"]["calls_in_one_run_only"]["candidate"]
 
 
 def test_an_all_zero_gradient_is_said_and_a_100_percent_difference(dumps):
@@ -195,7 +195,7 @@ def test_an_all_zero_gradient_is_said_and_a_100_percent_difference(dumps):
     result = compare(dumps, "base", "dw_zero")
     first = cs.assert_first(result, step=0, direction="backward", kind="param_grad",
                             module="blocks.0.attn.qkv",
-                            reason=["dw-only difference", "it is all zero in the candidate"])
+                            code="dw_only", annotations=["all_zero"])
     assert first["evidence"]["all_zero_in"] == "candidate"
     zero = [r for r in result["rows"] if r["step"] == 0 and r["norm_b"] == 0.0
             and r["norm_a"] not in (0.0, None)]
@@ -208,17 +208,17 @@ def test_at_level_module_a_call_inside_a_module_is_not_called_uncaptured(dumps):
     result = compare(dumps, "module_base", "module_attn_scale")
     first = cs.assert_first(result, step=0, direction="forward", kind="module",
                             module="blocks.1.attn",
-                            reason=["level module", "dump level mix to name that call"])
-    assert "custom autograd" not in first["reason"], first["reason"]
+                            code="uncaptured_call", annotations=["module_level"])
+    assert "module_level" in first["annotations"], first
     result = compare(dumps, "base", "attn_scale")        # level mix names the calls
     cs.assert_first(result, step=0, direction="forward", kind=("api", "module"),
-                    module="blocks.1.attn", reason=["Tensor.div", "Tensor.mul"])
+                    module="blocks.1.attn", code="structure", annotations=["numbers_differ"])
 
 
 def test_dw_only_defect(dumps):
     result = compare(dumps, "base", "dw_only")
     first = cs.assert_first(result, step=0, direction="backward", kind="param_grad",
-                            module="blocks.0.attn.qkv", op="weight", reason=["dw-only"])
+                            module="blocks.0.attn.qkv", op="weight", code="dw_only")
     assert first["name_a"] == "Param.blocks.0.attn.qkv.weight.grad", cs.describe(result)
 
 
@@ -229,13 +229,13 @@ def test_optimizer_difference_at_second_step(dumps):
     assert not bad0, f"step 0 should match, diverged: {bad0[:5]}"
     # every parameter is updated differently; the first in inventory order is wte.weight
     cs.assert_first(result, step=1, direction="forward", kind="param", module="wte",
-                    op="weight", reason=["optimizer"])
+                    op="weight", code="update_differs", annotations=["more_parameters"])
 
 
 def test_nan_from_a_bad_op(dumps):
     result = compare(dumps, "base", "nan")
     cs.assert_first(result, step=0, direction="forward", kind=("module", "api"),
-                    module="blocks.1.mlp.act", op="gelu", reason=["NaN"])
+                    module="blocks.1.mlp.act", op="gelu", code="structure", annotations=["numbers_differ"])
 
 
 # =========================================================================== clean pairs
@@ -275,7 +275,7 @@ def cross_framework(tmp_path_factory) -> Dict[str, str]:
 def test_clean_pytorch_vs_mindspore(cross_framework):
     result = compare_dumps(cross_framework["pt"], cross_framework["ms"])
     cs.assert_match(result)
-    assert any("frameworks differ" in n for n in result["notes"]), result["notes"]
+    assert "frameworks_differ" in cs.note_codes(result), result["notes"]
     kinds = {(r["kind"], r["direction"]) for r in result["rows"]}
     assert {("api", "forward"), ("module", "forward"), ("api", "backward"),
             ("module", "backward"), ("param_grad", "backward")} <= kinds, kinds
@@ -308,7 +308,7 @@ def test_cli_exit_1_and_reports(dumps, tmp_path):
         result = json.load(handle)
     assert cs.RESULT_KEYS <= set(result), cs.RESULT_KEYS - set(result)
     cs.assert_first(result, step=0, direction="forward", kind="api", module="blocks.1.mlp.act",
-                    op="gelu", reason=["'approximate'"])
+                    op="gelu", code="argument", annotations=["layer_setting"])
     assert isinstance(result["rows"], list) and result["rows"]
     assert all(isinstance(result[k], list) for k in ("consequences", "unmatched", "notes"))
     same = compare_dumps(dumps("base"), dumps("gelu_tanh"))
@@ -426,13 +426,13 @@ def test_mapping_entry_naming_no_module_is_said(dumps, tmp_path):
     mapping.write_text("modules:\n  layers: blocks\n  layer.9: blocks.9\n", encoding="utf-8")
     result = compare(dumps, "base", "layers", mapping_file=str(mapping))
     cs.assert_match(result)
-    said = [n for n in result["notes"] if "mapping file" in n]
+    said = cs.notes_of(result, "mapping_unused")
     assert len(said) == 1 and "'layer.9' (candidate)" in said[0] \
         and "'blocks.9' (baseline)" in said[0] and "'layers'" not in said[0], said
     good = tmp_path / "good.yaml"
     good.write_text("modules:\n  layers: blocks\n", encoding="utf-8")
     result = compare(dumps, "base", "layers", mapping_file=str(good))
-    assert not [n for n in result["notes"] if "mapping file" in n], result["notes"]
+    assert "mapping_unused" not in cs.note_codes(result), result["notes"]
 
 
 def test_mapping_file_unknown_key_suggests_the_closest(dumps, tmp_path):
@@ -463,7 +463,7 @@ def test_mapping_then_defect_is_still_named(dumps, tmp_path):
     result = compare(dumps, "base", "weight", mapping_file=str(mapping))
     cs.assert_first(result, step=0, direction="forward", kind="param",
                     module="blocks.1.mlp.fc", op="weight",
-                    reason=["parameter values differ at start"])
+                    code="parameters_differ", annotations=["weights_entered_apart", "not_dumped"])
 
 
 # =========================================================================== statistics vs tensors
@@ -471,8 +471,7 @@ def test_statistics_only_note(dumps):
     """Dumps that carry pos_mean (schema 4) see a permutation: no statistics-only note; the
     rows carry pos_mean and its difference (old dumps: tests/test_order_stats.py)."""
     result = compare(dumps, "base", "rerun")
-    notes = " ".join(result["notes"]).lower()
-    assert "statistics only" not in notes, result["notes"]
+    assert "statistics_only" not in cs.note_codes(result), result["notes"]
     assert not any("rel_rmse" in r or "cosine" in r for r in result["rows"])
     tensors = [r for r in result["rows"] if not r["dtype_a"].startswith("py.")]
     assert tensors and all(r["pos_mean_a"] is not None and r["d_pos_mean"] is not None
@@ -481,7 +480,7 @@ def test_statistics_only_note(dumps):
 
 def test_tensor_task_rows_carry_tensor_metrics(dumps):
     result = compare(dumps, "tensor_base", "tensor_1e-4")
-    assert not any("statistics only" in n for n in result["notes"]), result["notes"]
+    assert "statistics_only" not in cs.note_codes(result), result["notes"]
     tensors = [r for r in result["rows"] if not r["dtype_a"].startswith("py.")]
     assert tensors
     lacking = [r["name_a"] for r in tensors if r.get("cosine") is None or
@@ -600,7 +599,7 @@ def test_a_clipping_difference_says_when_it_ran_and_which_line(tmp_path):
     _clipped_steps(str(tmp_path / "b"), 0.05)
     result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
     first = cs.assert_first(result, step=0, direction="forward", kind="api", module="",
-                            reason=["argument"])
+                            code="argument")
     assert first["when"].startswith("after the backward"), first
     site = f"{__file__}:{line} in _clipped_steps"
     assert first["call_site"] == {"baseline": site, "candidate": site}, first
@@ -616,12 +615,11 @@ def test_micro_batches_against_one_batch_are_named_as_such(tmp_path):
     _clipped_steps(str(tmp_path / "b"), 1.0, micro=2)
     result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
     first = cs.assert_first(result, step=0, direction="forward", kind="module", module="",
-                            reason=["runs 1 time(s) in the baseline and 2 in the candidate"])
+                            code="structure", annotations=["numbers_differ"])
     assert "structure" in first, first
     only_a = {u["name"] for u in result["unmatched"] if u["side"] == "a"}
     assert not only_a, only_a              # clipping's calls pair, although the model ran twice
-    assert any(n.startswith("every parameter agrees at the start of step(s) 1") for n in
-               result["notes"]), result["notes"]
+    assert cs.notes_of(result, "weights_agree_after"), result["notes"]
 
 
 def test_clipping_bound_neither_run_reaches_is_noted_as_absorbed(tmp_path):
@@ -629,13 +627,12 @@ def test_clipping_bound_neither_run_reaches_is_noted_as_absorbed(tmp_path):
     _clipped_steps(str(tmp_path / "b"), 100.0)
     result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
     cs.assert_first(result, step=0, direction="forward", kind="api", module="",
-                    reason=["argument"])
-    assert any(n.startswith("every parameter agrees at the start of step(s) 1") for n in
-               result["notes"]), result["notes"]
+                    code="argument")
+    assert cs.notes_of(result, "weights_agree_after"), result["notes"]
     # one that bites does reach the weights: no such note
     _clipped_steps(str(tmp_path / "c"), 0.05)
     result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "c"))
-    assert not any(n.startswith("every parameter agrees") for n in result["notes"])
+    assert "weights_agree_after" not in cs.note_codes(result), result["notes"]
 
 
 def test_gradient_changed_after_its_hook_recorded_it_is_named_at_the_gradient(tmp_path):
@@ -647,5 +644,5 @@ def test_gradient_changed_after_its_hook_recorded_it_is_named_at_the_gradient(tm
     _clipped_steps(str(tmp_path / "b"), 100.0, scale_dw=True)
     result = compare_dumps(str(tmp_path / "a"), str(tmp_path / "b"))
     first = cs.assert_first(result, step=0, direction="backward", kind="param_grad", module="0",
-                            reason=["after it was recorded", "registered after start()"])
+                            code="grad_changed_after_hook")
     assert first["name_a"] == "Param.0.weight.grad", first

@@ -64,7 +64,9 @@ def test_rms_norm_epsilon_is_named_at_the_first_norm(runs):
     result = compare_dumps(runs["base"]["dump"], runs["eps"]["dump"])
     first = assert_first(result, step=0, direction="forward", kind="api",
                          module="model.layers.0.input_layernorm", op="add",
-                         reason=["non-tensor argument", "eps 1e-06 vs 0.01"])
+                         code="argument")
+    assert [(a["a"], a["b"]) for a in first["evidence"]["arguments_bad"]][:1] == \
+        [("1e-06", "0.01")], first
     assert first["name_a"] == "Tensor.add.1.forward", first
 
 

@@ -280,12 +280,16 @@ def test_a_clean_rerun_matches_and_old_dumps_still_compare(cnn_dumps, tmp_path):
     rerun = _compare(old["clean"], old["clean2"], str(tmp_path))
     assert rerun["verdict"] == "match"
     # the statistics-only note (a permutation is invisible) is said for old dumps only
-    assert len(rerun["notes"]) == len(new_notes) + 1
+    codes = [n["code"] for n in rerun["notes"]]
+    assert codes == [n["code"] for n in new_notes] + ["statistics_only"], rerun["notes"]
     # without the column the flip shows only where it changes numbers: past the input data
     flipped = _compare(old["clean"], old["flip"], str(tmp_path))
     assert flipped["verdict"] == "diverged"
     first = flipped["first_divergence"]
     assert (first["name_a"], first["role"]) != ("Module.CNN.forward.0", "input"), first
+    # ... where the verdict says what the statistics cannot see (judge unseen_inputs)
+    assert (first["code"], first["annotations"]) == ("inputs_unseen", ["statistics_blind"]), \
+        first
     # one side old, one side new: the column is not compared, no error
     mixed = _compare(old["clean"], dumps["clean2"], str(tmp_path))
     assert mixed["verdict"] == "match"

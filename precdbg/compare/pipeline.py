@@ -33,7 +33,7 @@ from .judge.multistep import NoisePolicy, optimizer_setup, other_setup
 from .report.notes import (level_note, note_extra_calls, note_loss_scale, other_causes, uncompared,
                     unobserved_modules, unobserved_note, unused_mapping, weights_agree_after)
 from .report.progress import CompareProgress
-from .judge.rows import Row
+from .judge.rows import Note, NoteCode, Row
 
 __all__ = ["compare_dumps", "load_mapping", "CompareProgress"]
 
@@ -180,14 +180,15 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                             conventions=[m for m in optimizer_differs if m not in strict])
         updates = _optimizer_by_step(a, b, pairs, setup["findings"])
         before: Dict[Tuple[int, int], bool] = {}   # a step before --step S: whether it agrees
-        unread: List[str] = []        # such a step that cannot be read: --step S goes on
+        unread: List[Note] = []       # such a step that cannot be read: --step S goes on
         for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
             try:
                 found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise,
                                       [])
             except DumpError as exc:
-                unread.append(f"step {s} rank {r}, the step before the one compared, could not "
-                              f"be read to judge it ({exc})")
+                unread.append(Note(NoteCode.PREVIOUS_STEP_UNREAD,
+                                   f"step {s} rank {r}, the step before the one compared, could "
+                                   f"not be read to judge it ({exc})"))
                 continue
             noise.settle(r, found)
             before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
@@ -210,44 +211,53 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
             other_causes(steps, structural, first) + weights_agree_after(steps, first)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
-            notes.insert(0, f"compared the baseline's step {pairs[0][0]} rank {pairs[0][1]} with "
-                         f"the candidate's step {own_b[0][0]} rank {own_b[0][1]} (the one step "
-                         "and rank each holds); results name the baseline's")
+            notes.insert(0, Note(NoteCode.RELABELLED,
+                                 f"compared the baseline's step {pairs[0][0]} rank "
+                                 f"{pairs[0][1]} with the candidate's step {own_b[0][0]} rank "
+                                 f"{own_b[0][1]} (the one step and rank each holds); results "
+                                 "name the baseline's"))
         if fa != fb:
-            notes.append(f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned by "
-                         "module path, canonical op and order")
+            notes.append(Note(NoteCode.FRAMEWORKS_DIFFER,
+                              f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned "
+                              "by module path, canonical op and order"))
         notes.extend(noise.notes())
         explained = [row for row in rows if row.status == "precision"]
         if explained:
-            notes.append(f"{len(explained)} dtype argument(s) name another float dtype where "
-                         f"the runs' values already carry other precisions (first: "
-                         f"{explained[0].name_a}): counted as that "
-                         "precision difference (status 'precision'), not as divergences")
+            notes.append(Note(NoteCode.PRECISION_ARGUMENTS,
+                              f"{len(explained)} dtype argument(s) name another float dtype "
+                              f"where the runs' values already carry other precisions (first: "
+                              f"{explained[0].name_a}): counted as that precision difference "
+                              "(status 'precision'), not as divergences"))
         plumbing = [row for row in rows if row.status == "integer"]
         if plumbing:
-            notes.append(f"{len(plumbing)} integer or boolean record(s) differ (first: "
-                         f"{plumbing[0].name_a} {plumbing[0].role} {plumbing[0].arg_index}) in "
-                         "step(s) where every floating-point record agrees: positions, masks "
-                         "or indices computed another way (transformers with and without "
-                         "use_cache, which gradient checkpointing turns off), not divergences "
-                         "(status 'integer'); where such a difference changes numbers, the "
-                         "floating-point records that read it differ and are compared")
+            notes.append(Note(NoteCode.INTEGER_PLUMBING,
+                              f"{len(plumbing)} integer or boolean record(s) differ (first: "
+                              f"{plumbing[0].name_a} {plumbing[0].role} "
+                              f"{plumbing[0].arg_index}) in step(s) where every floating-point "
+                              "record agrees: positions, masks or indices computed another way "
+                              "(transformers with and without use_cache, which gradient "
+                              "checkpointing turns off), not divergences (status 'integer'); "
+                              "where such a difference changes numbers, the floating-point "
+                              "records that read it differ and are compared"))
         floored = [row for row in rows if row.floor is not None]
         if floored:
             # name where a floor starts (a gradient reduced from dy), not a value it reached
             origin = next((row for row in floored if row.role == Role.GRAD_INPUT),
                           floored[0])
-            notes.append(f"{len(floored)} record(s) far smaller than the gradient they were "
-                         f"reduced from (first: {origin.name_a} {origin.role} "
-                         f"{origin.arg_index}: a sum whose terms cancel, like an attention key "
-                         "bias's gradient, and what is computed from it) judged against that "
-                         "gradient's rounding, not their own scale (column 'floor')")
+            notes.append(Note(NoteCode.ROUNDING_FLOOR,
+                              f"{len(floored)} record(s) far smaller than the gradient they "
+                              f"were reduced from (first: {origin.name_a} {origin.role} "
+                              f"{origin.arg_index}: a sum whose terms cancel, like an attention "
+                              "key bias's gradient, and what is computed from it) judged "
+                              "against that gradient's rounding, not their own scale (column "
+                              "'floor')"))
         if stats_only and not ordered and first is None:
             # a match by statistics alone, in dumps without pos_mean (a divergence says where
             # its verdict bears on it: judge.unseen_inputs)
-            notes.append("statistics only: a permutation or a compensating change keeps min, "
-                         "max, mean and norm; dump with task 'tensor' or summary_mode 'checksum' "
-                         "to confirm a match bit for bit")
+            notes.append(Note(NoteCode.STATISTICS_ONLY,
+                              "statistics only: a permutation or a compensating change keeps "
+                              "min, max, mean and norm; dump with task 'tensor' or summary_mode "
+                              "'checksum' to confirm a match bit for bit"))
         consequences = _consequences(steps, first, involved)
         if first is not None and first.structure is None and first.unfinished is None \
                 and first.cause is None:
@@ -258,7 +268,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                 "verdict": "diverged" if first else "match",
                 "first_divergence": first.as_json() if first is not None else None,
                 "consequences": consequences, "unmatched": unmatched[:1000],
-                "unmatched_count": len(unmatched), "notes": notes,
+                "unmatched_count": len(unmatched),
+                "notes": [note.as_json() for note in notes],
                 # every compared step that is not whole (check looks at one step)
                 "setup": incomplete_findings((("baseline", a, set(pairs)),
                                               ("candidate", b, set(pairs))))

@@ -12,6 +12,7 @@ import numpy as np
 from ...storage.reader import RecordTable
 from ...records.schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, Direction, RecordKind, is_scalar_dtype
 from ..align.alignment import Alignment
+from .one_run_writer import WriterIndex, writer_of
 from .pairs import PairTable
 from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
 
@@ -219,6 +220,8 @@ class StepCompare:
         """Each differing read learns its producer: an entry of both runs, a record of one run
         only, or nothing captured; and what else wrote into the same memory before it."""
         writers = self._writers() if self.reads else {}
+        one_run = (WriterIndex(self.ta, self.unpaired[0], "baseline"),
+                   WriterIndex(self.tb, self.unpaired[1], "candidate")) if self.reads else ()
         for ev, i, j in self.reads:
             seq, store = int(self.ta["seq"][i]), int(self.ta["storage"][i])
             seen = set()
@@ -238,6 +241,9 @@ class StepCompare:
                                             kb if kb in self.unpaired[1] else None)
             else:
                 ev.producer = Producer(Source.NONE)
+            if one_run:
+                ev.writer = writer_of(one_run[1], self.tb, j, int(self.tb["producer"][j])) \
+                    or writer_of(one_run[0], self.ta, i, int(self.ta["producer"][i]))
 
     def _one_run(self, ka: Optional[int], kb: Optional[int]) -> Producer:
         """Producers without counterpart: named by the innermost module holding both, through

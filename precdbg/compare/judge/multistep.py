@@ -48,6 +48,7 @@ from ...storage.reader import RecordTable
 from ...records.schema import READ_ROLES, RecordKind, Role, scalar_mask
 from .metrics import PARAM_TOLERANCE
 from .pairs import PairTable
+from .rows import Note, NoteCode
 
 __all__ = ["JUDGE_ID", "NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN", "optimizer_setup",
            "param_reason"]
@@ -106,31 +107,34 @@ class NoisePolicy:
         if any(e.diverged or e.trainable_differs for e in entries):
             self._last.pop(rank, None)
 
-    def notes(self) -> List[str]:
+    def notes(self) -> List[Note]:
         out = []
         for step, names in sorted(self._rounding.items()):
-            out.append(f"step {step}: {len(names)} parameter(s) (first: {names[0]}) whose "
-                       f"weight gradient at step {step - 1} was rounding noise in both runs "
-                       "(so small against the gradient it was summed from that rounding is "
-                       "over a tenth of it, like an attention key bias's) differ by what the "
-                       "optimizer made of that noise (Adam turns it into updates of up to about "
-                       "+-lr): not counted as a divergence")
+            out.append(Note(NoteCode.UPDATE_OF_ROUNDING,
+                            f"step {step}: {len(names)} parameter(s) (first: {names[0]}) whose "
+                            f"weight gradient at step {step - 1} was rounding noise in both "
+                            "runs (so small against the gradient it was summed from that "
+                            "rounding is over a tenth of it, like an attention key bias's) "
+                            "differ by what the optimizer made of that noise (Adam turns it "
+                            "into updates of up to about +-lr): not counted as a divergence"))
         if not self._judged:
             return out
         steps = ", ".join(str(s) for s in sorted(self._judged))
         if not self.alike:
-            return [f"parameters of step(s) {steps} judged against float rounding: the "
-                    "optimizer set-up differs (see setup)"]
+            return [Note(NoteCode.JUDGED_BY_ROUNDING,
+                         f"parameters of step(s) {steps} judged against float rounding: the "
+                         "optimizer set-up differs (see setup)")]
         why = "optimizers configured alike" if not self.unknown else \
             (f"the optimizer set-up of the {' and the '.join(self.unknown)} is not known (no "
              "run manifest), judged as if configured alike")
         if self.conventions and not self.unknown:
             why = ("optimizers configured alike but for a convention of low impact, whose "
                    "effect this measures (see setup)")
-        return out + [f"step(s) {steps}: parameters judged by how much the runs' last "
-                      f"updates differ (diverged above {UPDATE_SHARE:.0%} of the baseline's "
-                      "update), the other records above a floor from the parameters' "
-                      f"difference: {why}"]
+        return out + [Note(NoteCode.JUDGED_BY_UPDATE,
+                           f"step(s) {steps}: parameters judged by how much the runs' last "
+                           f"updates differ (diverged above {UPDATE_SHARE:.0%} of the "
+                           "baseline's update), the other records above a floor from the "
+                           f"parameters' difference: {why}")]
 
     def adjust(self, step: int, rank: int, st: PairTable) -> None:
         """Judge `update_noise` (this module's docstring): rewrite the pair table of step k

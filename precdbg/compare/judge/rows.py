@@ -12,8 +12,10 @@ import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from .entries import Entry
+    from .one_run_writer import OneRunWriter
 
-__all__ = ["Row", "Evidence", "ArgDiff", "Producer", "Source", "finite_or_none"]
+__all__ = ["Row", "Evidence", "ArgDiff", "Producer", "Source", "finite_or_none", "Note",
+           "NoteCode"]
 
 EVIDENCE_METRICS = ("min_a", "min_b", "max_a", "max_b", "mean_a", "mean_b", "norm_a", "norm_b",
                     "err", "tol", "cosine", "max_abs", "max_rel", "rmse", "rel_rmse",
@@ -144,6 +146,9 @@ class Evidence:
     producer: Optional[Producer] = None
     # for a read: the entries that wrote into the same memory before it, latest first
     same_memory: List["Entry"] = dataclasses.field(default_factory=list)
+    # for a read: a call only one run makes that wrote its memory in place after its producer
+    # (judge one_run_writer)
+    writer: Optional["OneRunWriter"] = None
 
     @classmethod
     def of(cls, row: Row) -> "Evidence":
@@ -169,3 +174,34 @@ class ArgDiff:
     def as_json(self) -> Dict[str, Any]:
         return {"role": self.role, "arg_index": self.arg_index, "key": self.key, "a": self.a,
                 "b": self.b, "metrics": {}}
+
+
+class NoteCode(str, enum.Enum):
+    """What a compare's note is about (`notes[].code`)."""
+    NOT_COMPARED = "not_compared"              # steps/ranks only one dump holds
+    PARTIAL_FILES = "partial_files"            # incomplete step files, skipped
+    LEVELS_DIFFER = "levels_differ"            # only calls both levels capture are compared
+    UNOBSERVED = "unobserved_modules"          # modules that ran compiled
+    MAPPING_UNUSED = "mapping_unused"          # mapping entries that name no module
+    PREVIOUS_STEP_UNREAD = "previous_step_unread"   # the step before --step S is unreadable
+    OTHER_CAUSES = "other_causes"              # what else differs where weights entered apart
+    WEIGHTS_AGREE_AFTER = "weights_agree_after"     # every later step's parameters agree
+    RELABELLED = "relabelled"                  # one step/rank each, compared with each other
+    FRAMEWORKS_DIFFER = "frameworks_differ"    # aligned by module path, canonical op, order
+    UPDATE_OF_ROUNDING = "update_of_rounding"  # parameters updated from rounding noise
+    JUDGED_BY_UPDATE = "judged_by_update"      # parameters judged by their last update
+    JUDGED_BY_ROUNDING = "judged_by_rounding"  # parameters of step k judged by rounding
+    PRECISION_ARGUMENTS = "precision_arguments"    # status 'precision'
+    INTEGER_PLUMBING = "integer_plumbing"      # status 'integer'
+    ROUNDING_FLOOR = "rounding_floor"          # records judged against a rounding floor
+    STATISTICS_ONLY = "statistics_only"        # a match by statistics without pos_mean
+
+
+@dataclasses.dataclass
+class Note:
+    """What a compare left out, or what explains its result: a code, and its words."""
+    code: NoteCode
+    text: str
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"code": self.code.value, "text": self.text}

@@ -16,7 +16,8 @@ Checksums decide it where both runs dumped them (summary_mode "checksum"): an ag
 whose checksum differs is the cause (`Decision.INPUTS_DIFFER`); inputs bit for bit equal clear
 them, and the call itself computes differently (`Decision.OP_DIFFERS`). Inputs compared element
 by element (task "tensor") are seen, and calls that draw random numbers (dropout) are not
-deterministic: neither is judged here.
+deterministic: neither is judged here, nor a module call (what runs inside it is the likelier
+cause: calls one run makes there, a detach, an uncaptured op).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import dataclasses
 import enum
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...records.schema import RecordKind
 from .entries import Entry
 
 __all__ = ["JUDGE_ID", "UNSEEN_FACTOR", "Decision", "UnseenInputs", "unseen_inputs"]
@@ -61,7 +63,8 @@ def _random(op: str) -> bool:
 def unseen_inputs(entry: Entry) -> Optional[UnseenInputs]:
     """The judgement of a call whose tensor inputs agree and whose outputs do not (the walk's
     culprit), or None where it does not apply."""
-    if entry.args_bad or entry.inputs_bad or not entry.outputs_bad or _random(entry.op):
+    if entry.kind != RecordKind.API or entry.args_bad or entry.inputs_bad \
+            or not entry.outputs_bad or _random(entry.op):
         return None
     reads = entry.reads_agreeing
     if not reads or any(not stats_only for _, _, _, stats_only in reads):

@@ -183,7 +183,7 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
                 return unfinished_verdict(stop, step)
         if starts:
             _, _, shape, start = min(starts, key=lambda s: (s[0], s[1]))
-            numeric = _numeric_verdict(start, step, one_run) if start is not None else None
+            numeric = _numeric_verdict(start, step) if start is not None else None
             if shape is not None and (start is None or shape.seq <= start.first_bad):
                 if numeric is not None and shape.settings and not shape.calls_differ \
                         and _within(numeric[0].module, shape.module):
@@ -206,10 +206,9 @@ def _within(module: str, outer: str) -> bool:
     return outer == "" or module == outer or module.startswith(outer + ".")
 
 
-def _numeric_verdict(start: Entry, step: StepEntries, one_run: Sequence[Dict[str, Any]] = ()
-                     ) -> Tuple[Verdict, List[Entry]]:
+def _numeric_verdict(start: Entry, step: StepEntries) -> Tuple[Verdict, List[Entry]]:
     links = _walk(start, step)
-    first, culprit = root_verdict(links[-1], step, one_run)
+    first, culprit = root_verdict(links[-1], step)
     first.chain = chain(links, culprit, first)
     involved = [link.entry for link in links] + ([culprit] if culprit else [])
     return first, involved

@@ -8,7 +8,6 @@ import enum
 import math
 from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ...records.naming import in_place
 from ...records.schema import Direction, RecordKind, Role
 from ..judge.entries import Entry, StepEntries
 from ..judge.multistep import param_reason
@@ -184,23 +183,6 @@ def _uncaptured_inside_reason(holder: Entry, e: Entry, ev: Evidence, step: StepE
                    f"code){ev.why}")
 
 
-def _one_run_writer(e: Entry, one_run: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """A call only one run made, in `e`'s step and rank, within `e`'s module (or around it),
-    that writes its input in place: what changed a tensor between the call that produced it
-    (which agrees) and `e`, which reads it changed."""
-    for u in one_run:
-        name = str(u["name"])
-        parts = name.split(".")
-        if u["step"] != e.step or u["rank"] != e.rank or u["kind"] != _API \
-                or not name.endswith(".forward") or len(parts) < 3 or not in_place(parts[-3]):
-            continue
-        module = str(u["module"])
-        if module == "" or e.module == module or e.module.startswith(module + ".") or \
-                module.startswith(e.module + "."):
-            return u
-    return None
-
-
 def _unseen(verdict: Verdict, culprit: Entry) -> Verdict:
     """A call whose inputs agree by every statistic while its output differs far beyond
     tolerance (judge.unseen_inputs): said so, and decided by the inputs' checksums where
@@ -233,11 +215,9 @@ def _unseen(verdict: Verdict, culprit: Entry) -> Verdict:
     return verdict
 
 
-def root_verdict(link: Link, step: StepEntries, one_run: Sequence[Dict[str, Any]] = ()
-                 ) -> Tuple[Verdict, Optional[Entry]]:
+def root_verdict(link: Link, step: StepEntries) -> Tuple[Verdict, Optional[Entry]]:
     """The verdict at the end of the walk, and the culprit entry when it is not the last link's
-    (a module's innermost call). `one_run`: calls only one run made (records without
-    counterpart), which may have changed what a call read."""
+    (a module's innermost call)."""
     e, ev = link.entry, link.evidence
     if link.cause is Cause.CANDIDATE:
         culprit = _innermost(e, step.timeline(e.rank))
@@ -279,15 +259,15 @@ def root_verdict(link: Link, step: StepEntries, one_run: Sequence[Dict[str, Any]
                         "writes .grad")
         return first, None
     if link.cause is Cause.CHANGED_AFTER:
-        writer = _one_run_writer(e, one_run)
+        writer = ev.writer            # judge one_run_writer
         if writer is not None:       # a captured call changed it: that call is the culprit
-            side = "candidate" if writer["side"] == "b" else "baseline"
+            side = writer.side
             first = _verdict(VerdictCode.ONE_RUN_CALL, e, "", role=ev.role)
-            first.kind, first.module, first.op = _API, str(writer["module"]), str(writer["op"])
-            first.name_a = "" if side == "candidate" else str(writer["name"])
-            first.name_b = str(writer["name"]) if side == "candidate" else ""
+            first.kind, first.module, first.op = _API, writer.module, writer.op
+            first.name_a = "" if side == "candidate" else writer.name
+            first.name_b = writer.name if side == "candidate" else ""
             first.direction = "forward"
-            first.reason = (f"only the {side} calls {writer['name']}, which writes its "
+            first.reason = (f"only the {side} calls {writer.name}, which writes its "
                             f"input in place: {e.name} reads its {ev.role} {ev.arg_index} "
                             f"changed{ev.why}, while {p.entry.name}, which produced it, "
                             "agrees")

@@ -101,7 +101,9 @@ def summary_text(result: Dict[str, Any]) -> str:
         for (side, name), u in shown.items():
             lines.append(f"  only in the {sides[side]}: {name} ({u['role']} {u['arg_index']}, "
                          f"module '{u['module']}')")
-    for note in result["notes"] + result.get("setup_unchecked", []):
+    for note in result["notes"]:
+        lines.append(f"note: {note['text']}")
+    for note in result.get("setup_unchecked", []):
         lines.append(f"note: {note}")
     return "\n".join(lines) + "\n"
 

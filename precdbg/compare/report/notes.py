@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...storage.reader import Dump
 from ...records.schema import READ_ROLES, WRITE_ROLES, Direction, RecordKind, Role
-from ..judge.rows import Row
+from ..judge.rows import Note, NoteCode, Row
 from ..localize.step_causes import ENTERED_APART
 from ..localize.verdict import Annotation, Verdict
 
@@ -27,7 +27,7 @@ def unobserved_modules(dump: Dump) -> List[str]:
     return [str(p) for p in section.get("modules", [])] if isinstance(section, dict) else []
 
 
-def unobserved_note(a: Dump, b: Dump) -> List[str]:
+def unobserved_note(a: Dump, b: Dump) -> List[Note]:
     notes = []
     for label, dump in (("baseline", a), ("candidate", b)):
         paths = unobserved_modules(dump)
@@ -35,13 +35,14 @@ def unobserved_note(a: Dump, b: Dump) -> List[str]:
             compiler = str(((dump.run.get("manifest") or {}).get("unobserved") or {})
                            .get("compiler", "compiled"))
             shown = ", ".join(p or "(the model)" for p in paths[:5])
-            notes.append(f"the {label} ran module(s) {shown} compiled ({compiler}): the calls "
-                         "inside them were not captured, and are not compared")
+            notes.append(Note(NoteCode.UNOBSERVED,
+                              f"the {label} ran module(s) {shown} compiled ({compiler}): the "
+                              "calls inside them were not captured, and are not compared"))
     return notes
 
 
 def unused_mapping(mapping: Optional[Dict[str, Dict[str, str]]], a: Dump, b: Dump
-                   ) -> List[str]:
+                   ) -> List[Note]:
     """Entries of a mapping file's `modules` that name a module path neither side has (a
     candidate path not in the candidate's module tree, a baseline path not in the
     baseline's): they rename nothing, most likely a typo. Said once, naming them."""
@@ -61,15 +62,17 @@ def unused_mapping(mapping: Optional[Dict[str, Dict[str, str]]], a: Dump, b: Dum
     if not missing:
         return []
     shown = ", ".join(missing[:5]) + (f", ... ({len(missing)} in all)" if len(missing) > 5 else "")
-    return [f"the mapping file's modules name module path(s) the dumps do not hold: {shown}; "
-            "those entries rename nothing (a typo, or a mapping written for another model?)"]
+    return [Note(NoteCode.MAPPING_UNUSED,
+                 f"the mapping file's modules name module path(s) the dumps do not hold: "
+                 f"{shown}; those entries rename nothing (a typo, or a mapping written for "
+                 "another model?)")]
 
 
 # the kinds of call records each level captures (parameters and their gradients: every level)
 _LEVEL_CALLS = {"mix": {"api", "module"}, "api": {"api"}, "module": {"module"}}
 
 
-def level_note(a: Dump, b: Dump, unmatched: List[Dict[str, Any]]) -> List[str]:
+def level_note(a: Dump, b: Dump, unmatched: List[Dict[str, Any]]) -> List[Note]:
     """Where the levels differ, the records of calls the other dump's level never captures
     leave `unmatched` (they have no counterpart to miss), counted in the note instead."""
     la, lb = a.setting("level"), b.setting("level")
@@ -88,13 +91,14 @@ def level_note(a: Dump, b: Dump, unmatched: List[Dict[str, Any]]) -> List[str]:
     said = [f"{left[side]} {' and '.join(sorted(_LEVEL_CALLS[level] - _LEVEL_CALLS[o]))}-call "
             f"record(s) of the {label}" for side, label, level, o in
             (("a", "baseline", la, lb), ("b", "candidate", lb, la)) if left.get(side)]
-    return [f"levels differ (baseline {la}, candidate {lb}): only the calls both levels "
-            f"capture are compared" + (f"; left out: {', '.join(said)}, which the other level "
-                                       "does not record" if said else "")]
+    return [Note(NoteCode.LEVELS_DIFFER,
+                 f"levels differ (baseline {la}, candidate {lb}): only the calls both levels "
+                 f"capture are compared" + (f"; left out: {', '.join(said)}, which the other "
+                                            "level does not record" if said else ""))]
 
 
 def uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
-                pairs: List[Tuple[int, int]]) -> List[str]:
+                pairs: List[Tuple[int, int]]) -> List[Note]:
     """Notes on what the compare left out: the steps and ranks (of those asked) that only one
     dump holds, and incomplete files (`.partial`) skipped in either."""
     chosen = set(pairs)
@@ -106,12 +110,14 @@ def uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
         if left:
             shown = ", ".join(f"step {s} rank {r}" for s, r in left[:6])
             more = f" and {len(left) - 6} more" if len(left) > 6 else ""
-            notes.append(f"not compared: the {label}'s {shown}{more} (the {other} has no such "
-                         "file)")
+            notes.append(Note(NoteCode.NOT_COMPARED,
+                              f"not compared: the {label}'s {shown}{more} (the {other} has no "
+                              "such file)"))
         if have.partial:
-            notes.append(f"the {label} has {len(have.partial)} incomplete step file(s), "
-                         f"skipped (the run stopped while writing them): "
-                         f"{', '.join(have.partial[:3])}")
+            notes.append(Note(NoteCode.PARTIAL_FILES,
+                              f"the {label} has {len(have.partial)} incomplete step file(s), "
+                              f"skipped (the run stopped while writing them): "
+                              f"{', '.join(have.partial[:3])}"))
     return notes
 
 
@@ -177,7 +183,7 @@ _OTHER_CAUSES_SHOWN = 4
 
 
 def other_causes(steps: Sequence[Any], structural: Sequence[Any],
-                 first: Optional[Verdict]) -> List[str]:
+                 first: Optional[Verdict]) -> List[Note]:
     """When the runs entered the step with different weights (so every number after it
     differs: a parameter verdict, or the cause the step shows headed over it), the causes a compare still sees in the compared steps:
     non-tensor arguments that differ (a loss's reduction, a clipping norm, an eps) and modules
@@ -202,11 +208,11 @@ def other_causes(steps: Sequence[Any], structural: Sequence[Any],
         return []
     more = f" (+{len(found) - _OTHER_CAUSES_SHOWN} more)" if len(found) > _OTHER_CAUSES_SHOWN \
         else ""
-    return ["also differing in the compared step(s), whatever the numbers: "
-            + "; ".join(found[:_OTHER_CAUSES_SHOWN]) + more]
+    return [Note(NoteCode.OTHER_CAUSES, "also differing in the compared step(s), whatever the "
+                 "numbers: " + "; ".join(found[:_OTHER_CAUSES_SHOWN]) + more)]
 
 
-def weights_agree_after(steps: Sequence[Any], first: Optional[Verdict]) -> List[str]:
+def weights_agree_after(steps: Sequence[Any], first: Optional[Verdict]) -> List[Note]:
     """When every parameter agrees at the start of each compared step after the verdict's step
     (on its rank): what differs there did not reach the weights beyond tolerance (micro-batches
     against one batch, a clipping bound neither run reached, an equivalent computation)."""
@@ -223,7 +229,8 @@ def weights_agree_after(steps: Sequence[Any], first: Optional[Verdict]) -> List[
         later.append(step.step)
     if not later:
         return []
-    return [f"every parameter agrees at the start of step(s) {', '.join(map(str, later))} "
+    return [Note(NoteCode.WEIGHTS_AGREE_AFTER,
+                 f"every parameter agrees at the start of step(s) {', '.join(map(str, later))} "
             f"(rank {first.rank}): the difference of step {first.step} did not reach "
             "the weights beyond tolerance (an equivalent computation, such as micro-batches "
-            "against one batch, or a clipping bound neither run reached)"]
+            "against one batch, or a clipping bound neither run reached)")]

@@ -51,7 +51,8 @@
     var notes = (D.notes || []).concat(D.setup_notes || []);
     if (notes.length) {
       main.appendChild(el('ul', { cls: 'notes', id: 'notes' }, notes.map(function (n) {
-        return el('li', {}, [el('span', { cls: 'sev sev-info', text: 'note' }), String(n)]);
+        return el('li', {}, [el('span', { cls: 'sev sev-info', text: 'note' }),
+          String(n && n.text !== undefined ? n.text : n)]);
       })));
     }
     var stepSel = el('select', { id: 'step-select', onchange: function () { setFile(+stepSel.value, state.rank); } },
