@@ -63,13 +63,13 @@ _SPATIAL = {"conv1d": 1, "conv2d": 2, "conv3d": 3, "conv_transpose1d": 1, "conv_
             "conv3d_transpose": 3}
 _CHANNEL_FIRST = frozenset(_SPATIAL) | {"batch_norm", "group_norm", "instance_norm", "bias_add"}
 # Ops whose gradients for their operands contract dy with another operand (dx = dy W^T,
-# dw = x^T dy: rounding that scales with the result) or take a part of dy (a slice of a cat,
-# a stack, a gather): whatever their shapes, no sum of dy alone, except a bias (1-D, one per
-# output channel) of those in _BIASED
+# dw = x^T dy: rounding that scales with the result): whatever their shapes, no sum of dy
+# alone, except a bias (1-D, one per output channel) of those in _BIASED
 _CONTRACTIONS = frozenset({
     "linear", "addmm", "matmul", "einsum", "tensordot", "bilinear", "mv", "dot", "vdot",
     "inner", "outer", "ger", "addmv", "addbmm", "baddbmm", "addr", "chain_matmul",
     "multi_dot", "scaled_dot_product_attention"}) | _CHANNEL_FIRST
+# Ops whose dx is a part of dy (a slice of a cat's, a stack's; a gather's): no sum at all
 _SELECTIONS = frozenset({
     "cat", "stack", "split", "getitem", "narrow", "select", "index_select", "gather",
     "take", "take_along_dim", "unbind", "pad", "slice", "strided_slice"})
@@ -89,8 +89,8 @@ def _summed_from(op: str, dx: Tuple[int, ...], dy: Tuple[int, ...]) -> bool:
     - of a channel-first op (convolution, batch/group/instance norm), a 1-D gradient as long as
       dy's channel dimension (C of N, C, H, W);
     - of a linear (addmm), a 1-D gradient as long as dy's last dimension;
-    - of any other contraction or a selection, none (see _CONTRACTIONS);
-    - of any other op (broadcast elementwise, layer/RMS norm, expand, a module's own record),
+    - of any other contraction or a selection, none (_CONTRACTIONS, _SELECTIONS);
+    - of any other op (broadcast elementwise, layer/RMS norm, expand, a user module's record),
       every dimension 1 or dy's, aligned from the right, as broadcasting aligns them."""
     if not dy or len(dx) > len(dy) or math.prod(dx) >= math.prod(dy):
         return False
