@@ -1,7 +1,8 @@
 """PyTorch vs MindSpore twins that must line up record for record: a CNN (Conv2d, BatchNorm2d,
 ReLU, MaxPool2d, Flatten, Linear/Dense; tests/cnn_support.py) over two SGD steps, the same CNN
-with MindSpore's BatchNorm momentum copied literally from torch (0.1 instead of 0.9), and the
-bundled GPT where PyTorch calls F.gelu in MLP.forward while MindSpore has a GELU cell `mlp.act`.
+with MindSpore's BatchNorm momentum copied literally from torch (0.1 instead of 0.9), with a
+bias on each Conv2d (a gradient BatchNorm leaves only rounding in), and the bundled GPT where
+PyTorch calls F.gelu in MLP.forward while MindSpore has a GELU cell `mlp.act`.
 Dumps are made in real subprocesses; `precdbg check` / `precdbg compare` run as commands.
 """
 from __future__ import annotations
@@ -96,6 +97,68 @@ def test_cnn_twin_with_torch_momentum_names_bn1(cnn, tmp_path):
     # the running statistics that momentum feeds differ at the start of step 1
     later = [c for c in result["consequences"] if c["step"] == 1 and c["module"] == "bn1"]
     assert later, result["consequences"]
+
+
+# --------------------------------------------------------------------------- conv bias, BatchNorm
+@pytest.fixture(scope="module")
+def cnn_bias(tmp_path_factory) -> Dict[str, str]:
+    """The CNN with a bias on each Conv2d (before its BatchNorm2d); `pt_off`: torch with conv1's
+    bias gradient changed by 1e-3 of its dy's norm on each element (a tensor hook)."""
+    root = tmp_path_factory.mktemp("cnn_bias")
+    paths = {name: str(root / name) for name in ("pt", "ms", "pt_off")}
+    _run_all({"pt": [PYTHON, CNN, "torch", paths["pt"], "--conv-bias"],
+              "ms": [PYTHON, CNN, "mindspore", paths["ms"], "--conv-bias"],
+              "pt_off": [PYTHON, CNN, "torch", paths["pt_off"], "--conv-bias",
+                         "--bias-grad-offset", "1e-3"]})
+    return paths
+
+
+_BIAS_GRADS = {("Functional.conv2d.0.backward", "grad_input", 2),
+               ("Functional.conv2d.1.backward", "grad_input", 2),
+               ("Param.conv1.bias.grad", "param_grad", 0),
+               ("Param.conv2.bias.grad", "param_grad", 0)}
+
+
+def test_cnn_twin_with_conv_bias_before_batchnorm_matches(cnn_bias, tmp_path):
+    """BatchNorm removes each channel's mean, so a conv bias's gradient before it is rounding in
+    both runs (norms ~5e-8 against a dy of norm ~0.4; PyTorch and MindSpore 0.6 to 1.8 apart
+    relative to themselves: conv2's was DIVERGED). Judged against the rounding of the dy it was
+    summed from, and so is its Param grad record, the twin matches over two steps, with either
+    run as the baseline (whose records the floor is found on)."""
+    for a, b in (("pt", "ms"), ("ms", "pt")):
+        out = tmp_path / f"{a}_{b}.json"
+        proc = _cli("compare", cnn_bias[a], cnn_bias[b], "--json", str(out))
+        result = json.loads(out.read_text())
+        assert proc.returncode == 0, result["first_divergence"]
+        assert result["verdict"] == "match" and result["unmatched_count"] == 0, \
+            result["unmatched"][:10]
+        rows = [r for r in result["rows"]
+                if (r["name_a"], r["role"], r["arg_index"]) in _BIAS_GRADS]
+        assert sorted((r["name_a"], r["step"]) for r in rows) == \
+            sorted((name, step) for name, _, _ in _BIAS_GRADS for step in (0, 1))
+        assert all(r["status"] == "match" for r in rows), rows
+        # relative to their own scale most are far beyond the tolerance: the floor decided them
+        apart = [r for r in rows
+                 if abs(r["norm_a"] - r["norm_b"]) > r["tol"] * max(r["norm_a"], r["norm_b"])]
+        assert len(apart) >= 4 and all(r["floor"] is not None for r in apart), rows
+
+
+def test_cnn_twin_finds_a_real_change_of_a_conv_bias_gradient(cnn_bias, tmp_path):
+    """conv1's bias gradient changed by 1e-3 of its dy's norm (the floor is the tolerance, 2e-5,
+    of that norm): found at that gradient, against MindSpore's run and against the torch run
+    without the change. (A change of 1e-3 of the gradient itself, ~5e-11, is far below what
+    PyTorch and MindSpore already differ by there.)"""
+    for base in ("ms", "pt"):
+        out = tmp_path / f"{base}.json"
+        proc = _cli("compare", cnn_bias[base], cnn_bias["pt_off"], "--json", str(out))
+        result = json.loads(out.read_text())
+        first = result["first_divergence"]
+        assert proc.returncode == 1 and result["verdict"] == "diverged", first
+        assert (first["step"], first["name_a"], first["name_b"], first["role"], first["module"]) \
+            == (0, "Param.conv1.bias.grad", "Param.conv1.bias.grad", "param_grad", "conv1"), first
+        (row,) = [r for r in result["rows"] if r["name_a"] == "Param.conv1.bias.grad"
+                  and r["step"] == 0]
+        assert row["status"] == "diverged" and row["err"] > 10 * row["tol"], row
 
 
 # --------------------------------------------------------------------------- F.gelu vs GELU cell
