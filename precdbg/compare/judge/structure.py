@@ -285,7 +285,8 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
                            interrupted: Tuple[bool, bool] = (False, False)
                            ) -> List[StructuralDiff]:
     """Modules present in both runs whose class (or, within one framework, calls) or numeric
-    layer settings (`settings`, from `precdbg.records.layers.dump_setting_differences`) differ, in the
+    layer settings (`settings`, from `precdbg.records.layers.dump_setting_differences`; within
+    one framework also the settings of their calls, `argument_differences`) differ, in the
     baseline's execution order. `unobserved`: module paths whose inside either run could not
     see (compiled: TorchScript, ms.jit); their calls are not compared. `interrupted`: whether
     each run's step ended inside its forward: a call it had not finished is compared as far
