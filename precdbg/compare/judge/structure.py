@@ -24,6 +24,15 @@ structure is compared directly:
   frameworks the call sequences legitimately differ (fused ops, casts, leaf cells), so only
   classes are compared there.
 
+Within one framework also a call's own settings: a keyword argument that is a number, a flag or
+a word (`scaled_dot_product_attention(scale=)`, `cross_entropy(label_smoothing=)`,
+`dropout(training=)`) and differs between the runs' same call is a setting of the module that
+makes the call, as a layer's eps is (a call outside every module, the script's loss, counts for
+the root module). Arguments that change no number (`inplace`) or say where and in which dtype
+(`device`, `dtype`) are no setting; nor are integers (sizes and split counts legitimately differ
+with the parallel layout), positional arguments (`x * scale` is often data-dependent) or the
+calls that only re-address elements or make constants.
+
 The verdict is the earliest such module in the baseline's timeline (`seq` of its first record);
 `localize.locate` names it when it ran before the first numeric divergence.
 """
@@ -35,7 +44,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...records.layers import SettingDifference
+from ...records.layers import SettingDifference, same_setting
 from ...records.naming import is_known_op
 from ...storage.reader import RecordTable
 from ...records.schema import Direction, RecordKind, Role
@@ -43,7 +52,7 @@ from ..align.alignment import rename_module
 from .inert import calls_changing_no_number
 from .structural_diff import StructuralDiff
 
-__all__ = ["StructuralDiff", "structural_differences"]
+__all__ = ["StructuralDiff", "structural_differences", "argument_differences"]
 
 # Calls that only change how elements are addressed (or nothing): an extra one of these - torch's
 # backward-hook machinery adds a `view_as`, a port adds a `contiguous` - changes no number.
@@ -61,6 +70,12 @@ _NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
 _API, _MODULE = RecordKind.API, RecordKind.MODULE
 _CAST = "cast"                 # the canonical op of every dtype conversion (records/tables/ops.yaml)
 _FORWARD, _OUTPUT = Direction.FORWARD, Role.OUTPUT
+# keyword arguments of a call that decide no number it makes, or say only where and in which dtype
+_NOT_SETTINGS = frozenset({"inplace", "out", "device", "dtype", "non_blocking", "copy",
+                           "memory_format", "layout", "pin_memory", "requires_grad", "async_op",
+                           "group", "generator", "name"})
+_SETTING_TYPES = {"py.float": float, "py.bool": lambda text: text == "True",
+                  "py.str": str}
 
 
 @dataclasses.dataclass
@@ -214,6 +229,54 @@ def _apart(calls_a: List[Tuple[str, bool]], calls_b: List[Tuple[str, bool]]) -> 
                for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
 
 
+def _call_arguments(table: RecordTable, path_of: Callable[[str], str]
+                    ) -> Dict[Tuple[str, str, str], Tuple[str, str, object]]:
+    """(module path, entry, keyword) -> (API, canonical op, value) of each forward API call's
+    keyword arguments that can be a setting of it (see the module's text)."""
+    kind, role, dtype = table["kind"], table["role"], table["dtype"]
+    idx = np.nonzero((kind == _API) & (table["direction"] == _FORWARD)
+                     & (role == Role.INPUT) & np.isin(dtype, list(_SETTING_TYPES)))[0]
+    out: Dict[Tuple[str, str, str], Tuple[str, str, object]] = {}
+    keys, ops, texts = table["arg_key"], table["op"], table["text"]
+    for i in idx.tolist():
+        key, op = str(keys[i]), str(ops[i])
+        if not key or key.isdigit() or key in _NOT_SETTINGS or op in _NOT_STRUCTURE \
+                or op == _CAST:
+            continue
+        try:
+            value = _SETTING_TYPES[str(dtype[i])](str(texts[i]))
+        except ValueError:
+            continue
+        out[(path_of(str(table["module"][i])), str(table["entry"][i]), key)] = (
+            str(table["api"][i]), op, value)
+    return out
+
+
+def argument_differences(ta: RecordTable, tb: RecordTable,
+                         modules: Optional[Mapping[str, str]] = None
+                         ) -> List[SettingDifference]:
+    """The settings of calls (keyword arguments, see the module's text) that differ between the
+    same call of two runs of one framework, by the path of the module that makes the call
+    (`modules` maps a path of b to a's), each (module, API, argument, values) once, in the
+    baseline's order."""
+    if not len(ta) or not len(tb):
+        return []
+    args_b = _call_arguments(tb, (lambda p: rename_module(p, modules)) if modules
+                             else (lambda p: p))
+    out: List[SettingDifference] = []
+    seen = set()
+    for (path, entry, key), (api, op, va) in _call_arguments(ta, lambda p: p).items():
+        other = args_b.get((path, entry, key))
+        if other is None or same_setting(va, other[2]):
+            continue
+        setting = f"{api}({key}=)"
+        if (path, setting, va, other[2]) in seen:
+            continue
+        seen.add((path, setting, va, other[2]))
+        out.append(SettingDifference(path, path, api, other[0], op, setting, va, other[2]))
+    return out
+
+
 def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: int,
                            same_framework: bool,
                            mapping: Optional[Mapping[str, Mapping[str, str]]] = None,
@@ -222,17 +285,23 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
                            interrupted: Tuple[bool, bool] = (False, False)
                            ) -> List[StructuralDiff]:
     """Modules present in both runs whose class (or, within one framework, calls) or numeric
-    layer settings (`settings`, from `precdbg.records.layers.dump_setting_differences`) differ, in the
+    layer settings (`settings`, from `precdbg.records.layers.dump_setting_differences`; within
+    one framework also the settings of their calls, `argument_differences`) differ, in the
     baseline's execution order. `unobserved`: module paths whose inside either run could not
     see (compiled: TorchScript, ms.jit); their calls are not compared. `interrupted`: whether
     each run's step ended inside its forward: a call it had not finished is compared as far
     as it got."""
     if not len(ta) or not len(tb):
         return []
-    by_module: Dict[str, List[SettingDifference]] = {}
-    for difference in settings:
-        by_module.setdefault(difference.path_a, []).append(difference)
     modules = (mapping or {}).get("modules") or None
+    by_module: Dict[str, List[SettingDifference]] = {}
+    calls = argument_differences(ta, tb, modules) if same_framework else []
+    # a module's call passing on its own setting (BatchNorm's eps to batch_norm) says it again
+    calls = [c for c in calls if not any(
+        s.path_a == c.path_a and same_setting(s.a, c.a) and same_setting(s.b, c.b)
+        for s in settings)]
+    for difference in list(settings) + calls:
+        by_module.setdefault(difference.path_a, []).append(difference)
     # API calls count among a module's calls only where both runs captured them (a dump of
     # level module against one of level mix: the calls one run did not record are no change)
     apis = bool((ta["kind"] == _API).any()) and bool((tb["kind"] == _API).any())

@@ -70,7 +70,9 @@ def step_causes(step: int, rank: int, structural: Sequence[StructuralDiff],
     causes: List[StepCause] = []
     shapes = [d for d in structural if d.step == step and d.rank == rank]
     for d in shapes:
-        code = CauseCode.LAYER_SETTING if d.settings and not d.calls_differ \
+        # a setting of a module of the same class decides the calls it makes too (a dropout
+        # of p 0 makes no call that changes a number): a layer setting, calls or not
+        code = CauseCode.LAYER_SETTING if d.settings and not d.class_differs \
             else CauseCode.STRUCTURE
         causes.append(StepCause(code, step, rank, d.module, d.name_a, d.name_b, d.reason(), d))
     seen = set()
