@@ -90,12 +90,13 @@ def test_an_optimizer_setting_of_the_step_is_the_headline(dumps, candidate):
 
 def test_a_weight_scaled_at_init_is_the_earliest_parameter_difference(dumps):
     """Nothing in step 1 explains it: the parameter that differs first is the headline, the
-    advice (in its reason) to dump an earlier step."""
+    advice (annotation not_dumped) to dump an earlier step."""
     first = _first(dumps, "base", "initw")
     assert first.get("cause") is None and not first.get("candidates")
     assert (first["kind"], first["name_a"], first["module"]) == (
         "param", "Param.transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj")
-    assert first["annotations"] == ["weights_entered_apart"]
+    assert first["code"] == "parameters_differ", first
+    assert {"weights_entered_apart", "not_dumped"} <= set(first["annotations"]), first
 
 
 def test_a_gradient_hook_is_named_at_the_gradient_it_changes(dumps):
@@ -106,4 +107,5 @@ def test_a_gradient_hook_is_named_at_the_gradient_it_changes(dumps):
     first = _first(dumps, "base", "hook")
     assert (first["kind"], first["name_a"], first["module"]) == (
         "param_grad", "Param.transformer.h.2.mlp.c_fc.weight.grad", "transformer.h.2.mlp.c_fc")
-    assert first.get("cause") is None and "annotations" not in first
+    assert first.get("cause") is None and first["annotations"] == [], first
+    assert first["code"] == "dw_only", first
