@@ -33,6 +33,7 @@ from .judge.multistep import NoisePolicy, optimizer_setup, other_setup
 from .report.notes import (level_note, note_extra_calls, note_loss_scale, other_causes, uncompared,
                     unobserved_modules, unobserved_note, unused_mapping, weights_agree_after)
 from .report.progress import CompareProgress
+from .report.wording import write_words
 from .judge.rows import Note, NoteCode, Row
 
 __all__ = ["compare_dumps", "load_mapping", "CompareProgress"]
@@ -264,6 +265,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             note_extra_calls(first, unmatched, rows)
             note_loss_scale(first, setup["findings"])
         place_first(first, a, b)
+        write_words(first, notes)       # every word of the verdict and the notes, here
         return {"contract": CONTRACT_VERSION,
                 "verdict": "diverged" if first else "match",
                 "first_divergence": first.as_json() if first is not None else None,
