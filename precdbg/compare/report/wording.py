@@ -20,6 +20,9 @@ __all__ = ["write_words", "evidence_why", "structural_reason", "settings_text", 
 _OUTPUT_WORDS = {Role.OUTPUT: "output", Role.GRAD_INPUT: "gradient for input (dx)",
                  Role.PARAM_GRAD: "weight gradient (dw)"}
 _SHOWN_CALLS = 8
+_WHEN = {"after_backward": "after the backward, outside the model (gradient clipping, scaling "
+                           "or reduction of gradients)",
+         "before_forward": "before the model's forward, outside the model (input preparation)"}
 
 
 def write_words(first: Optional[Verdict], notes: Sequence[Note] = ()) -> None:
@@ -47,6 +50,8 @@ def write_words(first: Optional[Verdict], notes: Sequence[Note] = ()) -> None:
         facts = cause.pop(FACTS, None)
         if facts is not None:
             cause["text"] = base if facts.get("reason") else cause_text(facts)
+    if "when" in first.facts:
+        first.when = _WHEN[first.facts["when"]]
     weights = first.facts.get("weights")
     if weights is not None and first.parameters is not None:
         first.parameters["reason"] = _full_reason(weights["parameter"])
@@ -436,6 +441,8 @@ def note_text(code: NoteCode, f: Dict[str, Any]) -> str:
                 "like an attention key bias's) differ by what the optimizer made of that "
                 "noise (Adam turns it into updates of up to about +-lr): not counted as a "
                 "divergence")
+    if code in _PIPELINE_NOTES:
+        return _PIPELINE_NOTES[code](f)
     steps = ", ".join(str(s) for s in f["steps"])
     if code is NoteCode.JUDGED_BY_ROUNDING:
         return (f"parameters of step(s) {steps} judged against float rounding: the optimizer "
@@ -452,3 +459,38 @@ def note_text(code: NoteCode, f: Dict[str, Any]) -> str:
                 f"(diverged above {UPDATE_SHARE:.0%} of the baseline's update), the other "
                 f"records above a floor from the parameters' difference: {why}")
     raise ValueError(code)
+
+
+# the notes compare_dumps (pipeline.py) makes
+_PIPELINE_NOTES = {
+    NoteCode.PREVIOUS_STEP_UNREAD: lambda f: (
+        f"step {f['step']} rank {f['rank']}, the step before the one compared, could not be "
+        f"read to judge it ({f['error']})"),
+    NoteCode.RELABELLED: lambda f: (
+        f"compared the baseline's step {f['a'][0]} rank {f['a'][1]} with the candidate's step "
+        f"{f['b'][0]} rank {f['b'][1]} (the one step and rank each holds); results name the "
+        "baseline's"),
+    NoteCode.FRAMEWORKS_DIFFER: lambda f: (
+        f"frameworks differ ({f['a'] or '?'} vs {f['b'] or '?'}): records aligned by module "
+        "path, canonical op and order"),
+    NoteCode.PRECISION_ARGUMENTS: lambda f: (
+        f"{f['count']} dtype argument(s) name another float dtype where the runs' values "
+        f"already carry other precisions (first: {f['first']}): counted as that precision "
+        "difference (status 'precision'), not as divergences"),
+    NoteCode.INTEGER_PLUMBING: lambda f: (
+        f"{f['count']} integer or boolean record(s) differ (first: {f['first']} {f['role']} "
+        f"{f['arg_index']}) in step(s) where every floating-point record agrees: positions, "
+        "masks or indices computed another way (transformers with and without use_cache, which "
+        "gradient checkpointing turns off), not divergences (status 'integer'); where such a "
+        "difference changes numbers, the floating-point records that read it differ and are "
+        "compared"),
+    NoteCode.ROUNDING_FLOOR: lambda f: (
+        f"{f['count']} record(s) far smaller than the gradient they were reduced from (first: "
+        f"{f['first']} {f['role']} {f['arg_index']}: a sum whose terms cancel, like an "
+        "attention key bias's gradient, and what is computed from it) judged against that "
+        "gradient's rounding, not their own scale (column 'floor')"),
+    NoteCode.STATISTICS_ONLY: lambda f: (
+        "statistics only: a permutation or a compensating change keeps min, max, mean and "
+        "norm; dump with task 'tensor' or summary_mode 'checksum' to confirm a match bit for "
+        "bit"),
+}
