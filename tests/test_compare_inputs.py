@@ -365,7 +365,8 @@ def test_a_set_up_difference_is_named_where_parameters_part():
     """Step k-1 matched and its dw agreed within tolerance, yet the weights part at step k:
     with compute dtypes or world size differing, the verdict names them, not the optimizer
     (and does not claim the same gradient gave a different update)."""
-    from precdbg.compare.judge.multistep import other_setup, param_reason
+    from precdbg.compare.judge.multistep import other_setup
+    from precdbg.compare.report.wording import param_reason
     findings = [{"severity": "high", "kind": "compute_dtype",
                  "message": "3 op(s) compute in other dtypes"},
                 {"severity": "medium", "kind": "world_size", "message": "world size differs"},

@@ -33,6 +33,7 @@ from .judge.multistep import NoisePolicy, optimizer_setup, other_setup
 from .report.notes import (level_note, note_extra_calls, note_loss_scale, other_causes, uncompared,
                     unobserved_modules, unobserved_note, unused_mapping, weights_agree_after)
 from .report.progress import CompareProgress
+from .report.wording import write_words
 from .judge.rows import Note, NoteCode, Row
 
 __all__ = ["compare_dumps", "load_mapping", "CompareProgress"]
@@ -187,8 +188,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                                       [])
             except DumpError as exc:
                 unread.append(Note(NoteCode.PREVIOUS_STEP_UNREAD,
-                                   f"step {s} rank {r}, the step before the one compared, could "
-                                   f"not be read to judge it ({exc})"))
+                                   facts={"step": s, "rank": r, "error": str(exc)}))
                 continue
             noise.settle(r, found)
             before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
@@ -212,58 +212,39 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             other_causes(steps, structural, first) + weights_agree_after(steps, first)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, Note(NoteCode.RELABELLED,
-                                 f"compared the baseline's step {pairs[0][0]} rank "
-                                 f"{pairs[0][1]} with the candidate's step {own_b[0][0]} rank "
-                                 f"{own_b[0][1]} (the one step and rank each holds); results "
-                                 "name the baseline's"))
+                                 facts={"a": list(pairs[0]), "b": list(own_b[0])}))
         if fa != fb:
-            notes.append(Note(NoteCode.FRAMEWORKS_DIFFER,
-                              f"frameworks differ ({fa or '?'} vs {fb or '?'}): records aligned "
-                              "by module path, canonical op and order"))
+            notes.append(Note(NoteCode.FRAMEWORKS_DIFFER, facts={"a": fa, "b": fb}))
         notes.extend(noise.notes())
         explained = [row for row in rows if row.status == "precision"]
         if explained:
             notes.append(Note(NoteCode.PRECISION_ARGUMENTS,
-                              f"{len(explained)} dtype argument(s) name another float dtype "
-                              f"where the runs' values already carry other precisions (first: "
-                              f"{explained[0].name_a}): counted as that precision difference "
-                              "(status 'precision'), not as divergences"))
+                              facts={"count": len(explained), "first": explained[0].name_a}))
         plumbing = [row for row in rows if row.status == "integer"]
         if plumbing:
             notes.append(Note(NoteCode.INTEGER_PLUMBING,
-                              f"{len(plumbing)} integer or boolean record(s) differ (first: "
-                              f"{plumbing[0].name_a} {plumbing[0].role} "
-                              f"{plumbing[0].arg_index}) in step(s) where every floating-point "
-                              "record agrees: positions, masks or indices computed another way "
-                              "(transformers with and without use_cache, which gradient "
-                              "checkpointing turns off), not divergences (status 'integer'); "
-                              "where such a difference changes numbers, the floating-point "
-                              "records that read it differ and are compared"))
+                              facts={"count": len(plumbing), "first": plumbing[0].name_a,
+                                     "role": plumbing[0].role,
+                                     "arg_index": plumbing[0].arg_index}))
         floored = [row for row in rows if row.floor is not None]
         if floored:
             # name where a floor starts (a gradient reduced from dy), not a value it reached
             origin = next((row for row in floored if row.role == Role.GRAD_INPUT),
                           floored[0])
             notes.append(Note(NoteCode.ROUNDING_FLOOR,
-                              f"{len(floored)} record(s) far smaller than the gradient they "
-                              f"were reduced from (first: {origin.name_a} {origin.role} "
-                              f"{origin.arg_index}: a sum whose terms cancel, like an attention "
-                              "key bias's gradient, and what is computed from it) judged "
-                              "against that gradient's rounding, not their own scale (column "
-                              "'floor')"))
+                              facts={"count": len(floored), "first": origin.name_a,
+                                     "role": origin.role, "arg_index": origin.arg_index}))
         if stats_only and not ordered and first is None:
             # a match by statistics alone, in dumps without pos_mean (a divergence says where
             # its verdict bears on it: judge.unseen_inputs)
-            notes.append(Note(NoteCode.STATISTICS_ONLY,
-                              "statistics only: a permutation or a compensating change keeps "
-                              "min, max, mean and norm; dump with task 'tensor' or summary_mode "
-                              "'checksum' to confirm a match bit for bit"))
+            notes.append(Note(NoteCode.STATISTICS_ONLY, facts={}))
         consequences = _consequences(steps, first, involved)
         if first is not None and first.structure is None and first.unfinished is None \
                 and first.cause is None:
             note_extra_calls(first, unmatched, rows)
             note_loss_scale(first, setup["findings"])
         place_first(first, a, b)
+        write_words(first, notes)       # every word of the verdict and the notes, here
         return {"contract": CONTRACT_VERSION,
                 "verdict": "diverged" if first else "match",
                 "first_divergence": first.as_json() if first is not None else None,

@@ -51,8 +51,8 @@ from .metrics import PARAM_TOLERANCE
 from .pairs import PairTable
 from .rows import Note, NoteCode
 
-__all__ = ["JUDGE_ID", "NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN", "optimizer_setup",
-           "param_reason"]
+__all__ = ["JUDGE_ID", "NoisePolicy", "UPDATE_SHARE", "NOISE_GAIN", "TENSOR_GAIN",
+           "optimizer_setup"]
 
 JUDGE_ID = "update_noise"
 UPDATE_SHARE = 0.02
@@ -109,33 +109,19 @@ class NoisePolicy:
             self._last.pop(rank, None)
 
     def notes(self) -> List[Note]:
+        """Its notes, as codes and facts (report/wording.py `note_text` writes them)."""
         out = []
         for step, names in sorted(self._rounding.items()):
             out.append(Note(NoteCode.UPDATE_OF_ROUNDING,
-                            f"step {step}: {len(names)} parameter(s) (first: {names[0]}) whose "
-                            f"weight gradient at step {step - 1} was rounding noise in both "
-                            "runs (so small against the gradient it was summed from that "
-                            "rounding is over a tenth of it, like an attention key bias's) "
-                            "differ by what the optimizer made of that noise (Adam turns it "
-                            "into updates of up to about +-lr): not counted as a divergence"))
+                            facts={"step": step, "count": len(names), "first": names[0]}))
         if not self._judged:
             return out
-        steps = ", ".join(str(s) for s in sorted(self._judged))
+        steps = sorted(self._judged)
         if not self.alike:
-            return [Note(NoteCode.JUDGED_BY_ROUNDING,
-                         f"parameters of step(s) {steps} judged against float rounding: the "
-                         "optimizer set-up differs (see setup)")]
-        why = "optimizers configured alike" if not self.unknown else \
-            (f"the optimizer set-up of the {' and the '.join(self.unknown)} is not known (no "
-             "run manifest), judged as if configured alike")
-        if self.conventions and not self.unknown:
-            why = ("optimizers configured alike but for a convention of low impact, whose "
-                   "effect this measures (see setup)")
+            return [Note(NoteCode.JUDGED_BY_ROUNDING, facts={"steps": steps})]
         return out + [Note(NoteCode.JUDGED_BY_UPDATE,
-                           f"step(s) {steps}: parameters judged by how much the runs' last "
-                           f"updates differ (diverged above {UPDATE_SHARE:.0%} of the "
-                           "baseline's update), the other records above a floor from the "
-                           f"parameters' difference: {why}")]
+                           facts={"steps": steps, "unknown": list(self.unknown),
+                                  "conventions": bool(self.conventions)})]
 
     def adjust(self, step: int, rank: int, st: PairTable) -> None:
         """Judge `update_noise` (this module's docstring): rewrite the pair table of step k
@@ -252,35 +238,6 @@ def _statistics(t: RecordTable, idx: np.ndarray) -> np.ndarray:
     columns = [t[s][idx] for s in _STATS]
     columns.append(t["pos_mean"][idx] if "pos_mean" in t else np.full(len(idx), np.nan))
     return np.stack(columns, axis=1).astype(np.float64)
-
-
-def param_reason(step: int, metrics: Dict[str, Any], previous_matched: bool,
-                 setup: Sequence[str], others: Sequence[str] = ()) -> str:
-    """Why a parameter differs at the start of `step`, in terms a user can check. `setup`:
-    the optimizer set-up differences; `others`: the other set-up differences of high or
-    medium impact (compute dtypes, world size), which change the update through the gradient
-    (within its tolerance) or through what is reduced across ranks after the dw records."""
-    if not previous_matched:
-        return "parameter values differ at start"
-    head = (f"parameters differ at the start of step {step} while step {step - 1} matched: "
-            + ("the update differs" if others and not setup else "the optimizer update differs"))
-    share, dw = metrics.get("update_share"), metrics.get("dw_agreed")
-    facts = []
-    if share is not None:
-        facts.append(f"its statistics moved differently since step {step - 1}: by {share:.1%} "
-                     "of the baseline's update as its min, max, mean and norm show it (a "
-                     "detector, not the update's own relative difference; float noise through "
-                     f"the optimizer stays under {UPDATE_SHARE:.0%})")
-    if dw is not None:
-        agreed = ("agreed within its tolerance, but the set-up differs" if others else
-                  "agreed: the same gradient gave a different update")
-        facts.append(f"step {step - 1}'s weight gradient (dw) "
-                     + (agreed if dw else "already differed"))
-    if setup or others:
-        facts.append("set-up: " + "; ".join((list(setup) + list(others))[:3]))
-    else:
-        facts.append("optimizer type, hyperparameters, param groups or loss scale")
-    return head + " (" + "; ".join(facts) + ")"
 
 
 def other_setup(findings: Sequence[Dict[str, Any]], optimizer: Sequence[str]) -> List[str]:

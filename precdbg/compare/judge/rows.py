@@ -95,17 +95,14 @@ class Row:
             out.update(self.tensor)
         return out
 
-    def why(self) -> str:
-        """Why the pair differs, in words (appended to a reason)."""
-        if self.shape_a != self.shape_b:
-            return f" (shape {self.shape_a} vs {self.shape_b})"
-        if (self.nan_a, self.inf_a) != (self.nan_b, self.inf_b):
-            return (f" (NaN/Inf counts {self.nan_a}/{self.inf_a} vs "
-                    f"{self.nan_b}/{self.inf_b})")
+    def why_facts(self) -> Dict[str, Any]:
+        """What says why the pair differs (report/wording.py writes it: `evidence_why`)."""
+        out: Dict[str, Any] = {"shape_a": self.shape_a, "shape_b": self.shape_b,
+                               "nan_a": self.nan_a, "inf_a": self.inf_a, "nan_b": self.nan_b,
+                               "inf_b": self.inf_b, "err": self.err, "tol": self.tol}
         if self.tensor is not None and self.tensor.get("rel_rmse") is not None:
-            return (f" (relative RMSE {self.tensor['rel_rmse']:.3g}, cosine "
-                    f"{self.tensor['cosine']:.6f})")
-        return f" (relative error {self.err:.3g} > tolerance {self.tol:.1g})"
+            out["rel_rmse"], out["cosine"] = self.tensor["rel_rmse"], self.tensor["cosine"]
+        return out
 
     def metrics(self) -> Dict[str, Any]:
         merged = {**self.as_json()}
@@ -139,7 +136,7 @@ class Evidence:
     """A tensor of an entry that differs between the runs."""
     role: str
     arg_index: int
-    why: str
+    why: Dict[str, Any]        # what says why it differs (Row.why_facts), not words
     shape_ok: bool
     metrics: Dict[str, Any]
     only_in: str = ""          # "baseline" / "candidate": the record is in that run only
@@ -152,11 +149,13 @@ class Evidence:
 
     @classmethod
     def of(cls, row: Row) -> "Evidence":
-        return cls(row.role, row.arg_index, row.why(), row.shape_a == row.shape_b, row.metrics())
+        return cls(row.role, row.arg_index, row.why_facts(), row.shape_a == row.shape_b, row.metrics())
 
     def as_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"role": self.role, "arg_index": self.arg_index, "why": self.why,
-                               "shape_ok": self.shape_ok, "metrics": self.metrics}
+        # "why": its words, written by report/wording.py from "_why"
+        out: Dict[str, Any] = {"role": self.role, "arg_index": self.arg_index, "why": "",
+                               "shape_ok": self.shape_ok, "metrics": self.metrics,
+                               "_why": self.why}
         if self.producer is not None and self.producer.source is not Source.NONE:
             out["producer"] = self.producer.name
         return out
@@ -199,9 +198,11 @@ class NoteCode(str, enum.Enum):
 
 @dataclasses.dataclass
 class Note:
-    """What a compare left out, or what explains its result: a code, and its words."""
+    """What a compare left out, or what explains its result: a code, and its words (`text`),
+    or the facts report/wording.py writes them from."""
     code: NoteCode
-    text: str
+    text: str = ""
+    facts: Optional[Dict[str, Any]] = None
 
     def as_json(self) -> Dict[str, Any]:
         return {"code": self.code.value, "text": self.text}

@@ -22,15 +22,15 @@ __all__ = ["place_first"]
 _API, _MODULE = RecordKind.API, RecordKind.MODULE
 _BACKWARD, _FORWARD = Direction.BACKWARD, Direction.FORWARD
 
-AFTER_BACKWARD = "after the backward, outside the model (gradient clipping, scaling or " \
-    "reduction of gradients)"
-BEFORE_FORWARD = "before the model's forward, outside the model (input preparation)"
+# where in the step a root call ran (`Verdict.facts["when"]`; report/wording.py says it)
+AFTER_BACKWARD, BEFORE_FORWARD = "after_backward", "before_forward"
 
 
 def place_first(first: Optional[Verdict], a: Dump, b: Dump) -> None:
     """Add `call_site` ({"baseline": "file:line in function", "candidate": ...}, the runs that
-    recorded one) to a verdict about an API or module call, and `when` (words, or absent) for
-    a forward call outside every module. Never raises for a dump it cannot read again."""
+    recorded one) to a verdict about an API or module call, and `facts["when"]`
+    (AFTER_BACKWARD, BEFORE_FORWARD; report/wording.py writes `when` from it) for a forward
+    call outside every module. Never raises for a dump it cannot read again."""
     if first is None or first.kind not in (_API, _MODULE):
         return
     sites: Dict[str, str] = {}
@@ -47,8 +47,10 @@ def place_first(first: Optional[Verdict], a: Dump, b: Dump) -> None:
             continue
         if site:
             sites[label] = site
-        if first.when is None:
-            first.when = _when(table, row) or None
+        if "when" not in first.facts:
+            when = _when(table, row)
+            if when:
+                first.facts["when"] = when
     if sites:
         first.call_site = sites
 

@@ -33,7 +33,7 @@ from ..judge.rows import Source
 from ..judge.structure import StructuralDiff
 from ..judge.unfinished import UnfinishedStep
 from .step_causes import ENTERED_APART, cause_verdict, step_causes
-from .verdict import Annotation, Verdict
+from .verdict import Annotation, LinkCode, Verdict
 from .verdicts import (Cause, Link, chain, inventory_verdict, root_verdict, structural_verdict,
                        unfinished_verdict)
 
@@ -46,20 +46,23 @@ def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], Link]:
     """(the entry this one's difference comes from, or None at the culprit; this link)."""
     several = len(step.ranks()) > 1
 
-    def _where(x: Entry, other: Optional[Entry] = None) -> str:
-        return f" on rank {x.rank}" if several and (other is None or x.rank != other.rank) \
-            else ""
+    def _where(x: Entry, other: Optional[Entry] = None) -> Optional[int]:
+        """The rank to name (None: not named)."""
+        return x.rank if several and (other is None or x.rank != other.rank) else None
+
+    def link(code: LinkCode, cause: Optional[Cause] = None, producer: Any = None,
+             evidence: Any = None, **facts: Any) -> Link:
+        return Link(e, code, dict(name=e.name, where=_where(e), **facts), cause, producer,
+                    evidence)
     fwd = step.forward_of(e)
     if fwd is not None and fwd.diverged:       # forward ran first: its difference comes first
-        return fwd, Link(e, f"{e.name}{_where(e)} differentiates {fwd.name}, whose forward "
-                          "already differs")
+        return fwd, link(LinkCode.DIFFERENTIATES_FORWARD, other=fwd.name)
     if e.kind == _PARAM_GRAD:                   # a dw that is a dx passed on unchanged
         src = next((ev.producer.entry for ev in e.outputs_bad if ev.producer is not None
                     and ev.producer.entry is not None and ev.producer.entry is not e
                     and ev.producer.entry.diverged), None)
         if src is not None:
-            return src, Link(e, f"{e.name}{_where(e)} is the gradient {src.name} produced, "
-                              "which differs")
+            return src, link(LinkCode.GRADIENT_OF, other=src.name)
     if e.inputs_bad:
         ranked = sorted(e.inputs_bad, key=lambda ev: (ev.producer.entry.seq if ev.producer and
                                                       ev.producer.entry else 1 << 62))
@@ -67,50 +70,41 @@ def _explain(e: Entry, step: StepEntries) -> Tuple[Optional[Entry], Link]:
             p = ev.producer
             if p is not None and p.source is Source.ENTRY and p.entry is not e \
                     and p.entry.diverged:
-                return p.entry, Link(e, f"{e.name}{_where(e)} reads the output of "
-                                      f"{p.entry.name}{_where(p.entry, e)}, which differs")
+                return p.entry, link(LinkCode.READS_OUTPUT, other=p.entry.name,
+                                     other_where=_where(p.entry, e))
         for ev in ranked:
             p = ev.producer
             if p is not None and p.source is Source.ONE_RUN:
-                how = "the runs compute with different calls" if p.name_a and p.name_b else \
-                    f"only the {'baseline' if p.name_a else 'candidate'} computes"
-                return None, Link(e, f"{e.name}{_where(e)} reads the output of {p.name}, which "
-                                   f"{how}", Cause.ONE_RUN, p, ev)
+                return None, link(LinkCode.ONE_RUN_PRODUCER, Cause.ONE_RUN, p, ev,
+                                  other=p.name, both=bool(p.name_a and p.name_b),
+                                  side="baseline" if p.name_a else "candidate")
         for ev in ranked:
             p = ev.producer
             earlier = next((w for w in ev.same_memory if w is not e and
                             (p is None or w is not p.entry)), None)
             if earlier is not None:   # a buffer shared by several tensors (a gradient bucket)
-                return earlier, Link(e, f"{e.name}{_where(e)} reads memory that "
-                                      f"{earlier.name} wrote earlier, which differs")
+                return earlier, link(LinkCode.SAME_MEMORY, other=earlier.name)
         for ev in ranked:              # any input whose producer differs on another rank
             p = ev.producer
             if p is not None and p.source is Source.ENTRY and p.entry is not e:
                 other = next((c for c in step.counterparts(p.entry) if c.diverged), None)
                 if other is not None:
-                    return other, Link(e, f"{e.name}{_where(e)} reads {p.entry.name}, which "
-                                        f"agrees on rank {e.rank} but was changed after it by a "
-                                        f"collective across ranks; on rank {other.rank} it "
-                                        "differs")
+                    return other, link(LinkCode.COLLECTIVE_RANK, other=p.entry.name,
+                                       rank=e.rank, other_rank=other.rank)
         for ev in ranked:
             p = ev.producer
             if p is not None and p.source is Source.ENTRY and p.entry is not e:
-                return None, Link(e, f"{e.name}{_where(e)} reads the output of {p.entry.name}, "
-                                   "which agrees; something not captured changed it in between",
-                                   Cause.CHANGED_AFTER, p, ev)
+                return None, link(LinkCode.CHANGED_AFTER, Cause.CHANGED_AFTER, p, ev,
+                                  other=p.entry.name)
         ev = ranked[0]
         if ev.role == Role.GRAD_OUTPUT:
-            return None, Link(e, f"the gradient arriving at {e.name}{_where(e)} differs and no "
-                               "captured call produced it", Cause.ARRIVING_GRAD, None, ev)
-        return None, Link(e, f"{e.name}{_where(e)} reads input data that differs (nothing "
-                           "captured in the step produced it)", Cause.INPUT_DATA, None, ev)
+            return None, link(LinkCode.ARRIVING_GRAD, Cause.ARRIVING_GRAD, None, ev)
+        return None, link(LinkCode.INPUT_DATA, Cause.INPUT_DATA, None, ev)
     if is_collective(e.op) and e.outputs_bad:
         other = next((c for c in step.counterparts(e) if c.inputs_bad), None)
         if other is not None:
-            return other, Link(e, f"{e.name} is a collective: its inputs agree on rank "
-                                f"{e.rank}, its output differs because rank {other.rank}'s "
-                                "input differs")
-    return None, Link(e, f"{e.name}{_where(e)} differs while its inputs agree", Cause.CANDIDATE)
+            return other, link(LinkCode.COLLECTIVE_INPUT, rank=e.rank, other_rank=other.rank)
+    return None, link(LinkCode.CANDIDATE, Cause.CANDIDATE)
 
 
 def _walk(start: Entry, step: StepEntries) -> List[Link]:
@@ -190,9 +184,8 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
                     # a layer setting (eps, approximate) decides the call the numbers name
                     # inside that module: name the call, with the setting
                     first = numeric[0]
-                    first.annotate(Annotation.LAYER_SETTING,
-                                   f"module '{shape.module}' is constructed with other "
-                                   "settings: " + shape.settings_text())
+                    first.annotate(Annotation.LAYER_SETTING, module=shape.module,
+                                   settings=shape.setting_values())
                     first.structure = shape.as_json()
                     return numeric
                 return structural_verdict(shape, step)

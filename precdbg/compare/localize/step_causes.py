@@ -23,7 +23,7 @@ from ...records.naming import in_place
 from ...records.schema import Direction, RecordKind
 from ..judge.entries import StepEntries
 from ..judge.structure import StructuralDiff
-from .verdict import Annotation, Verdict, VerdictCode
+from .verdict import FACTS, Annotation, LinkCode, Verdict, VerdictCode
 
 __all__ = ["CauseCode", "StepCause", "step_causes", "cause_verdict", "ENTERED_APART"]
 
@@ -47,13 +47,14 @@ class StepCause:
     module: str
     name_a: str
     name_b: str
-    text: str
+    facts: Dict[str, Any]      # what its words need (report/wording.py `cause_text`)
     structural: Optional[StructuralDiff] = None
 
     def as_json(self) -> Dict[str, Any]:
+        """"text" is written by report/wording.py from FACTS."""
         return {"code": self.code.value, "step": self.step, "rank": self.rank,
                 "module": self.module, "name_a": self.name_a, "name_b": self.name_b,
-                "text": self.text}
+                "text": "", FACTS: self.facts}
 
 
 def _inside(module: str, outer: str) -> bool:
@@ -74,7 +75,8 @@ def step_causes(step: int, rank: int, structural: Sequence[StructuralDiff],
         # of p 0 makes no call that changes a number): a layer setting, calls or not
         code = CauseCode.LAYER_SETTING if d.settings and not d.class_differs \
             else CauseCode.STRUCTURE
-        causes.append(StepCause(code, step, rank, d.module, d.name_a, d.name_b, d.reason(), d))
+        causes.append(StepCause(code, step, rank, d.module, d.name_a, d.name_b,
+                                {"diff": d.facts()}, d))
     seen = set()
     calls = []
     for u in one_run_calls:
@@ -93,14 +95,13 @@ def step_causes(step: int, rank: int, structural: Sequence[StructuralDiff],
     for u in calls:
         side = "candidate" if u["side"] == "b" else "baseline"
         writes = in_place(_api_of(str(u["name"])))
-        text = (f"only the {side} calls {u['name']} (module '{u['module']}')"
-                + (", which writes its input in place" if writes else ""))
+        facts = {"side": side, "name": u["name"], "module": u["module"], "writes": writes}
         name_a, name_b = ("", u["name"]) if u["side"] == "b" else (u["name"], "")
         causes.append(StepCause(CauseCode.ONE_RUN_CALL, step, rank, str(u["module"]), name_a,
-                                name_b, text))
+                                name_b, facts))
     for message in optimizer:
         causes.append(StepCause(CauseCode.OPTIMIZER_SETTING, step, rank, "", "", "",
-                                f"the optimizer set-up of step {step} differs: {message}"))
+                                {"step": step, "message": message}))
     return causes
 
 
@@ -115,26 +116,27 @@ def cause_verdict(causes: List[StepCause], parameter: Verdict, step: StepEntries
     `parameter` (the inventory verdict) is the evidence."""
     from .verdicts import structural_verdict
     top = causes[0]
-    # the parameter's own reason says which earlier step to dump (or compare) to confirm it
-    weights = (f"this is what differs in the code that ran, while the weights already differ "
-               f"at the start of step {top.step} ({parameter.name_a}: {parameter.reason})")
+    # the words (report/wording.py) add the parameter's: which earlier step to dump (or
+    # compare) to confirm it
+    weights = {"step": top.step, "name_a": parameter.name_a, "parameter": parameter}
     if top.structural is not None:
         first, _ = structural_verdict(top.structural, step)
-        first.reason = f"{first.reason}; {weights}"
     else:
         kind = RecordKind.API if top.code == CauseCode.ONE_RUN_CALL else RecordKind.PARAM
         first = Verdict(VerdictCode(top.code.value), top.step, top.rank, "forward", kind,
                         top.name_a or (parameter.name_a if kind == RecordKind.PARAM else ""),
                         top.name_b or (parameter.name_b if kind == RecordKind.PARAM else ""),
-                        top.module, "", reason=f"{top.text}; {weights}")
+                        top.module, "", facts={"form": "cause", "cause": top.facts})
         first.chain = [{"name_a": first.name_a, "name_b": first.name_b, "step": top.step,
                         "rank": top.rank, "kind": kind, "direction": Direction.FORWARD,
-                        "module": top.module, "text": top.text}]
+                        "module": top.module, "text": "", "code": LinkCode.CAUSE.value,
+                        FACTS: {"cause": top.facts}}]
+    first.facts["weights"] = weights
     first.cause = top.as_json()
     first.candidates = [c.as_json() for c in causes[:_SHOWN]]
     first.parameters = {"name_a": parameter.name_a, "name_b": parameter.name_b,
                         "code": parameter.code.value, "metrics": parameter.metrics,
-                        "reason": parameter.reason}
+                        "reason": ""}     # written by report/wording.py
     for note in parameter.annotations:      # what to dump to confirm it
         if note not in first.annotations:
             first.annotations.append(note)

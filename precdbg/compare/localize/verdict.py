@@ -3,14 +3,22 @@ entry's fields), the evidence, the chain that led there, ranked candidates where
 several causes, and `Annotation` codes for what else bears on it. `Verdict.as_json()` is the
 contract's `first_divergence` (version `CONTRACT_VERSION`, docs/compare.md): programs read
 `code` and `annotations`; `reason` is its wording for people.
+
+A decision stores codes and typed facts only (`Verdict.facts`, each annotation's facts in
+`annotation_facts`, each chain item's `code` and `_facts`, each evidence item's `_why`); the
+words (`reason`, the chain's and causes' `text`, evidence's `why`) are written once, at the end
+of the compare, by report/wording.py.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["CONTRACT_VERSION", "VerdictCode", "Annotation", "Verdict", "empty_evidence"]
+__all__ = ["CONTRACT_VERSION", "VerdictCode", "Annotation", "LinkCode", "Verdict",
+           "empty_evidence", "FACTS"]
+
+FACTS = "_facts"     # the key of a JSON item's facts, which the wording replaces with words
 
 # 2: first_divergence.code and .annotations (codes), rows' judged_by; notes unchanged (text)
 CONTRACT_VERSION = 2
@@ -66,6 +74,29 @@ class Annotation(str, enum.Enum):
     STATISTICS_BLIND = "statistics_blind"             # statistics may not see the difference
 
 
+class LinkCode(str, enum.Enum):
+    """What one item of a verdict's `chain` says."""
+    DIFFERENTIATES_FORWARD = "differentiates_forward"   # a backward whose forward differs
+    GRADIENT_OF = "gradient_of"                 # a dw that is the gradient a call produced
+    READS_OUTPUT = "reads_output"               # reads the output of a call that differs
+    ONE_RUN_PRODUCER = "one_run_producer"       # reads what one run computes with other calls
+    SAME_MEMORY = "same_memory"                 # reads memory an earlier call wrote
+    COLLECTIVE_RANK = "collective_rank"         # its producer differs on another rank
+    CHANGED_AFTER = "changed_after"             # its producer agrees; changed in between
+    ARRIVING_GRAD = "arriving_grad"             # the gradient arriving at it differs
+    INPUT_DATA = "input_data"                   # reads input data that differs
+    COLLECTIVE_INPUT = "collective_input"       # a collective: another rank's input differs
+    CANDIDATE = "candidate"                     # differs while its inputs agree
+    INSIDE = "inside"                           # a module: the first record inside it next
+    CALLS_DIFFER = "calls_differ"               # the calls (or class) differ between the runs
+    CHANGED_IN_BETWEEN = "changed_in_between"   # reads an agreeing output, changed in between
+    CULPRIT = "culprit"                         # the call one run makes that wrote it
+    START_OF_STEP = "start_of_step"             # a parameter differs at the step's start
+    STRUCTURAL = "structural"                   # a module runs different code
+    STOPPED = "stopped"                         # one run's step stopped inside a module
+    CAUSE = "cause"                             # what the step shows to differ
+
+
 def empty_evidence() -> Dict[str, Any]:
     return {"inputs_bad": [], "outputs_bad": [], "arguments_bad": [], "inputs_agreeing": 0}
 
@@ -96,23 +127,29 @@ class Verdict:
     unfinished: Optional[Dict[str, Any]] = None     # where one run's step stopped
     call_site: Optional[Dict[str, str]] = None      # the user's line that made the call
     when: Optional[str] = None                      # where in the step a root call ran
+    # what the words need (report/wording.py): typed values, never words
+    facts: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    annotation_facts: List[Tuple[Annotation, Dict[str, Any]]] = dataclasses.field(
+        default_factory=list)
 
     @property
     def name(self) -> str:
         return self.name_a or self.name_b
 
-    def annotate(self, code: Annotation, words: str = "") -> None:
-        """Add an annotation code, and its words to the reason."""
+    def annotate(self, code: Annotation, **facts: Any) -> None:
+        """Add an annotation code; with `facts`, what its words (appended to the reason by
+        report/wording.py) need."""
         if code not in self.annotations:
             self.annotations.append(code)
-        if words:
-            self.reason = f"{self.reason}; {words}" if self.reason else words
+        if facts:
+            self.annotation_facts.append((code, facts))
 
     def as_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"code": self.code.value}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "code" or (value is None and f.default is None):
+            if f.name in ("code", "facts", "annotation_facts") or \
+                    (value is None and f.default is None):
                 continue
             out[f.name] = value
         out["annotations"] = [a.value for a in self.annotations]

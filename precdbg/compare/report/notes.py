@@ -11,6 +11,7 @@ from ...records.schema import READ_ROLES, WRITE_ROLES, Direction, RecordKind, Ro
 from ..judge.rows import Note, NoteCode, Row
 from ..localize.step_causes import ENTERED_APART
 from ..localize.verdict import Annotation, Verdict
+from .wording import settings_text
 
 __all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
            "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes",
@@ -126,10 +127,7 @@ def note_loss_scale(first: Verdict, findings: List[Dict[str, Any]]) -> None:
     run makes there are most likely its loss scaling, which scales every gradient after it."""
     scale = next((f for f in findings if f["kind"] == "loss_scale"), None)
     if scale is not None and first.module == "" and first.direction == Direction.BACKWARD:
-        first.annotate(Annotation.LOSS_SCALE,
-                       f"{scale['message']}: a loss scaled in one run only scales every "
-                       "gradient computed from it, so the backward differs from here on "
-                       "by that factor (compare runs that scale alike, or both unscaled)")
+        first.annotate(Annotation.LOSS_SCALE, message=scale["message"])
 
 
 _GRADIENT_STOPS = frozenset({"detach", "stop_gradient"})
@@ -166,17 +164,15 @@ def note_extra_calls(first: Verdict, unmatched: List[Dict[str, Any]],
                         and u["role"] in _FORWARD_ROLES})
         if stops:
             first.evidence["gradient_stopped_by"] = stops[:10]
-            first.annotate(Annotation.GRADIENT_STOPPED,
-                           f"only the {zero} calls {', '.join(stops[:3])}, which stops the "
-                           "gradient")
+            first.annotate(Annotation.GRADIENT_STOPPED, side=zero, stops=stops[:3])
     if extra:
         first.evidence["calls_in_one_run_only"] = {
             ("baseline" if side == "a" else "candidate"): sorted(set(names))[:10]
             for side, names in extra.items()}
         for side, names in extra.items():
             who = "baseline" if side == "a" else "candidate"
-            first.annotate(Annotation.CALLS_IN_ONE_RUN_ONLY,
-                           f"only the {who} calls {', '.join(sorted(set(names))[:4])} inside it")
+            first.annotate(Annotation.CALLS_IN_ONE_RUN_ONLY, who=who,
+                           names=sorted(set(names))[:4])
 
 
 _OTHER_CAUSES_SHOWN = 4
@@ -202,7 +198,8 @@ def other_causes(steps: Sequence[Any], structural: Sequence[Any],
     for diff in structural:
         where = f"module '{diff.module}'" if diff.module else "the root module"
         what = "calls differ" if diff.calls_differ else "class differs" if \
-            diff.class_differs else f"layer settings differ ({diff.settings_text()})"
+            diff.class_differs else \
+            f"layer settings differ ({settings_text(diff.setting_values())})"
         found.append(f"step {diff.step}: {what} in {where}")
     if not found:
         return []
