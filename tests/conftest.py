@@ -138,6 +138,22 @@ def write_config_file(path: Any, data: Any) -> str:
     return str(path)
 
 
+def guide_dumps(tmp: Any, guide: str, variants: Dict[str, str]) -> Dict[str, str]:
+    """One statistics dump (level mix) per name in `variants` (name -> the guide's variant),
+    each written by `python GUIDE CONFIG VARIANT` in a fresh process that must exit 0 and say
+    nothing of precdbg on stderr."""
+    out = {}
+    for name, variant in variants.items():
+        dump = str(tmp / name)
+        config = write_config_file(tmp / f"{name}.json", {"task": "statistics", "level": "mix",
+                                                          "dump_path": dump, "step": [0]})
+        done = run_python([guide, config, variant], timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "precdbg" not in done.stderr, done.stderr
+        out[name] = dump
+    return out
+
+
 def config_error(fn: Any, *args: Any, **kwargs: Any) -> str:
     """The message of the ConfigError `fn(*args, **kwargs)` raises: one line, a PrecdbgError."""
     with pytest.raises(precdbg.ConfigError) as info:

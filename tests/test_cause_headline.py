@@ -10,7 +10,7 @@ from typing import Dict
 
 import pytest
 
-from conftest import run_python, write_config_file
+from conftest import guide_dumps, run_python, write_config_file
 from precdbg.compare import compare_dumps
 
 pytest.importorskip("transformers")
@@ -19,18 +19,9 @@ GUIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guide_gpt2_ite
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory) -> Dict[str, str]:
-    tmp = tmp_path_factory.mktemp("cause_headline")
-    out = {}
-    for name, variant in (("base", "base"), ("rerun", "base"), ("eps", "eps"), ("tanh", "tanh"),
-                          ("write", "write")):
-        dump = str(tmp / name)
-        config = write_config_file(tmp / f"{name}.json", {"task": "statistics", "level": "mix",
-                                                          "dump_path": dump, "step": [0]})
-        done = run_python([GUIDE, config, variant], timeout=300)
-        assert done.returncode == 0, done.stderr
-        assert "precdbg" not in done.stderr, done.stderr
-        out[name] = dump
-    return out
+    return guide_dumps(tmp_path_factory.mktemp("cause_headline"), GUIDE,
+                       {"base": "base", "rerun": "base", "eps": "eps", "tanh": "tanh",
+                        "write": "write"})
 
 
 def test_a_rerun_matches(dumps):

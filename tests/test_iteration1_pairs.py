@@ -16,7 +16,7 @@ from typing import Dict
 
 import pytest
 
-from conftest import run_python, write_config_file
+from conftest import guide_dumps, run_python
 from precdbg.compare import compare_dumps
 
 pytest.importorskip("transformers")
@@ -31,17 +31,7 @@ DUMPS = {"base": "base", "rerun": "base", "threads": "threads", "scale": "scale"
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory) -> Dict[str, str]:
-    tmp = tmp_path_factory.mktemp("iteration1_pairs")
-    out = {}
-    for name, variant in DUMPS.items():
-        dump = str(tmp / name)
-        config = write_config_file(tmp / f"{name}.json", {"task": "statistics", "level": "mix",
-                                                          "dump_path": dump, "step": [0]})
-        done = run_python([GUIDE, config, variant], timeout=300)
-        assert done.returncode == 0, done.stderr
-        assert "precdbg" not in done.stderr, done.stderr
-        out[name] = dump
-    return out
+    return guide_dumps(tmp_path_factory.mktemp("iteration1_pairs"), GUIDE, DUMPS)
 
 
 def _first(dumps, baseline: str, candidate: str):
