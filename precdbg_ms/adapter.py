@@ -22,7 +22,6 @@ from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 import mindspore as ms
 from mindspore import nn
-from mindspore.graph.api import _pynative_executor
 
 import precdbg
 from precdbg.errors import FrameworkError
@@ -37,6 +36,7 @@ from .cell_copies import CopyOrigins
 from .cell_hooks import CellHooks
 from .hook_backward import replace_arguments, top_level
 from .optimizer import patch_loss_scalers, patch_optimizer
+from .pynative import _pynative_executor
 from .recompute import Replay, model_cells, patch_recompute
 from .returned_grads import GradientLinks, patch_grad_executor
 from .tensors import MindSporeTensors

@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from mindspore._c_expression import MixedPrecisionType
 from mindspore.ops.operations.debug_ops import HookBackward
-from mindspore.graph.api import _pynative_executor as _executor
+
+from .pynative import _pynative_executor as _executor
 
 __all__ = ["through_hook", "top_level", "replace_arguments", "replace_result"]
 

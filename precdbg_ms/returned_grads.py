@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from mindspore.graph.api import _PyNativeExecutor
-
 from precdbg.capture import ClassPatch
 
 from .call_arguments import tensor_outputs
+from .pynative import _PyNativeExecutor
 from .tensors import pointer
 
 __all__ = ["GradientLinks", "patch_grad_executor"]

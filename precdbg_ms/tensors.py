@@ -60,7 +60,8 @@ HostRow = Tuple[float, float, float, float, int, int, float]
 def dtype_name(dtype: Any) -> str:
     name = _NAMES.get(dtype)
     if name is None:
-        text = str(dtype).lower()
+        # "Float32"; under a torch shim (mindnlp's mindtorch, MSAdapter) "mindspore.float32"
+        text = str(dtype).lower().rsplit(".", 1)[-1]
         name = {"bool": "bool", "bool_": "bool"}.get(text, text)
         _NAMES[dtype] = name
     return name
