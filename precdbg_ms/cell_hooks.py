@@ -11,6 +11,7 @@ what one cell call's hooks hand each other, and reads the adapter's flags (`inst
 """
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from mindspore import nn
@@ -70,6 +71,19 @@ class _CellGrad:
             adapter.run_guarded(self.hooks._cell_grad, "backward hook of "
                                 + (self.slot.call or self.slot.api_call).backward_entry,
                                 self.slot, self.role, self.index, self.key, grad)
+
+
+def _always_call() -> Dict[str, bool]:
+    """The option of `Cell.register_forward_hook` that runs the hook when the forward raises,
+    where this MindSpore has it."""
+    try:
+        params = inspect.signature(nn.Cell.register_forward_hook).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"always_call": True} if "always_call" in params else {}
+
+
+_ALWAYS_CALL = _always_call()     # a constant of the MindSpore version
 
 
 def _custom_bprop_forward_hook(cell: nn.Cell, hook: Callable[..., Any]) -> Optional[Any]:
@@ -175,7 +189,9 @@ class CellHooks:
             hold(ClassPatch(cell, "bprop", self._uncaptured_bprop))
         else:
             hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
-            hold(cell.register_forward_hook(post, with_kwargs=True, always_call=True))
+            # always_call (2.8+): the hook runs when the forward raises too (a step that stops
+            # early is then seen to stop there); 2.7 has no such option
+            hold(cell.register_forward_hook(post, with_kwargs=True, **_ALWAYS_CALL))
         if self.recorder.filter.keeps_backward:
             # a backward hook of the user's copies what crosses the cell: linked to originals
             aliased = wrap_cell_backward_hook(cell, self._alias)

@@ -38,3 +38,15 @@ def test_mindspores_own_dtypes_keep_their_names():
     from precdbg_ms.tensors import dtype_name
     assert [dtype_name(d) for d in (ms.float32, ms.bfloat16, ms.int64, ms.bool_)] == \
         ["float32", "bfloat16", "int64", "bool"]
+
+
+def test_forward_hooks_run_when_the_forward_raises_where_this_version_can():
+    """2.8 added `always_call` to `Cell.register_forward_hook`; 2.7 has none, and the hook is
+    registered without it there (measured on 2.7.1: start() raised TypeError before)."""
+    import inspect
+
+    from mindspore import nn
+
+    from precdbg_ms.cell_hooks import _ALWAYS_CALL
+    has = "always_call" in inspect.signature(nn.Cell.register_forward_hook).parameters
+    assert _ALWAYS_CALL == ({"always_call": True} if has else {})
