@@ -1,4 +1,7 @@
-"""precdbg for MindSpore (PyNative mode; CPU, GPU and Ascend through the same code)."""
+"""precdbg for MindSpore (PyNative mode; CPU, GPU and Ascend through the same code), for native
+Cells and for PyTorch code running on MindSpore through a torch shim (mindnlp's `mindtorch`,
+MSAdapter): where the process's `torch` is such a shim, the debugger records the shim's modules
+and `torch.*` calls under PyTorch's names (framework `mindtorch`)."""
 from __future__ import annotations
 
 import random
@@ -26,6 +29,19 @@ def seed_all(seed: int = 1234, deterministic: bool = True) -> None:
     record_seed_all("mindspore", seed, deterministic)
 
 
+def _adapter_factory() -> Any:
+    """The adapter for this process: the shim mode's where `torch` is a shim over MindSpore."""
+    from .torch_shim import find_shim
+    torch = find_shim()
+    if torch is None:
+        from .adapter import MindSporeAdapter
+        return MindSporeAdapter
+    import functools
+
+    from .shim_adapter import ShimAdapter
+    return functools.partial(ShimAdapter, torch)
+
+
 class PrecisionDebugger(BaseDebugger):
     """Dump MindSpore training steps to HDF5, with the same config and records as PyTorch.
 
@@ -36,8 +52,7 @@ class PrecisionDebugger(BaseDebugger):
 
     def __init__(self, config_path: Optional[str] = None, model: Any = None,
                  **settings: Any) -> None:
-        from .adapter import MindSporeAdapter
-        super().__init__(config_path, MindSporeAdapter, model=model, **settings)
+        super().__init__(config_path, _adapter_factory(), model=model, **settings)
         if self.config.seed is not None or self.config.deterministic:
             seed_all(self.config.seed if self.config.seed is not None else 1234,
                      self.config.deterministic)

@@ -33,10 +33,10 @@ from .api_registry import PatchRegistry
 from .call_arguments import (is_floating, is_tensor, scalar_inputs, takes_grad, tensor_inputs,
                              tensor_outputs)
 from .cell_copies import CopyOrigins
-from .cell_hooks import CellHooks
+from .cell_hooks import CellHooks, keep_attributes
 from .hook_backward import replace_arguments, top_level
 from .optimizer import patch_loss_scalers, patch_optimizer
-from .pynative import _pynative_executor
+from .pynative import _pynative_executor, register_tensor_hook
 from .recompute import Replay, model_cells, patch_recompute
 from .returned_grads import GradientLinks, patch_grad_executor
 from .tensors import MindSporeTensors
@@ -86,6 +86,7 @@ class MindSporeAdapter(BaseInstrumentor):
         # inside a gradient computation (value_and_grad): a flag, no wait for the pipeline
         self.requires_grad = _pynative_executor.requires_grad
         self._view = ms.Tensor.view       # the original, unpatched
+        self.takes_grad = takes_grad      # whether a tensor is part of a gradient computation
         self.cells = CellHooks(self)      # the hooks of the model's cells
 
     # ------------------------------------------------------------------ environment
@@ -147,7 +148,7 @@ class MindSporeAdapter(BaseInstrumentor):
         self.cells.hook(path, cell)
 
     def gradient_hooks(self, path: str, param: Any) -> Iterable[Any]:
-        return (param.register_hook(self._param_grad_hook(path, param)),)
+        return (register_tensor_hook(param, self._param_grad_hook(path, param)),)
 
     def _instrument(self, session: Recorder, params: List[NamedTensor]) -> None:
         cfg = session.config
@@ -292,12 +293,12 @@ class MindSporeAdapter(BaseInstrumentor):
         watched: List[Tuple[int, str, Any]] = []
         replaced: Dict[str, Any] = {}
         for index, key, t in inputs:
-            if not top_level(key) or not is_floating(t) or not takes_grad(t) or \
+            if not top_level(key) or not is_floating(t) or not self.takes_grad(t) or \
                     (replay and self.replay.is_constant(t)):
                 continue
-            view = self._view(t, t.shape)
+            view = keep_attributes(t, self._view(t, t.shape))
             try:
-                view.register_hook(self._grad_hook(call, _GRAD_INPUT, index, key))
+                register_tensor_hook(view, self._grad_hook(call, _GRAD_INPUT, index, key))
             except RuntimeError:      # not inside a gradient computation after all
                 continue
             replaced[key] = view
@@ -313,9 +314,10 @@ class MindSporeAdapter(BaseInstrumentor):
                 session.capture(call, _FORWARD, _OUTPUT, index, key, t)
         if watched:               # the gradient arriving at each output (dy)
             for index, key, t in outputs:
-                if is_floating(t) and takes_grad(t):
+                if is_floating(t) and self.takes_grad(t):
                     try:
-                        t.register_hook(self._grad_hook(call, _GRAD_OUTPUT, index, key))
+                        register_tensor_hook(t, self._grad_hook(call, _GRAD_OUTPUT, index,
+                                                                key))
                     except RuntimeError:
                         pass
         session.end_call()

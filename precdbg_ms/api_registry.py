@@ -19,13 +19,13 @@ import mindspore as ms
 from precdbg.capture import ClassPatch
 from precdbg.records import framework_table
 
-__all__ = ["PatchRegistry"]
+__all__ = ["PatchRegistry", "OPERATORS"]
 
 _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType)
 _METHOD_TYPES = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
                  types.BuiltinFunctionType)
 # operators worth capturing; other dunders are object plumbing
-_OPERATORS = frozenset({
+OPERATORS = frozenset({
     "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__",
     "__imul__", "__truediv__", "__rtruediv__", "__itruediv__", "__floordiv__", "__rfloordiv__",
     "__mod__", "__rmod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
@@ -49,7 +49,7 @@ def _tensor_methods(ignore: set) -> List[Tuple[Any, str]]:
     the wrapper goes), the original may come from the C base class."""
     out = []
     for name in sorted(set(dir(ms.Tensor))):
-        if name in ignore or (name.startswith("_") and name not in _OPERATORS):
+        if name in ignore or (name.startswith("_") and name not in OPERATORS):
             continue
         raw = inspect.getattr_static(ms.Tensor, name, None)
         if isinstance(raw, (property, staticmethod, classmethod)) or raw is None:

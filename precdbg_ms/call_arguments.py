@@ -43,6 +43,28 @@ def takes_grad(t: Any) -> bool:
     return bool(getattr(t, "_requires_grad", getattr(t, "requires_grad", False)))
 
 
+def shim_takes_grad(t: Any) -> bool:
+    """`takes_grad` under a torch shim, which puts a `_requires_grad` of its own on the Tensor
+    class (mindnlp's reads False for every activation): MindSpore's own flag, and where the
+    shim's ops left that unset (None), the tensor is taken as part of the computation (a hook
+    MindSpore refuses is then skipped where it is registered)."""
+    flag = _autograd_flag(t) if _autograd_flag is not None else None
+    if flag is None:
+        return bool(getattr(t, "requires_grad", False)) or _autograd_flag is not None
+    return bool(flag)
+
+
+def _tensor_py_flag() -> Any:
+    try:
+        from mindspore._c_expression import TensorPy
+        return TensorPy.__dict__["_requires_grad"].__get__
+    except (ImportError, KeyError, AttributeError):
+        return None
+
+
+_autograd_flag = _tensor_py_flag()
+
+
 def is_floating(t: Any) -> bool:
     return dtype_name(t.dtype) in _FLOAT_NAMES
 

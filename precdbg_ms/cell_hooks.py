@@ -73,17 +73,38 @@ class _CellGrad:
                                 self.slot, self.role, self.index, self.key, grad)
 
 
-def _always_call() -> Dict[str, bool]:
-    """The option of `Cell.register_forward_hook` that runs the hook when the forward raises,
-    where this MindSpore has it."""
+def _always_call(module_type: type) -> Dict[str, bool]:
+    """The option of `register_forward_hook` that runs the hook when the forward raises, where
+    this module class has it (MindSpore 2.8+ Cells; a torch shim's modules, as PyTorch's)."""
     try:
-        params = inspect.signature(nn.Cell.register_forward_hook).parameters
-    except (TypeError, ValueError):
+        params = inspect.signature(module_type.register_forward_hook).parameters
+    except (TypeError, ValueError, AttributeError):
         return {}
     return {"always_call": True} if "always_call" in params else {}
 
 
-_ALWAYS_CALL = _always_call()     # a constant of the MindSpore version
+# module class -> its always_call option: a constant of the class (filled once per class)
+_ALWAYS_CALL: Dict[type, Dict[str, bool]] = {}
+
+
+def _always_call_of(module: Any) -> Dict[str, bool]:
+    found = _ALWAYS_CALL.get(type(module))
+    if found is None:
+        found = _ALWAYS_CALL[type(module)] = _always_call(type(module))
+    return found
+
+
+def keep_attributes(original: Any, passed_on: Any) -> Any:
+    """`passed_on` (a new tensor object over `original`'s memory, handed to the model in its
+    place) with the attributes a torch shim keeps on `original` (mindtorch's `_device`): the
+    model's `x.device` reads what it read without precdbg. Native tensors keep none."""
+    own = getattr(original, "__dict__", None)
+    if own:
+        theirs = getattr(passed_on, "__dict__", None)
+        if theirs is not None:
+            for key, value in own.items():
+                theirs.setdefault(key, value)
+    return passed_on
 
 
 def _custom_bprop_forward_hook(cell: nn.Cell, hook: Callable[..., Any]) -> Optional[Any]:
@@ -152,7 +173,7 @@ class CellHooks:
         cls = type(cell).__name__
         if any(path.startswith(p + ".") or not p for p in self.jitted):
             return       # inside a compiled cell: a hook there would be compiled into its graph
-        if getattr(cell.construct, "__wrapped_by_jit__", False):
+        if getattr(getattr(cell, "construct", None), "__wrapped_by_jit__", False):
             self.jitted.append(path)    # its call is seen, nothing inside it (said once)
         leaf_api = self.leaf_cells.get(cls) if type(cell).__module__.startswith("mindspore.") \
             else None
@@ -191,7 +212,7 @@ class CellHooks:
             hold(cell.register_forward_pre_hook(pre, with_kwargs=True))
             # always_call (2.8+): the hook runs when the forward raises too (a step that stops
             # early is then seen to stop there); 2.7 has no such option
-            hold(cell.register_forward_hook(post, with_kwargs=True, **_ALWAYS_CALL))
+            hold(cell.register_forward_hook(post, with_kwargs=True, **_always_call_of(cell)))
         if self.recorder.filter.keeps_backward:
             # a backward hook of the user's copies what crosses the cell: linked to originals
             aliased = wrap_cell_backward_hook(cell, self._alias)
@@ -228,7 +249,8 @@ class CellHooks:
         slot = _CellCall()
         self.calls.setdefault(id(cell), []).append(slot)
         grad_on, replay = self._grad_state()
-        call, subtree = session.begin_module("Cell", path, cls, grad_on, replay)
+        call, subtree = session.begin_module("Cell" if isinstance(cell, nn.Cell) else "Module",
+                                             path, cls, grad_on, replay)
         session.enter_module(path, subtree)
         slot.call, slot.entered = call, True
         api_call = (session.begin_api("Functional", leaf_api, grad_on, replay) if leaf_api
@@ -243,7 +265,8 @@ class CellHooks:
         root = self._copies.root
         slot.inputs = [root(t) for _, _, t in inputs]
         if replay:        # its forward is recorded already; what it computes may be constant
-            slot.replay_inputs = inputs + [(0, "", p) for p in cell.get_parameters()]
+            params = cell.get_parameters() if isinstance(cell, nn.Cell) else cell.parameters()
+            slot.replay_inputs = inputs + [(0, "", p) for p in params]
             slot.constant_inputs = self._replay.constant_positions(inputs)
             return self._hook_cell_inputs(slot, inputs, args, kwargs)
         if call is not None:
@@ -319,7 +342,8 @@ class CellHooks:
         replaced: Dict[str, Any] = {}
         for index, key, t in found:
             if top_level(key) and index not in constants and is_floating(t):
-                hooked = through_hook(t, _CellGrad(self, slot, role, index, key))
+                hooked = keep_attributes(t, through_hook(t, _CellGrad(self, slot, role, index,
+                                                                       key)))
                 self._link_copy(t, hooked)
                 replaced[key] = hooked
         return replaced

@@ -66,6 +66,8 @@ def replace_result(result: Any, replaced: Dict[str, Any]) -> Any:
     result itself when it is one tensor, else its first element)."""
     if not replaced:
         return result
+    if isinstance(result, dict):
+        return _replace_items(result, replaced)
     if not isinstance(result, (tuple, list)):
         return replaced.get("0", result)
     items = [replaced.get(str(i), item) for i, item in enumerate(result)]
@@ -74,3 +76,18 @@ def replace_result(result: Any, replaced: Dict[str, Any]) -> Any:
     if type(result) is tuple:
         return tuple(items)
     return type(result)(*items)          # a named tuple
+
+
+def _replace_items(result: Dict[Any, Any], replaced: Dict[str, Any]) -> Dict[Any, Any]:
+    """A dict result (a Hugging Face `ModelOutput`: an ordered dict whose items are also its
+    attributes) with the items named in `replaced`: a copy of the caller's type, or the
+    result itself changed where its type cannot be copied."""
+    import copy
+    try:
+        out = copy.copy(result)
+    except Exception:  # noqa: BLE001 - a type that cannot be copied: changed in place
+        out = result
+    for key in list(out.keys()):
+        if str(key) in replaced:
+            out[key] = replaced[str(key)]
+    return out

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 import torch
 
 import precdbg
-from precdbg.capture import BaseInstrumentor, NamedTensor, Recorder, jsonable
+from precdbg.capture import BaseInstrumentor, NamedTensor, Recorder
 from precdbg.records import Direction, Role, in_place, writes_arguments
 
 from . import compiled, module_patches, plumbing, wrappers
@@ -172,8 +172,8 @@ class TorchAdapter(BaseInstrumentor):
             compiled.note_compiled(session, self._compiled)
         compiled.note_scripted(session, self._scripted)
         from torch.optim import optimizer as opt
-        self.hold(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
-        self.hold(opt.register_optimizer_step_post_hook(self._optimizer_post))
+        self.hold(opt.register_optimizer_step_pre_hook(self.optimizer_step_pre))
+        self.hold(opt.register_optimizer_step_post_hook(self.optimizer_step_post))
         for patch in (watch_training_state(self) + plumbing.plumbing_patches(self)
                       + checkpoint_patches(self.replays)):
             self.hold(patch)
@@ -303,31 +303,3 @@ class TorchAdapter(BaseInstrumentor):
             else:
                 self._mode.resume()
 
-    # ------------------------------------------------------------------ optimizer phase
-    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if not self.installed:
-            return None
-        token = self.optimizer_begins(optimizer, self._describe)
-        self._optimizers.tokens.append(token)
-        # step(closure): the closure runs the model (LBFGS), captured as the model is
-        # (torch hands the hook step's arguments with the optimizer itself first)
-        at = 1 if args and args[0] is optimizer else 0
-        if len(args) > at and callable(args[at]):
-            closure = self.closure_in_step(args[at], token)
-            return tuple(args[:at]) + (closure,) + tuple(args[at + 1:]), kwargs
-        if callable(kwargs.get("closure")):
-            return args, dict(kwargs, closure=self.closure_in_step(kwargs["closure"], token))
-        return None
-
-    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.installed and self._optimizers.tokens:
-            self.optimizer_ends(self._optimizers.tokens.pop())
-        return None
-
-    def _describe(self, optimizer: Any) -> Dict[str, Any]:
-        """Class, and per param group its hyperparameters and the names of its parameters."""
-        groups = [{"hyper": {k: jsonable(v) for k, v in group.items() if k != "params"},
-                   "params": [self.param_path(p) or f"<unnamed {tuple(p.shape)}>"
-                              for p in group["params"]]}
-                  for group in optimizer.param_groups]
-        return {"id": id(optimizer), "class": type(optimizer).__name__, "param_groups": groups}

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..records.call import Call
 from ..records.layers import settings_text
-from ..records.naming import (api_entry, canonical_op, module_entry, param_alias, param_entry,
+from ..records.naming import (vocabulary, api_entry, canonical_op, module_entry, param_alias, param_entry,
                               save_entry, torch_param_leaf)
 from ..records.schema import Direction, Phase, RecordKind, Role
 from .call_stacks import StackTable
@@ -38,7 +38,7 @@ class WindowCalls:
         self.step = step
         self.filter = capture_filter
         self.stacks = stacks
-        self.framework = framework
+        self.framework = vocabulary(framework)      # whose names the records use
         self.keep_stacks = keep_stacks        # config `stack`: record each call's stack
         self.store_all = store_all            # task tensor: every call's tensors are stored
         self.modules: List[ModuleRow] = []    # the hooked model's module tree

@@ -14,9 +14,11 @@ from typing import (Any, Callable, ClassVar, ContextManager, Dict, Iterable, Lis
 
 from ..errors import PrecdbgError
 from ..records.layers import raw_settings
+from ..records.naming import vocabulary
 from .model_walk import named_through
 from .contract import Recorder
 from ..records.schema import Direction, Phase, RecordKind
+from ..storage.json_files import jsonable
 
 __all__ = ["BaseInstrumentor", "ClassPatch", "GuardedHook", "Handle", "NamedTensor", "OptimizerToken",
            "named_through"]
@@ -137,7 +139,8 @@ class BaseInstrumentor:
         if modules:
             with self.guard():
                 session.set_module_tree([(path, self.class_name(m), path.rpartition(".")[0],
-                                          raw_settings(self.framework, self.class_name(m), m))
+                                          raw_settings(vocabulary(self.framework),
+                                                       self.class_name(m), m))
                                          for path, m in modules])
                 self._inventory(session, params, self.named_tensors(modules, self.own_buffers))
         self._module_paths = {id(module): path for path, module in modules}
@@ -331,6 +334,39 @@ class BaseInstrumentor:
                 if self.installed:
                     self.optimizer_ends(inside)
         return closure_in_step
+
+    def optimizer_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        """A global optimizer step pre-hook of PyTorch's shape (`torch.optim.optimizer.
+        register_optimizer_step_pre_hook`, which torch shims copy): the optimizer phase begins;
+        a closure among the step's arguments (LBFGS) is handed on through `closure_in_step`.
+        Returns what such a hook returns: None, or the (args, kwargs) to step with."""
+        if not self.installed:
+            return None
+        token = self.optimizer_begins(optimizer, self.describe_param_groups)
+        self._optimizers.tokens.append(token)
+        # torch hands the hook step's arguments with the optimizer itself first
+        at = 1 if args and args[0] is optimizer else 0
+        if len(args) > at and callable(args[at]):
+            closure = self.closure_in_step(args[at], token)
+            return tuple(args[:at]) + (closure,) + tuple(args[at + 1:]), kwargs
+        if callable(kwargs.get("closure")):
+            return args, dict(kwargs, closure=self.closure_in_step(kwargs["closure"], token))
+        return None
+
+    def optimizer_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The global post-hook that pairs with `optimizer_step_pre`."""
+        if self.installed and self._optimizers.tokens:
+            self.optimizer_ends(self._optimizers.tokens.pop())
+        return None
+
+    def describe_param_groups(self, optimizer: Any) -> Dict[str, Any]:
+        """A PyTorch-style optimizer for the manifest: its class, and per param group its
+        hyperparameters and the names of its parameters (as the model's records name them)."""
+        groups = [{"hyper": {k: jsonable(v) for k, v in group.items() if k != "params"},
+                   "params": [self.param_path(p) or f"<unnamed {tuple(p.shape)}>"
+                              for p in group["params"]]}
+                  for group in optimizer.param_groups]
+        return {"id": id(optimizer), "class": type(optimizer).__name__, "param_groups": groups}
 
     def pause_changed(self) -> None:
         """`paused` has just changed: a framework whose interposer must follow it (taken off

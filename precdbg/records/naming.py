@@ -122,6 +122,17 @@ def name_table(name: str) -> Dict[str, Any]:
 
 
 
+# The vocabulary a dump's framework names things in: a torch shim over MindSpore (framework
+# `mindtorch`: PyTorch code on MindSpore tensors) names its modules, APIs, parameters and layer
+# settings as PyTorch does, so that its dump and a PyTorch dump align by name.
+_VOCABULARIES = {"pytorch": "pytorch", "mindtorch": "pytorch", "mindspore": "mindspore"}
+
+
+def vocabulary(framework: str) -> str:
+    """`pytorch` or `mindspore`: whose names a dump of `framework` uses (itself if unknown)."""
+    return _VOCABULARIES.get(framework, framework)
+
+
 def framework_table(framework: str) -> Dict[str, Any]:
     """The name table of one framework (`torch`, `mindspore`): prefixes, ignore list, aliases."""
     return name_table(f"{framework}.yaml")
@@ -219,7 +230,8 @@ def param_alias(framework: str, path: str, owner_cls: str) -> str:
 def inventory_role(framework: str, leaf: str, trainable: bool) -> Role:
     """`buffer` for a frozen parameter that PyTorch keeps as a buffer (MindSpore BatchNorm's
     `moving_mean`, `moving_variance`), else `param`."""
-    if not trainable and leaf in framework_table(framework).get("buffer_params", ()):
+    if not trainable and vocabulary(framework) == "mindspore" and \
+            leaf in framework_table("mindspore").get("buffer_params", ()):
         return Role.BUFFER
     return Role.PARAM
 
