@@ -3,6 +3,16 @@ Tensor method and operator called inside the captured region, with nothing to pa
 
 Which prefix and name an API gets comes from the namespaces it is found in (table built once, on
 the first start) and the core's name table (`precdbg/records/tables/torch.yaml`).
+
+Registered operators reach the mode too: a call of `torch.ops.<ns>.<op>` as the
+`OpOverloadPacket` it is, a call of one overload (`torch.ops.<ns>.<op>.default`) and a call of a
+`torch.library.custom_op` function as that `OpOverload`. Both are named by the core's operator
+rule (`precdbg.records.operator_api`: `npu` -> `NPU`, `aten` not captured, other namespaces
+`Torch.<ns>.<op>`) from the operator's qualified name, the overload left out, so every way to
+call one operator counts as one API. torch_npu's fused ops (`torch_npu.npu_rms_norm`) are
+`torch.ops.npu` packets, found in torch_npu's namespace (prefix `NPU`) as well. What an
+operator's implementation calls runs inside the mode's handler, unseen: one call, one record,
+and its backward is the operator's registered autograd formula.
 """
 from __future__ import annotations
 
@@ -15,7 +25,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from precdbg.capture import call_arguments, tensor_arguments, tensor_results
-from precdbg.records import framework_table
+from precdbg.records import framework_table, operator_api
 
 from .recompute import ENGINE_ENTRIES
 
@@ -66,6 +76,22 @@ def _table() -> Dict[Any, Any]:
     return table
 
 
+_OPERATORS = (torch._ops.OpOverloadPacket, torch._ops.OpOverload)
+
+
+def _operator(func: Any) -> Optional[Tuple[str, str]]:
+    """(namespace, op) of a registered operator's packet or overload, else None (also where a
+    torch version lacks the attribute read: such a call runs uncaptured, never raising)."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        qualified = getattr(func, "_qualified_op_name", "")     # 'npu::npu_rms_norm'
+    elif isinstance(func, torch._ops.OpOverload):               # the same, without overload
+        qualified = getattr(getattr(func, "_schema", None), "name", "")
+    else:
+        return None
+    namespace, _, op = str(qualified).partition("::")
+    return (namespace, op) if op else None
+
+
 def identify(func: Any) -> _Ident:
     """(prefix, api name) of a function seen by the mode, or None when it is not captured."""
     table = _table()
@@ -75,6 +101,14 @@ def identify(func: Any) -> _Ident:
         return None
     if hit is not None:
         return None if hit is _IGNORED else hit
+    if isinstance(func, _OPERATORS):
+        found = _operator(func)
+        ident = operator_api(*found) if found is not None else None
+        try:
+            table[func] = ident if ident is not None else _IGNORED
+        except TypeError:
+            pass
+        return ident
     name = getattr(func, "__name__", "")
     if name in ("__get__", "__set__", "__delete__") or not name:
         # attribute access (x.shape, x.grad, ...): metadata, not math. Each access brings a

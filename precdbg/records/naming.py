@@ -15,7 +15,8 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 from .schema import Role
 
 __all__ = ["COLLECTIVE_OPS", "is_collective", "in_place", "writes_arguments",
-           "api_entry", "module_entry", "param_entry", "save_entry", "canonical_op", "framework_table",
+           "api_entry", "operator_api", "module_entry", "param_entry", "save_entry",
+           "canonical_op", "framework_table",
            "normalize_api_name", "param_alias", "torch_param_leaf", "inventory_role"]
 
 _TABLES_DIR = os.path.join(os.path.dirname(__file__), "tables")
@@ -51,10 +52,11 @@ _IN_PLACE = frozenset({"__setitem__", "assign", "assign_add", "assign_sub", "sca
 
 
 # APIs whose outputs (all, or those at the listed output indices) are memory nobody has written
-# yet; FSDP2's all_gather_copy_in returns (its input, the all-gather's empty output buffer)
+# yet; FSDP2's all_gather_copy_in (torch.ops.fsdp: named `fsdp.all_gather_copy_in`, see
+# operator_api) returns (its input, the all-gather's empty output buffer)
 _UNINITIALIZED: Dict[str, Optional[Tuple[int, ...]]] = {
     "empty": None, "empty_like": None, "new_empty": None, "empty_strided": None,
-    "empty_permuted": None, "all_gather_copy_in": (1,)}
+    "empty_permuted": None, "all_gather_copy_in": (1,), "fsdp.all_gather_copy_in": (1,)}
 
 
 def uninitialized_output(api: str, index: int) -> bool:
@@ -136,6 +138,31 @@ def vocabulary(framework: str) -> str:
 def framework_table(framework: str) -> Dict[str, Any]:
     """The name table of one framework (`torch`, `mindspore`): prefixes, ignore list, aliases."""
     return name_table(f"{framework}.yaml")
+
+
+@functools.lru_cache(maxsize=4096)
+def operator_api(namespace: str, op: str) -> Optional[Tuple[str, str]]:
+    """(prefix, api) of a call of the registered operator `namespace::op`, or None when such
+    calls are not captured: `torch.ops.npu.npu_rms_norm` (the packet, an overload of it, the
+    `torch_npu.npu_rms_norm` it is exposed as, a `torch.library.custom_op` function of that
+    name) is `("NPU", "npu_rms_norm")`, msprobe's `NPU.npu_rms_norm.0.forward`;
+    `torch.ops.aten.add` is None (not a user-level API); `torch.ops.mylib.scale` is
+    `("Torch", "mylib.scale")`. The rules are the `operators` section of the torch name table
+    (`tables/torch.yaml`); a torch shim on MindSpore names its operators by the same rules, so
+    both sides of a migration name a fused op alike. The overload is never part of the name.
+
+    >>> operator_api("npu", "npu_fusion_attention")
+    ('NPU', 'npu_fusion_attention')
+    """
+    table = framework_table("torch")
+    if op in set(table.get("ignore", ())) or not op:
+        return None
+    rules = table.get("operators") or {}
+    namespaces = rules.get("namespaces") or {}
+    if namespace in namespaces:
+        prefix = namespaces[namespace]
+        return (str(prefix), op) if prefix else None
+    return str(rules.get("other") or "Torch"), f"{namespace}.{op}"
 
 
 @functools.lru_cache(maxsize=None)
