@@ -93,8 +93,9 @@ def _custom_bprop_forward_hook(cell: nn.Cell, hook: Callable[..., Any]) -> Optio
     MindSpore keeps forward hooks otherwise (the cell is then left unhooked).
 
     The hook is kept where `register_forward_hook` keeps it: `_forward_hook`, marked in
-    `_forward_hook_with_kwargs` and, where MindSpore has it (2.8+), `_forward_hook_always_called`;
-    the handle removes it from each (2.7's `HookHandle` takes one extra dict, 2.8+ a list)."""
+    `_forward_hook_with_kwargs` and, where MindSpore has it (not 2.7),
+    `_forward_hook_always_called`; the handle removes it from each (2.7's `HookHandle` takes
+    one extra dict, 2.10's a list)."""
     try:
         from mindspore.common.hook_handle import HookHandle
         hooks = cell._forward_hook
