@@ -108,19 +108,31 @@ def keep_attributes(original: Any, passed_on: Any) -> Any:
 
 
 def _custom_bprop_forward_hook(cell: nn.Cell, hook: Callable[..., Any]) -> Optional[Any]:
-    """`hook` as `register_forward_hook(hook, with_kwargs=True, always_call=True)` would hold
-    it, on a cell with its own `bprop`, for which MindSpore returns an empty handle although
-    PyNative runs the hooks it holds (`Cell._run_construct`); None where this MindSpore keeps
-    forward hooks otherwise (the cell is then left unhooked)."""
+    """`hook` as `register_forward_hook(hook, with_kwargs=True, **_ALWAYS_CALL)` would hold it,
+    on a cell with its own `bprop`, for which MindSpore returns an empty handle although
+    PyNative runs the hooks it holds (`Cell._run_construct`, 2.7 to 2.10); None where this
+    MindSpore keeps forward hooks otherwise (the cell is then left unhooked).
+
+    The hook is kept where `register_forward_hook` keeps it: `_forward_hook`, marked in
+    `_forward_hook_with_kwargs` and, where MindSpore has it (not 2.7),
+    `_forward_hook_always_called`; the handle removes it from each (2.7's `HookHandle` takes
+    one extra dict, 2.10's a list)."""
     try:
         from mindspore.common.hook_handle import HookHandle
         hooks = cell._forward_hook
-        extras = [cell._forward_hook_with_kwargs, cell._forward_hook_always_called]
+        extras = [cell._forward_hook_with_kwargs]
     except (ImportError, AttributeError):
         return None
+    if _ALWAYS_CALL:       # always_call: the hook runs when the forward raises too
+        extras.append(getattr(cell, "_forward_hook_always_called", None))
     if not all(isinstance(d, dict) for d in [hooks] + extras):
         return None
-    handle = HookHandle(hooks, extra_dict=extras)
+    try:
+        handle = HookHandle(hooks, extra_dict=extras if len(extras) > 1 else extras[0])
+    except TypeError:
+        return None
+    if getattr(handle, "handle_id", None) is None:
+        return None
     hooks[handle.handle_id] = hook
     for extra in extras:
         extra[handle.handle_id] = True

@@ -6,7 +6,8 @@ this module only tells the adapter when a replay runs and which cell it replays.
   (its calls run without gradients: not watched), and `_RecomputeCell.bprop` runs the forward
   again with gradients during backward and differentiates it on the spot: the replay's backward
   hooks record the gradients of the original calls.
-- Non-reentrant: the forward runs with gradients (watched as usual); during backward
+- Non-reentrant (MindSpore 2.8+; 2.7 has the reentrant one only, and no `_RecomputeHandle`):
+  the forward runs with gradients (watched as usual); during backward
   `_RecomputeHandle.recompute` runs it again only to rebuild saved tensors. Nothing of that
   replay is recorded: the original calls' own hooks receive the gradients.
 

@@ -9,6 +9,7 @@ Nothing here imports torch, so the MindSpore tests that do not compare with PyTo
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import os
 import types
@@ -174,6 +175,24 @@ def primitive_classes() -> List[type]:
     return list(seen.values())
 
 
+def _recompute_classes() -> Tuple[str, ...]:
+    """The classes of `mindspore.common.recompute` that precdbg_ms wraps, where this MindSpore
+    has them: `_RecomputeCell` (reentrant recompute, 2.7+) and `_RecomputeHandle`
+    (non-reentrant, 2.8+; 2.7's `Cell.recompute()` has no `use_reentrant`)."""
+    recompute = importlib.import_module("mindspore.common.recompute")
+    return tuple(name for name in ("_RecomputeCell", "_RecomputeHandle")
+                 if hasattr(recompute, name))
+
+
+RECOMPUTE_CLASSES = _recompute_classes()
+# the replays precdbg_ms wraps in this MindSpore (its `patch_recompute`)
+RECOMPUTE_PATCHES = frozenset(name + {"_RecomputeCell": ".bprop",
+                                       "_RecomputeHandle": ".recompute"}[name]
+                              for name in RECOMPUTE_CLASSES)
+# `Cell.recompute(use_reentrant=False)`: non-reentrant recompute, where this MindSpore has it
+NON_REENTRANT_RECOMPUTE = "use_reentrant" in inspect.signature(nn.Cell.recompute).parameters
+
+
 def patch_targets() -> Dict[str, Any]:
     """Every object whose attributes precdbg_ms may replace, by a readable name."""
     out: Dict[str, Any] = {name: importlib.import_module(name) for name in PATCHED_MODULES}
@@ -182,7 +201,7 @@ def patch_targets() -> Dict[str, Any]:
     out["class mindspore.nn.Optimizer"] = nn.Optimizer
     recompute = importlib.import_module("mindspore.common.recompute")   # activation recompute
     out["mindspore.common.recompute"] = recompute
-    for name in ("_RecomputeCell", "_RecomputeHandle"):
+    for name in RECOMPUTE_CLASSES:
         out[f"class mindspore.common.recompute.{name}"] = getattr(recompute, name)
     for cls in primitive_classes():
         out[f"class {cls.__module__}.{cls.__qualname__}@{id(cls):x}"] = cls

@@ -1,13 +1,15 @@
 """The guides' pattern on a small MindSpore model with activation recompute (used by
 tests/test_ms_recompute.py): `python recompute_guide_ms.py HOW [perturb] CONFIG` where HOW is
-`none`, `reentrant` or `nonreentrant` (`Cell.recompute()` on each block) or `functional`
-(`mindspore.recompute(block, ...)` in the model's construct); `perturb` scales the second
-block's first weight by 1.01 just before the dumped step (a real difference). Each block takes
-the activations and a constant table (a data input no gradient is asked of, as rotary tables
-and masks are) and runs a parameter-free cell on it; a dropout with p=0 returns its input.
+`none`, `reentrant` or `nonreentrant` (`Cell.recompute()` on each block; `nonreentrant` needs
+MindSpore 2.8+) or `functional` (`mindspore.recompute(block, ...)` in the model's construct);
+`perturb` scales the second block's first weight by 1.01 just before the dumped step (a real
+difference). Each block takes the activations and a constant table (a data input no gradient is
+asked of, as rotary tables and masks are) and runs a parameter-free cell on it; a dropout with
+p=0 returns its input.
 Prints one JSON line: the losses and precdbg's failure count."""
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 
@@ -21,6 +23,10 @@ ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.runtime.launch_blocking()
 
 from precdbg_ms import PrecisionDebugger  # noqa: E402
+
+# `Cell.recompute(use_reentrant=...)` (2.8+); MindSpore 2.7's takes no such keyword and its
+# recompute is the reentrant one (tests/test_ms_recompute.py skips `nonreentrant` there)
+NON_REENTRANT = "use_reentrant" in inspect.signature(nn.Cell.recompute).parameters
 
 
 class Block(nn.Cell):
@@ -43,7 +49,10 @@ class Net(nn.Cell):
         super().__init__()
         self.how = how
         self.blocks = nn.CellList([Block() for _ in range(3)])
-        if how in ("reentrant", "nonreentrant"):
+        if how == "reentrant" and not NON_REENTRANT:
+            for block in self.blocks:
+                block.recompute()     # MindSpore 2.7: reentrant is the only recompute
+        elif how in ("reentrant", "nonreentrant"):
             for block in self.blocks:
                 block.recompute(use_reentrant=how == "reentrant")
         self.head = nn.Dense(16, 4)
