@@ -29,6 +29,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--grads", choices=["backward", "value_and_grad"], default="backward")
     parser.add_argument("--defect", choices=["", "act", "dx", "dw"], default="")
     parser.add_argument("--raise-in-forward", action="store_true")
+    parser.add_argument("--optimizer", choices=["plain", "sgd"], default="plain",
+                        help="plain: PlainSGD below; sgd: torch.optim.SGD (the shim's own)")
     return parser.parse_args()
 
 
@@ -116,7 +118,8 @@ def main() -> int:
     data = load_or_save_weights(model)
     inject(model)
     model.train()
-    opt = PlainSGD(model.parameters(), lr=0.1)
+    opt = (PlainSGD(model.parameters(), lr=0.1) if ARGS.optimizer == "plain"
+           else torch.optim.SGD(model.parameters(), lr=0.1))
     debugger = PrecisionDebugger(task="statistics", level=ARGS.level, dump_path=ARGS.dump,
                                  step=[0])      # the first step() call ends step 0
     params = [p for p in model.parameters() if p.requires_grad]
