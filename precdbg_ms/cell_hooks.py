@@ -108,8 +108,8 @@ def keep_attributes(original: Any, passed_on: Any) -> Any:
 
 
 def _custom_bprop_forward_hook(cell: nn.Cell, hook: Callable[..., Any]) -> Optional[Any]:
-    """`hook` as `register_forward_hook(hook, with_kwargs=True, **_ALWAYS_CALL)` would hold it,
-    on a cell with its own `bprop`, for which MindSpore returns an empty handle although
+    """`hook` as `register_forward_hook(hook, with_kwargs=True, **_always_call_of(cell))` would
+    hold it, on a cell with its own `bprop`, for which MindSpore returns an empty handle although
     PyNative runs the hooks it holds (`Cell._run_construct`, 2.7 to 2.10); None where this
     MindSpore keeps forward hooks otherwise (the cell is then left unhooked).
 
@@ -123,7 +123,7 @@ def _custom_bprop_forward_hook(cell: nn.Cell, hook: Callable[..., Any]) -> Optio
         extras = [cell._forward_hook_with_kwargs]
     except (ImportError, AttributeError):
         return None
-    if _ALWAYS_CALL:       # always_call: the hook runs when the forward raises too
+    if _always_call_of(cell):     # always_call: the hook runs when the forward raises too
         extras.append(getattr(cell, "_forward_hook_always_called", None))
     if not all(isinstance(d, dict) for d in [hooks] + extras):
         return None

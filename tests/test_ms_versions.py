@@ -5,6 +5,8 @@ when a torch shim (mindnlp's mindtorch, MSAdapter) makes `str(ms.float32)` read
 them, the paths 2.7 needs: a cell with its own bprop hooked, a reentrant recompute followed."""
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -49,8 +51,6 @@ def test_mindspores_own_dtypes_keep_their_names():
 def test_forward_hooks_run_when_the_forward_raises_where_this_version_can():
     """2.8 added `always_call` to `Cell.register_forward_hook`; 2.7 has none, and the hook is
     registered without it there (measured on 2.7.1: start() raised TypeError before)."""
-    import inspect
-
     from mindspore import nn
 
     from precdbg_ms.cell_hooks import _always_call
@@ -85,6 +85,9 @@ def test_a_cell_with_its_own_bprop_gets_its_forward_hook_in_this_version():
     handle = _custom_bprop_forward_hook(
         cell, lambda c, args, kwargs, output: seen.append((args[0] is x, kwargs, output)))
     assert handle is not None
+    # marked always_call exactly where this version's register_forward_hook has the option
+    has = "always_call" in inspect.signature(nn.Cell.register_forward_hook).parameters
+    assert (handle.handle_id in getattr(cell, "_forward_hook_always_called", {})) == has
     out = cell(x)
     assert len(seen) == 1 and seen[0][0] and seen[0][1] == {} and seen[0][2] is out
     grad = ms.grad(cell)(x)                  # under grad: the bprop runs, and the hook too
