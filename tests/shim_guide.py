@@ -29,6 +29,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--grads", choices=["backward", "value_and_grad"], default="backward")
     parser.add_argument("--defect", choices=["", "act", "dx", "dw"], default="")
     parser.add_argument("--raise-in-forward", action="store_true")
+    parser.add_argument("--dump-step", type=int, default=1, help="the iteration dumped")
     parser.add_argument("--optimizer", choices=["plain", "sgd"], default="plain",
                         help="plain: PlainSGD below; sgd: torch.optim.SGD (the shim's own)")
     return parser.parse_args()
@@ -83,18 +84,30 @@ def load_or_save_weights(model) -> dict:
     return {"batches": data["batches"]}
 
 
+def grad_hook(t, scale: float) -> None:
+    """A gradient hook on `t` that scales its gradient; on the shim through MindSpore's own
+    tensor hook and op (mindnlp 0.5.1's Tensor.register_hook reads a `_data` its tensors lack,
+    and its operators a device the gradient MindSpore hands the hook lacks)."""
+    if ARGS.side == "shim":
+        import mindspore
+        from mindspore._c_expression import TensorPy
+        TensorPy.register_hook(t, lambda g: mindspore.ops.mul(g, scale))
+    else:
+        t.register_hook(lambda g: g * scale)
+
+
 def inject(model) -> None:
     act, proj = mlp_parts(model)
     if ARGS.defect == "act":
         act.register_forward_hook(lambda m, a, out: out * 1.05)
     elif ARGS.defect == "dx":
         def dx_scaled(m, args):
-            x = args[0]
-            return (x * 1.0 + (x - x.detach()) * 0.25,)   # same value, dx scaled by 1.25
+            x = args[0] * 1.0          # the same values; its gradient scaled on the way back
+            grad_hook(x, 1.25)
+            return (x,)
         proj.register_forward_pre_hook(dx_scaled)
     elif ARGS.defect == "dw":
-        proj_weight = proj.weight
-        proj_weight.register_hook(lambda g: g * 1.5)
+        grad_hook(proj.weight, 1.5)
 
 
 class PlainSGD(torch.optim.Optimizer):
@@ -130,9 +143,9 @@ def main() -> int:
 
     for step in range(2):
         ids = torch.tensor(data["batches"][step], dtype=torch.long)
-        if step == 1:
+        if step == ARGS.dump_step:
             debugger.start(model)
-        if ARGS.raise_in_forward and step == 1:
+        if ARGS.raise_in_forward and step == ARGS.dump_step:
             try:
                 act, _ = mlp_parts(model)
                 act.register_forward_hook(lambda m, a, out: (_ for _ in ()).throw(
@@ -152,7 +165,7 @@ def main() -> int:
             from mindtorch.autograd import value_and_grad
             loss = value_and_grad(loss_of, params)(ids)
         opt.step()
-        if step == 1:
+        if step == ARGS.dump_step:
             debugger.stop()
             debugger.step()
         print(f"step {step} loss {float(loss):.6f}")

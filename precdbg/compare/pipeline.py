@@ -50,6 +50,13 @@ def _framework(dump: Dump) -> str:
     return dump.setting("framework")
 
 
+def _shape_changed(diff: StructuralDiff) -> bool:
+    """A structural difference a torch shim does not make by running its own code underneath
+    the model: a known layer's class became another, or a layer's own numeric settings (eps,
+    momentum) differ (its calls' arguments do not count: the shim passes its own)."""
+    return diff.class_differs or any(not s.call for s in diff.settings)
+
+
 def _interrupted(dump: Dump, step: int, rank: int) -> bool:
     """Whether the process ended while this step was being captured (no stop() ran)."""
     return any(f.attrs.get("interrupted") for f in dump.files(step, rank))
@@ -59,7 +66,8 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
                   rows: List[Row], unmatched: List[Dict[str, Any]],
                   progress: Progress, files: Tuple[int, int], noise: NoisePolicy,
                   structural: List[StructuralDiff],
-                  unfinished: Optional[List[UnfinishedStep]] = None) -> List[Entry]:
+                  unfinished: Optional[List[UnfinishedStep]] = None,
+                  shim_pair: bool = False) -> List[Entry]:
     def report(done: int, total: int, phase: str) -> None:
         if progress is not None:
             progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
@@ -89,7 +97,7 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
             table.tensors[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
         if p % 200 == 0:
             report(p, total, "comparing")
-    judge_pairs(table, StepContext(step, rank, noise))
+    judge_pairs(table, StepContext(step, rank, noise, shim_pair))
     sc = StepCompare(ta, tb, al)
     step_rows: List[Row] = []
     for p, (i, j) in enumerate(pairs):
@@ -169,6 +177,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         setup = check_dumps(a, b, step=step, rank=rank, labels=("baseline", "candidate"))
         fa, fb = _framework(a), _framework(b)
         same = bool(fa) and vocabulary(fa) == vocabulary(fb)   # one vocabulary of names
+        shim_pair = same and fa != fb     # a torch shim's dump against PyTorch's
         rows: List[Row] = []
         unmatched: List[Dict[str, Any]] = []
         per_step: Dict[int, List[Entry]] = {}
@@ -186,7 +195,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
             try:
                 found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise,
-                                      [])
+                                      [], shim_pair=shim_pair)
             except DumpError as exc:
                 unread.append(Note(NoteCode.PREVIOUS_STEP_UNREAD,
                                    facts={"step": s, "rank": r, "error": str(exc)}))
@@ -195,7 +204,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
         for k, (s, r) in enumerate(pairs):
             found = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
-                                  (k, len(pairs)), noise, structural, unfinished)
+                                  (k, len(pairs)), noise, structural, unfinished,
+                                  shim_pair=shim_pair)
             noise.settle(r, found)
             per_step.setdefault(s, []).extend(found)
         if progress is not None:
@@ -205,9 +215,15 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         ordered = any(row.pos_mean_a is not None for row in rows) and \
             any(row.pos_mean_b is not None for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
+        # a torch shim's dump against PyTorch's (one vocabulary, two frameworks): the calls a
+        # module makes and their arguments differ where the shim runs code of its own
+        # underneath (its masking, its kernels); a note, never the cause of a difference
+        underneath = [d for d in structural if shim_pair and not _shape_changed(d)]
+        structural = [d for d in structural if d not in underneath]
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before,
-                                 updates, unfinished, _one_run_calls(unmatched, rows, same))
+                                 updates, unfinished,
+                                 [] if shim_pair else _one_run_calls(unmatched, rows, same))
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
             unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
             other_causes(steps, structural, first) + weights_agree_after(steps, first)
@@ -216,6 +232,9 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                                  facts={"a": list(pairs[0]), "b": list(own_b[0])}))
         if not same:      # a torch shim's dump names things as PyTorch's: aligned by name
             notes.append(Note(NoteCode.FRAMEWORKS_DIFFER, facts={"a": fa, "b": fb}))
+        if underneath:
+            notes.append(Note(NoteCode.CALLS_UNDERNEATH, facts={
+                "a": fa, "b": fb, "modules": [d.module for d in underneath]}))
         notes.extend(noise.notes())
         explained = [row for row in rows if row.status == "precision"]
         if explained:

@@ -189,6 +189,7 @@ class SettingDifference:
     setting: str
     a: Any
     b: Any
+    call: bool = False      # an argument of a call the module makes, not the layer's own
 
     @property
     def text(self) -> str:

@@ -17,6 +17,7 @@ _FORWARD, _INPUT, _OUTPUT = Direction.FORWARD, Role.INPUT, Role.OUTPUT
 _INTEGER_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16",
                              "uint32", "uint64"})
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack"})
+_CAST = "cast"                 # the canonical op of every dtype conversion (tables/ops.yaml)
 
 
 def calls_changing_no_number(table: RecordTable) -> set:
@@ -24,7 +25,9 @@ def calls_changing_no_number(table: RecordTable) -> set:
     computes: calls whose results nothing reads (no later record names a forward output of
     theirs as its `producer` and no gradient came back to them); calls that compute only
     integers or booleans (positions, masks, indices: another way to the same positions changes
-    no number, other positions change the numbers of the calls that read them); and joins of
+    no number, other positions change the numbers of the calls that read them); conversions to
+    the dtype their input had (`x.to(x.device)`: PyTorch returns `x` itself, a torch shim over
+    MindSpore a new tensor of the same values); and joins of
     one non-empty tensor with empty ones (a KV cache's first `cat`), which copy it."""
     if "producer" not in table:
         return set()
@@ -42,6 +45,12 @@ def calls_changing_no_number(table: RecordTable) -> set:
         if str(d) not in _INTEGER_DTYPES:
             floating.add(o)
     skip |= set(out_orders.tolist()) - floating
+    casts = outputs & (table["op"] == _CAST)
+    if casts.any():      # a conversion to the dtype it had: a copy, whoever returns a new object
+        first_inputs = forward_api & (role == _INPUT) & (table["arg_index"] == 0)
+        had = dict(zip(order[first_inputs].tolist(), dtype[first_inputs].tolist()))
+        skip |= {o for o, d in zip(order[casts].tolist(), dtype[casts].tolist())
+                 if had.get(o) == d}
     joins = outputs & np.isin(table["op"], list(_JOINS))
     if joins.any():
         inputs = forward_api & (role == _INPUT) & ~scalar_mask(dtype)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from .floors import JUDGE_ID as ROUNDING_FLOOR, apply_floors
-from .metrics import INTEGER_PLUMBING, STATISTICS, integer_plumbing, stat_errors
+from .metrics import (INTEGER_PLUMBING, SHIM_CONVENTIONS, STATISTICS, integer_plumbing,
+                      shim_conventions, stat_errors)
 from .multistep import JUDGE_ID as UPDATE_NOISE
 from .pairs import PairJudge, PairTable, StepContext, element_wise
 
@@ -17,6 +18,7 @@ PAIR_JUDGES: Sequence[PairJudge] = (
     PairJudge(UPDATE_NOISE, lambda t, ctx: ctx.noise.adjust(ctx.step, ctx.rank, t)),
     PairJudge("element_wise", element_wise),
     PairJudge(INTEGER_PLUMBING, lambda t, ctx: integer_plumbing(t)),
+    PairJudge(SHIM_CONVENTIONS, lambda t, ctx: shim_conventions(t) if ctx.shim_pair else None),
 )
 
 

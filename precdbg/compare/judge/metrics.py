@@ -201,6 +201,30 @@ def integer_plumbing(t: PairTable) -> None:
     t.decide(plumbing, False, INTEGER_PLUMBING)
 
 
+SHIM_CONVENTIONS = "shim_conventions"
+
+
+def shim_conventions(t: PairTable) -> None:
+    """Judge `shim_conventions`, for a torch shim's dump against PyTorch's only (the same
+    PyTorch code on MindSpore: mindnlp's mindtorch): the non-tensor arguments of a call and
+    its integer or boolean tensors are the shim's own conventions, no divergence (status
+    'convention'). Measured on Hugging Face GPT-2 and Llama (transformers 4.57.6, mindnlp
+    0.5.1): PyTorch hands a Python function's defaults to the capture by keyword
+    (`F.softmax(x, dim, _stacklevel=3, dtype=None)`) where the shim sees what the caller
+    passed, so arguments pair by position with other arguments; the shim's `finfo(float32).min`
+    is -3.40282e+38, not -3.4028234663852886e+38; and the shim builds its attention masks and
+    positions with code of its own (positions (1, 8) where PyTorch compares 0-d indices under
+    vmap). What such a convention changes shows in the floating-point records that read it,
+    which stay judged as they are."""
+    dtype_a, dtype_b = t.a["dtype"][t.ia], t.b["dtype"][t.ib]
+    convention = np.array([is_scalar_dtype(y) or (_is_integer(x) and _is_integer(y))
+                           for x, y in zip(dtype_a.tolist(), dtype_b.tolist())], dtype=bool)
+    covered = convention & t.diverged
+    if covered.any():
+        t.convention = covered
+        t.decide(covered, False, SHIM_CONVENTIONS)
+
+
 def _is_integer(dtype: str) -> bool:
     """An integer or boolean tensor's dtype (not a float, complex, or non-tensor argument)."""
     return bool(dtype) and not (is_floating(dtype) or is_scalar_dtype(dtype)

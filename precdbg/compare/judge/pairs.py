@@ -13,6 +13,7 @@ the status of the pairs its rule covers:
 3. `update_noise`     (multistep.py)  parameters at step k >= 1 against their last update
 4. `element_wise`     (this module)   stored tensors: relative RMSE instead of statistics
 5. `integer_plumbing` (metrics.py)    integer records where every float agrees
+6. `shim_conventions` (metrics.py)    a torch shim's own arguments and integer plumbing
 
 Each judge's docstring gives the measurement behind its rule; tests/core/test_core_pair_judges.py
 tests each on tables made by hand.
@@ -35,6 +36,7 @@ class PairStatus(str, enum.Enum):
     DIVERGED = "diverged"
     PRECISION = "precision"     # a dtype argument explained by precisions already apart
     INTEGER = "integer"         # integer plumbing in a step whose floats all agree
+    CONVENTION = "convention"   # a torch shim's own way to the same call (see shim_conventions)
 
 
 def _floats(n: int, fill: float = 0.0) -> np.ndarray:
@@ -71,6 +73,7 @@ class PairTable:
     by_update: np.ndarray = None
     dw_agreed: np.ndarray = None        # -1 unknown, 0, 1
     integer_plumbing: np.ndarray = None
+    convention: np.ndarray = None       # a torch shim's convention (shim_conventions)
     judged_by: np.ndarray = None        # per pair, the id of the judge that decided it
     tensors: List[Optional[Dict[str, Any]]] = None   # element-wise metrics, where stored
 
@@ -82,7 +85,7 @@ class PairTable:
             if f.name in ("shape_ok", "counts_ok"):
                 setattr(self, f.name, np.ones(n, dtype=bool))
             elif f.name in ("checksum_equal", "diverged", "precision_explained",
-                            "floor_decided", "by_update", "integer_plumbing"):
+                            "floor_decided", "by_update", "integer_plumbing", "convention"):
                 setattr(self, f.name, _flags(n))
             elif f.name == "update_share":
                 self.update_share = _floats(n, np.nan)
@@ -117,6 +120,8 @@ class PairTable:
             return PairStatus.PRECISION
         if self.integer_plumbing[p]:
             return PairStatus.INTEGER
+        if self.convention[p]:
+            return PairStatus.CONVENTION
         return PairStatus.MATCH
 
 
@@ -127,6 +132,9 @@ class StepContext:
     step: int
     rank: int
     noise: Any
+    # the candidate is a torch shim's dump of PyTorch code, the baseline PyTorch's (or the
+    # other way round): one vocabulary of names, two frameworks
+    shim_pair: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -187,6 +187,7 @@ class NoteCode(str, enum.Enum):
     WEIGHTS_AGREE_AFTER = "weights_agree_after"     # every later step's parameters agree
     RELABELLED = "relabelled"                  # one step/rank each, compared with each other
     FRAMEWORKS_DIFFER = "frameworks_differ"    # aligned by module path, canonical op, order
+    CALLS_UNDERNEATH = "calls_underneath"      # a torch shim's own calls inside a module
     UPDATE_OF_ROUNDING = "update_of_rounding"  # parameters updated from rounding noise
     JUDGED_BY_UPDATE = "judged_by_update"      # parameters judged by their last update
     JUDGED_BY_ROUNDING = "judged_by_rounding"  # parameters of step k judged by rounding

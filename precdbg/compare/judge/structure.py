@@ -273,7 +273,8 @@ def argument_differences(ta: RecordTable, tb: RecordTable,
         if (path, setting, va, other[2]) in seen:
             continue
         seen.add((path, setting, va, other[2]))
-        out.append(SettingDifference(path, path, api, other[0], op, setting, va, other[2]))
+        out.append(SettingDifference(path, path, api, other[0], op, setting, va, other[2],
+                                     call=True))
     return out
 
 

@@ -473,6 +473,12 @@ _PIPELINE_NOTES = {
     NoteCode.FRAMEWORKS_DIFFER: lambda f: (
         f"frameworks differ ({f['a'] or '?'} vs {f['b'] or '?'}): records aligned by module "
         "path, canonical op and order"),
+    NoteCode.CALLS_UNDERNEATH: lambda f: (
+        f"{f['b'] or '?'} runs PyTorch's code under PyTorch's names on another framework: "
+        f"{len(f['modules'])} module(s) make other calls there, or pass other arguments (its "
+        f"own code underneath the model, not a cause by itself): "
+        + ", ".join(repr(m or '(root)') for m in f["modules"][:5])
+        + (f" (+{len(f['modules']) - 5} more)" if len(f["modules"]) > 5 else "")),
     NoteCode.PRECISION_ARGUMENTS: lambda f: (
         f"{f['count']} dtype argument(s) name another float dtype where the runs' values "
         f"already carry other precisions (first: {f['first']}): counted as that precision "
