@@ -198,7 +198,9 @@ class SettingDifference:
                f"{format_value(self.b)}"
 
     def as_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        del out["call"]         # said by `setting` (`api(key=)`) where it is a call's
+        return out
 
 
 def format_value(value: Any) -> str:

@@ -48,13 +48,13 @@ def _table(rows: Sequence[Dict[str, Any]]) -> RecordTable:
 
 def _judge(a_rows: List[Dict[str, Any]], b_rows: List[Dict[str, Any]],
            noise: Optional[NoisePolicy] = None, step: int = 0,
-           tensors: Optional[List[Any]] = None) -> PairTable:
+           tensors: Optional[List[Any]] = None, shim_pair: bool = False) -> PairTable:
     a, b = _table(a_rows), _table(b_rows)
     idx = np.arange(len(a_rows))
     t = PairTable(a, b, idx, idx.copy())
     if tensors is not None:
         t.tensors = [tensor_metrics(x, y) if x is not None else None for x, y in tensors]
-    return judge_pairs(t, StepContext(step, 0, noise or NoisePolicy(alike=True)))
+    return judge_pairs(t, StepContext(step, 0, noise or NoisePolicy(alike=True), shim_pair))
 
 
 def _verdicts(t: PairTable) -> List[tuple]:
@@ -63,7 +63,8 @@ def _verdicts(t: PairTable) -> List[tuple]:
 
 def test_the_judges_run_in_a_fixed_documented_order():
     assert [j.id for j in PAIR_JUDGES] == ["statistics", "rounding_floor", "update_noise",
-                                           "element_wise", "integer_plumbing"]
+                                           "element_wise", "integer_plumbing",
+                                           "shim_conventions"]
 
 
 # --------------------------------------------------------------------------- statistics
@@ -191,6 +192,33 @@ def test_integers_that_differ_where_every_float_agrees_are_plumbing():
     a = [{}, {"dtype": "int64", "role": "input", "mean": 3.0}]
     t = _judge(a, [{}, {"dtype": "int64", "role": "input", "mean": 4.0}])
     assert _verdicts(t) == [("match", "statistics"), ("integer", "integer_plumbing")]
+
+
+# --------------------------------------------------------------------------- shim_conventions
+_SOFTMAX = {"entry": "Functional.softmax.0.forward", "op": "softmax", "role": "input"}
+
+
+def test_a_torch_shims_arguments_and_integers_are_its_conventions():
+    """A shim's dump against PyTorch's: an argument paired by position with another one
+    (`_stacklevel` 3 vs dtype float32) and positions built another way are conventions, while
+    the floats that read them are judged as always (here one differs: it stays diverged)."""
+    a = [dict(_SOFTMAX, dtype="py.int", text="3", arg_index=2),
+         {"dtype": "int64", "role": "input", "mean": 3.5, "shape": ()},
+         {"mean": 1.0}]
+    b = [dict(_SOFTMAX, dtype="py.dtype", text="float32", arg_index=2),
+         {"dtype": "int64", "role": "input", "mean": 3.5, "shape": (1, 8)},
+         {}]
+    assert _verdicts(_judge(a, b, shim_pair=True)) == [
+        ("convention", "shim_conventions"), ("convention", "shim_conventions"),
+        ("diverged", "statistics")]
+
+
+def test_the_same_differences_between_two_pytorch_runs_stay_divergences():
+    a = [dict(_SOFTMAX, dtype="py.int", text="3", arg_index=2),
+         {"dtype": "int64", "role": "input", "mean": 3.5, "shape": ()}, {"mean": 1.0}]
+    b = [dict(_SOFTMAX, dtype="py.dtype", text="float32", arg_index=2),
+         {"dtype": "int64", "role": "input", "mean": 3.5, "shape": (1, 8)}, {}]
+    assert [v[0] for v in _verdicts(_judge(a, b))] == ["diverged"] * 3
 
 
 def test_integers_stay_divergences_where_a_float_differs_too():
