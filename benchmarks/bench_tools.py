@@ -130,8 +130,12 @@ class MsprobeTool:
     process-wide singleton that wraps torch's APIs, so overhead_torch.py runs each msprobe mode
     in a fresh child process, apart from the precdbg measurements."""
 
-    def __init__(self, task: str, level: str, dump_path: str, model: Any) -> None:
-        from msprobe.pytorch import PrecisionDebugger
+    def __init__(self, task: str, level: str, dump_path: str, model: Any,
+                 debugger_cls: Any = None) -> None:
+        # msprobe.pytorch's debugger by default; overhead_shim.py passes msprobe.mindspore's
+        # (its mindtorch mode: the same config, start/stop/step)
+        if debugger_cls is None:
+            from msprobe.pytorch import PrecisionDebugger as debugger_cls
         if level not in MSPROBE_LEVELS:
             raise ValueError(f"msprobe has no level for {level!r}")
         self.level = MSPROBE_LEVELS[level]
@@ -142,7 +146,7 @@ class MsprobeTool:
         path = os.path.join(os.path.dirname(dump_path), "msprobe_config.json")
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(config, handle, indent=2)
-        self.debugger = PrecisionDebugger(config_path=path)
+        self.debugger = debugger_cls(config_path=path)
         self.dump_path, self.model = dump_path, model
 
     def begin(self) -> None:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The torch-shim tests (tests/test_shim.py): PyTorch code on MindSpore through mindnlp's
+# The torch-shim tests (tests/test_shim.py, and tests/test_shim_benchmark.py: a short run of
+# benchmarks/overhead_shim.py): PyTorch code on MindSpore through mindnlp's
 # `mindtorch`, twinned with real torch. Builds (once, cached like scripts/setup_venv.sh) an
 # environment from PyPI only:
 #
@@ -56,5 +57,5 @@ fi
 # precdbg from the checkout (its C extensions are built in place by the main install)
 began=$SECONDS
 PYTHONPATH="$ROOT" PRECDBG_TORCH_PYTHON="$TORCH_PY" PRECDBG_TORCH_PATH="$VENV/torch-side" \
-    "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_shim.py "$@"
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_shim.py tests/test_shim_benchmark.py "$@"
 echo "shim: tests passed in $((SECONDS - began)) s"
