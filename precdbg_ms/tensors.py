@@ -187,7 +187,7 @@ class MindSporeTensors:
     wait (read at `begin_window`), the writes captured calls made (in place of `_version`, see
     the module's text), the facts of the tensor being recorded, and the deferred host
     statistics not read yet."""
-    __slots__ = ("_host_target", "_defer", "_writes", "_last", "_unsettled")
+    __slots__ = ("_host_target", "_defer", "_writes", "_last", "_unsettled", "_index")
 
     # a weak reference of the tensor object: one per holder
     STORAGE_REF_FOLLOWS_MEMORY = False
@@ -203,6 +203,10 @@ class MindSporeTensors:
         self._last: Optional[_Facts] = None     # the tensor being recorded (one at a time)
         # deferred host statistics not read yet, in capture order
         self._unsettled: List[_Pending] = []
+        # 0, 1, 2, ... as a tensor, grown by doubling: the row-major index of pos_mean's hash
+        # (sliced, not `ops.arange(..., dtype=ms.int64)`: a torch shim's `str(ms.int64)`,
+        # "mindspore.int64", fails arange's dtype check in MindSpore 2.7)
+        self._index: Optional[ms.Tensor] = None
 
     # ------------------------------------------------------------------ the adapter's
     def begin_window(self, defer_host_statistics: bool) -> None:
@@ -347,13 +351,26 @@ class MindSporeTensors:
             p.deferred_bytes = numel * _ITEMSIZE.get(name, 8)
             self._unsettled.append(p)
             return p
-        x = t.astype(ms.float32) if name in ("float16", "bfloat16") or name not in _FLOATS \
+        # MindSpore's functions, not Tensor methods: a torch shim replaces those by its own,
+        # which read a device attribute tensors MindSpore makes here lack
+        x = ops.cast(t, ms.float32) if name in ("float16", "bfloat16") or name not in _FLOATS \
             else t
         x = ops.stop_gradient(x)
-        index = ops.arange(0, numel, dtype=ms.int64)
-        hashed = ops.bitwise_and(index * _HASH_K + (1 << 31), 0xFFFFFFFF) - (1 << 31)
-        weighted = (x.reshape(-1).astype(ms.float64) * hashed.astype(ms.float64)).sum()
-        return _Pending(t, numel, (x.min(), x.max(), x.sum(), (x * x).sum(), weighted))
+        index = self._index_upto(numel)
+        hashed = ops.sub(ops.bitwise_and(ops.add(ops.mul(index, _HASH_K), 1 << 31), 0xFFFFFFFF),
+                         1 << 31)
+        weighted = ops.sum(ops.mul(ops.cast(ops.reshape(x, (-1,)), ms.float64),
+                                   ops.cast(hashed, ms.float64)))
+        return _Pending(t, numel, (ops.amin(x), ops.amax(x), ops.sum(x), ops.sum(ops.mul(x, x)),
+                                   weighted))
+
+    def _index_upto(self, numel: int) -> ms.Tensor:
+        """[0, numel) as int64 on the device: a slice of one index tensor, made again (twice
+        as long) only when a larger tensor comes."""
+        if self._index is None or self._index.shape[0] < numel:
+            size = max(numel, 2 * (self._index.shape[0] if self._index is not None else 0))
+            self._index = ms.Tensor(np.arange(size, dtype=np.int64))
+        return ops.narrow(self._index, 0, 0, numel)
 
     def retained_bytes(self, handle: Any) -> int:
         """Bytes a handle keeps alive until it is resolved: a host copy (`to_host`), the host
@@ -388,7 +405,7 @@ class MindSporeTensors:
         device = [i for i, p in enumerate(handles)
                   if type(p) is not tuple and p.host is None and p.values is not None]
         if device:
-            flat = [v.astype(ms.float64) for i in device for v in handles[i].values]
+            flat = [ops.cast(v, ms.float64) for i in device for v in handles[i].values]
             host = ops.stack(flat).asnumpy().reshape(len(device), 5)
             for row, i in zip(host, device):
                 lo, hi, total, sq, weighted = (float(v) for v in row)
