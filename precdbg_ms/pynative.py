@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from mindspore import Parameter
 from mindspore._c_expression import TensorPy as _TensorPy
-from mindspore.common.hook_handle import _TensorHookHandle
+from mindspore.common.hook_handle import _TensorHookHandle, _update_hook_version
 
 try:
     from mindspore.graph.api import _PyNativeExecutor, _pynative_executor
@@ -34,10 +34,11 @@ def tensor_view(t: Any, shape: Any) -> Any:
 def register_tensor_hook(t: Any, hook: Callable[[Any], Any]) -> Any:
     """`mindspore.Tensor.register_hook(t, hook)` as MindSpore defines it (2.7 to 2.10): a torch
     shim replaces the method on the class by PyTorch's semantics over its own internals
-    (mindnlp 0.5.1's reads a `_data` its Parameters lack); a MindSpore Parameter keeps its
-    own (it also invalidates compiled graphs that saw the parameter)."""
-    if isinstance(t, Parameter):
-        return Parameter.register_hook(t, hook)
+    (mindnlp 0.5.1's reads a `_data` its Parameters lack), and a MindSpore Parameter's own
+    calls that one; a Parameter's hook also invalidates the compiled graphs that saw it, as
+    `Parameter.register_hook` does (its handle's removal does so again)."""
     handle = _TensorHookHandle(t)
     handle.id = _TensorPy.register_hook(t, hook)
+    if isinstance(t, Parameter):
+        _update_hook_version()
     return handle

@@ -21,7 +21,6 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from mindspore import nn
 
-from precdbg.errors import FrameworkError
 from precdbg.capture import Recorder
 from precdbg.records import Role
 
@@ -33,8 +32,7 @@ from .torch_shim import ShimRegistry, shim_versions
 __all__ = ["ShimAdapter"]
 
 # what a shim module must offer for its calls to be seen (PyTorch's hook API)
-_NEEDED = ("register_forward_pre_hook", "register_forward_hook", "named_modules",
-           "named_parameters")
+_NEEDED = ("register_forward_pre_hook", "register_forward_hook")
 
 
 def _step_hook_registrars(torch: Any) -> Optional[Tuple[Callable, Callable]]:
@@ -77,25 +75,33 @@ class ShimAdapter(MindSporeAdapter):
         return out
 
     # ------------------------------------------------------------------ the model
-    def check_model(self, model: Any) -> None:
-        super().check_model(model)
-        for item in (model if isinstance(model, (list, tuple)) else [model]):
-            if isinstance(item, self.shim_module):
-                missing = [name for name in _NEEDED if not callable(getattr(item, name, None))]
-                if missing:
-                    raise FrameworkError(
-                        f"start(model): this torch shim's nn.Module has no {missing[0]}, which "
-                        "precdbg needs to see the module's calls; nothing was hooked")
-
     def named_submodules(self, module: Any) -> Iterable[Tuple[str, Any]]:
         if isinstance(module, nn.Cell):
             return super().named_submodules(module)
-        return module.named_modules()
+        named = getattr(module, "named_modules", None)
+        return named() if callable(named) else [("", module)]
 
     def own_parameters(self, module: Any) -> Iterable[Tuple[str, Any]]:
         if isinstance(module, nn.Cell):
             return super().own_parameters(module)
-        return module.named_parameters(recurse=False)
+        named = getattr(module, "named_parameters", None)
+        return named(recurse=False) if callable(named) else ()
+
+    def hook_module(self, path: str, module: Any) -> None:
+        """A shim module through the shim's own PyTorch-style hooks; where the shim lacks one
+        of them, its modules are left unhooked (said once, naming it): training runs as
+        without precdbg, API calls and parameter gradients are still captured."""
+        if not isinstance(module, nn.Cell):
+            missing = next((name for name in _NEEDED
+                            if not callable(getattr(module, name, None))), None)
+            if missing is not None:
+                self.recorder.say_once(("shim lacks", missing),
+                                       "precdbg: this torch shim's nn.Module has no %s, which "
+                                       "precdbg needs to see a module's calls: its modules are "
+                                       "not hooked (API calls and weight gradients are still "
+                                       "captured)", missing)
+                return
+        super().hook_module(path, module)
 
     def own_buffers(self, module: Any) -> Iterable[Tuple[str, Any]]:
         if isinstance(module, nn.Cell):

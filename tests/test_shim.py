@@ -80,6 +80,40 @@ def test_mindnlp_0_5_1s_zero_position_gradient_is_in_the_dump(shim_dump):
     assert len(wpe) == 1 and wpe[0]["norm"] == 0.0
 
 
+def test_a_process_mixing_the_shim_and_native_cells(tmp_path):
+    """Native Cells and shim modules dumped together, each as its framework names it; the
+    hook the user put on a shim module stays and runs, nothing of precdbg's is left."""
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "shim_mixed_guide.py"),
+                           str(tmp_path / "d")], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    entries = {str(r["entry"]).rsplit(".", 2)[0] for r in _records(str(tmp_path / "d"))}
+    assert {"Cell.0.0.Dense", "Functional.dense", "Module.1.0.Linear", "Functional.linear",
+            "Torch.tanh"} <= entries
+
+
+def _bad_input(tmp_path, case: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(REPO, "tests", "shim_bad_input_guide.py"),
+                           str(tmp_path / "d"), case], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+
+
+def test_graph_mode_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    proc = _bad_input(tmp_path, "graph")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith("precdbg.errors.FrameworkError: ")
+    assert "GRAPH_MODE" in proc.stderr and not (tmp_path / "d").exists()
+
+
+def test_a_shim_lacking_a_module_hook_is_named_in_one_line_and_training_goes_on(tmp_path):
+    proc = _bad_input(tmp_path, "no_hook")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "register_forward_pre_hook" in line]
+    assert len(said) == 1 and said[0].startswith("precdbg: ")
+    assert "trained on:" in proc.stdout
+    assert any(str(r["entry"]).startswith("Torch.tanh") for r in _records(str(tmp_path / "d")))
+
+
 # --------------------------------------------------------------------------- twins with torch
 # (name, model, level, dump step, shim-side defect): each a real-torch dump and a shim dump of
 # the same weights and batches
@@ -102,6 +136,10 @@ def _twin_commands(root: str) -> List[List]:
         shim_side.append((sys.executable, ["shim", os.path.join(root, name, "shim")] + common
                           + ["--grads", "value_and_grad"]
                           + (["--defect", defect] if defect else []), ""))
+    weights = os.path.join(root, "llama.npz")       # a step that raises inside the model
+    shim_side.append((sys.executable, ["shim", os.path.join(root, "raised", "shim"), weights,
+                                       "--model", "llama", "--level", "module",
+                                       "--grads", "value_and_grad", "--raise-in-forward"], ""))
     return [writers, torch_side, shim_side]
 
 
@@ -128,12 +166,12 @@ def twins(tmp_path_factory) -> Dict[str, Dict]:
     for batch in _twin_commands(root):      # the weights exist before anything reads them
         _run_batch(batch)
     results = {}
-    for name, *_ in _TWINS:
+    for name, *_ in _TWINS + [("raised",)]:
         out = os.path.join(root, name, "cmp.json")
-        proc = subprocess.run([sys.executable, "-m", "precdbg", "compare",
-                               os.path.join(root, name, "torch"), os.path.join(root, name, "shim"),
-                               "--json", out], cwd=REPO, capture_output=True, text=True,
-                              timeout=600)
+        torch_dump = os.path.join(root, "llama_module" if name == "raised" else name, "torch")
+        proc = subprocess.run([sys.executable, "-m", "precdbg", "compare", torch_dump,
+                               os.path.join(root, name, "shim"), "--json", out],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode in (0, 1), proc.stdout + proc.stderr
         with open(out, encoding="utf-8") as handle:
             results[name] = json.load(handle)
@@ -182,3 +220,11 @@ def test_a_dw_only_defect_is_named_at_the_parameter(twins):
     first = _first(twins["dw_mix"])
     assert first["code"] == "dw_only"
     assert first["name_a"] == "Param.model.layers.1.mlp.down_proj.weight.grad"
+
+
+def test_a_step_that_raised_inside_the_model_is_named_where_it_stopped(twins):
+    """The shim runs PyTorch's always_call: the modules a raising forward leaves are closed,
+    and the step is named as stopped inside layer 1's MLP (it compared as MATCH before)."""
+    first = _first(twins["raised"])
+    assert twins["raised"]["verdict"] == "diverged"
+    assert first["code"] == "unfinished" and first["module"] == "model.layers.1.mlp"
