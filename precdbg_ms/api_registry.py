@@ -19,7 +19,7 @@ import mindspore as ms
 from precdbg.capture import ClassPatch
 from precdbg.records import framework_table
 
-__all__ = ["PatchRegistry", "OPERATORS"]
+__all__ = ["PatchRegistry", "OPERATORS", "public_functions", "tensor_methods"]
 
 _FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType)
 _METHOD_TYPES = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -34,7 +34,8 @@ OPERATORS = frozenset({
 })
 
 
-def _public_functions(module: Any, ignore: set) -> List[str]:
+def public_functions(module: Any, ignore: set) -> List[str]:
+    """The public functions of a namespace (MindSpore's, or a torch shim's), sorted."""
     names = []
     for name, obj in vars(module).items():
         if name.startswith("_") or name in ignore or inspect.isclass(obj):
@@ -44,18 +45,18 @@ def _public_functions(module: Any, ignore: set) -> List[str]:
     return sorted(names)
 
 
-def _tensor_methods(ignore: set) -> List[Tuple[Any, str]]:
-    """(owner class, name) of the Tensor methods to wrap; the owner is always `Tensor` (where
-    the wrapper goes), the original may come from the C base class."""
+def tensor_methods(tensor_type: type, ignore: set) -> List[str]:
+    """The methods and operators of a Tensor class to wrap (the wrapper goes on the class
+    itself, the original may come from its C base class), sorted."""
     out = []
-    for name in sorted(set(dir(ms.Tensor))):
+    for name in sorted(set(dir(tensor_type))):
         if name in ignore or (name.startswith("_") and name not in OPERATORS):
             continue
-        raw = inspect.getattr_static(ms.Tensor, name, None)
+        raw = inspect.getattr_static(tensor_type, name, None)
         if isinstance(raw, (property, staticmethod, classmethod)) or raw is None:
             continue
         if isinstance(raw, _METHOD_TYPES):
-            out.append((ms.Tensor, name))
+            out.append(name)
     return out
 
 
@@ -98,9 +99,9 @@ class PatchRegistry:
                 except ImportError:
                     continue
                 prefix = prefixes[module_name]
-                entries += [(module, n, prefix, n) for n in _public_functions(module, ignore)]
-            entries += [(owner, n, prefixes["mindspore.Tensor"], n)
-                        for owner, n in _tensor_methods(ignore)]
+                entries += [(module, n, prefix, n) for n in public_functions(module, ignore)]
+            entries += [(ms.Tensor, n, prefixes["mindspore.Tensor"], n)
+                        for n in tensor_methods(ms.Tensor, ignore)]
             entries += [(cls, "__call__", prefixes["mindspore.ops.Primitive"], "")
                         for cls in _primitive_classes(set(table.get("ignore_primitives", ())))]
             self._entries = entries

@@ -20,15 +20,12 @@ import mindspore as ms
 
 from precdbg.records import framework_table
 
-from .api_registry import OPERATORS, PatchRegistry
+from .api_registry import PatchRegistry, public_functions, tensor_methods
 
 __all__ = ["find_shim", "shim_versions", "ShimRegistry", "SHIM_DISTRIBUTIONS"]
 
 # the distributions that install a torch shim, by the package name they install
 SHIM_DISTRIBUTIONS = {"mindtorch": "mindnlp", "msadapter": "msadapter", "torch": "msadapter"}
-_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
-_METHODS = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
-            types.BuiltinFunctionType)
 
 
 def find_shim() -> Optional[Any]:
@@ -64,29 +61,6 @@ def shim_versions(torch: Any) -> Dict[str, str]:
     version = _distribution_version(dist) or str(getattr(torch, "__version__", "unknown"))
     return {"shim": package_name, "shim_distribution": dist, "shim_version": version,
             "torch_api": str(getattr(torch, "__version__", ""))}
-
-
-def _module_functions(module: Any, ignore: set) -> List[str]:
-    """The public functions of one of the shim's namespaces."""
-    names = []
-    for name, obj in vars(module).items():
-        if name.startswith("_") or name in ignore or inspect.isclass(obj):
-            continue
-        if isinstance(obj, _FUNCTIONS):
-            names.append(name)
-    return sorted(names)
-
-
-def _tensor_methods(tensor_type: type, ignore: set) -> List[str]:
-    """The Tensor methods and operators PyTorch code calls on the shim's tensors."""
-    out = []
-    for name in sorted(set(dir(tensor_type))):
-        if name in ignore or (name.startswith("_") and name not in OPERATORS):
-            continue
-        raw = inspect.getattr_static(tensor_type, name, None)
-        if isinstance(raw, _METHODS):
-            out.append(name)
-    return out
 
 
 def _real_module(module: Any) -> Any:
@@ -155,12 +129,12 @@ class ShimRegistry(PatchRegistry):
                 prefix = prefixes.get(dotted, prefixes["torch"])
                 if dotted == "torch.Tensor":
                     tensor_type = self.torch.Tensor
-                    for name in _tensor_methods(tensor_type, ignore):
+                    for name in tensor_methods(tensor_type, ignore):
                         add(tensor_type, name, prefix, operators.get(name, name))
                     continue
                 module = _namespace(self.torch, dotted)
                 if isinstance(module, types.ModuleType):
-                    for name in _module_functions(module, ignore):
+                    for name in public_functions(module, ignore):
                         add(module, name, prefix)
             self._entries = entries
         return self._entries
