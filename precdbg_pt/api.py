@@ -61,18 +61,18 @@ def _table() -> Dict[Any, Any]:
                 continue
             table[obj] = _IGNORED if attr in ignore else (prefix, attr)
 
-    # most specific first: an object found in F and in torch is named as in F
-    add(torch.nn.functional, prefixes["torch.nn.functional"])
-    for cls in (torch.Tensor, torch._C.TensorBase):
-        add(cls, prefixes["torch.Tensor"])
-    for module_name in ("torch.linalg", "torch.special", "torch.fft", "torch"):
-        key = module_name if module_name in prefixes else "torch"
-        add(importlib.import_module(module_name), prefixes[key])
-    try:   # torch_npu is optional; importing it fails without CANN
-        import torch_npu  # type: ignore
-        add(torch_npu, prefixes["torch_npu"])
-    except (ImportError, RuntimeError, OSError):
-        pass
+    # the core's namespaces, most specific first: an object found in F and in torch is named
+    # as in F (a torch shim over MindSpore lists its APIs from the same table)
+    for name in names["api_namespaces"]:
+        prefix = prefixes.get(name, prefixes["torch"])
+        if name == "torch.Tensor":
+            for cls in (torch.Tensor, torch._C.TensorBase):
+                add(cls, prefix)
+            continue
+        try:   # torch_npu is optional; importing it fails without CANN
+            add(importlib.import_module(name), prefix)
+        except (ImportError, RuntimeError, OSError):
+            pass
     return table
 
 
