@@ -96,14 +96,19 @@ def _always_call_of(module: Any) -> Dict[str, bool]:
 
 def keep_attributes(original: Any, passed_on: Any) -> Any:
     """`passed_on` (a new tensor object over `original`'s memory, handed to the model in its
-    place) with the attributes a torch shim keeps on `original` (mindtorch's `_device`): the
-    model's `x.device` reads what it read without precdbg. Native tensors keep none."""
+    place) with the attributes a torch shim keeps on `original` (mindnlp 0.5.1's `_device`, in
+    the instance's dict; mindnlp 0.6's device name, in MindSpore's own `init` slot, which a new
+    tensor has as None): the model's `x.device` reads what it read without precdbg. Native
+    tensors keep none (their `init`, an initializer or None, is not a name: left alone)."""
     own = getattr(original, "__dict__", None)
     if own:
         theirs = getattr(passed_on, "__dict__", None)
         if theirs is not None:
             for key, value in own.items():
                 theirs.setdefault(key, value)
+    device = getattr(original, "init", None)
+    if isinstance(device, str) and getattr(passed_on, "init", device) is None:
+        passed_on.init = device
     return passed_on
 
 
