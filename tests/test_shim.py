@@ -157,7 +157,7 @@ def _twin_commands(root: str) -> List[List]:
         common = [weights, "--model", model, "--level", level, "--dump-step", str(step)]
         command = (TORCH_PYTHON, ["torch", os.path.join(root, name, "torch")] + common
                    + TORCH_OPTIMIZER, TORCH_PATH)
-        (torch_side if any(c[1][3] == weights for c in writers) else writers).append(command)
+        (torch_side if any(c[1][2] == weights for c in writers) else writers).append(command)
         shim_side.append((sys.executable, ["shim", os.path.join(root, name, "shim")] + common
                           + SHIM_GRADS
                           + (["--defect", defect] if defect else []), ""))
