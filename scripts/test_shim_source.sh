@@ -16,12 +16,16 @@
 #   <prefix>-torch-side/         transformers 4.57.6 for the main .venv's torch (the twin)
 #
 # <prefix> is PRECDBG_SHIMSRC_VENV (default <repo>/.venv-shimsrc). PYTHON picks a python3.10 or
-# 3.11 for new venvs; PRECDBG_TORCH_PYTHON the torch side's python (default <repo>/.venv's). MindSpore 2.10 needs a one-line fix in the checkout: mindtorch's
-# Generator._step (src/mindtorch/_C/__init__.py) hands the step to MindSpore's Generator as a
-# Python int, which 2.10's GeneratorImpl refuses ("Invalid tensor input: Step"); 2.7.1 ignores
-# it. The fix (not ours to ship, so this script does not apply it) is that line as
-#     outs = self._generator_call(STEP, (self._seed, self._offset, mindspore.Tensor(step, mindspore.int64),))[:2]
-# Without it the 2.10 run is skipped, saying so.
+# 3.11 for new venvs; PRECDBG_TORCH_PYTHON the torch side's python (default <repo>/.venv's).
+#
+# Measured with mindnlp 7dd3e355 (master, 2026-03-08). On MindSpore 2.10 that source needs a
+# one-line fix in the checkout: mindtorch's Generator._step (src/mindtorch/_C/__init__.py)
+# hands the step to MindSpore's Generator as a Python int, which 2.10's GeneratorImpl refuses
+# ("Invalid tensor input: Step"; 2.7.1's Generator ignores the step). The fix (not ours to
+# ship, so this script does not apply it) is that line as
+#     outs = self._generator_call(STEP, (self._seed, self._offset,
+#                                        mindspore.Tensor(step, mindspore.int64),))[:2]
+# (one line in the file). Without it the 2.10 run is skipped, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -36,8 +40,10 @@ if [ ! -f "$SRC/src/mindnlp/__init__.py" ] || [ ! -f "$SRC/src/mindtorch/__init_
     exit 0
 fi
 SRC="$(cd "$SRC" && pwd)"
-COMMIT="$(git -C "$SRC" rev-parse HEAD 2>/dev/null || cat "$SRC/.precdbg-source-commit" 2>/dev/null \
-          || echo "unknown commit")"
+COMMIT="not a git checkout"
+if [ -e "$SRC/.git" ]; then
+    COMMIT="$(git -C "$SRC" rev-parse HEAD)$(git -C "$SRC" diff --quiet || echo ' (with local changes)')"
+fi
 PREFIX="${PRECDBG_SHIMSRC_VENV:-$ROOT/.venv-shimsrc}"
 TORCH_PY="${PRECDBG_TORCH_PYTHON:-$ROOT/.venv/bin/python}"
 TORCH_SIDE_DIR="$PREFIX-torch-side"
