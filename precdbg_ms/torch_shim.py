@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import mindspore as ms
 
-from precdbg.records import framework_table
+from precdbg.records import api_members, framework_table
 
 from .api_registry import PatchRegistry, public_functions, tensor_methods
 
@@ -134,7 +134,10 @@ class ShimRegistry(PatchRegistry):
                     continue
                 module = _namespace(self.torch, dotted)
                 if isinstance(module, types.ModuleType):
-                    for name in public_functions(module, ignore):
+                    members = api_members("torch", dotted)
+                    names = public_functions(module, ignore) if members is None else \
+                        [name for name in members if callable(getattr(module, name, None))]
+                    for name in names:
                         add(module, name, prefix)
             self._entries = entries
         return self._entries

@@ -25,7 +25,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from precdbg.capture import call_arguments, tensor_arguments, tensor_results
-from precdbg.records import framework_table, operator_api
+from precdbg.records import api_members, framework_table, operator_api
 
 from .recompute import ENGINE_ENTRIES
 
@@ -49,8 +49,10 @@ def _table() -> Dict[Any, Any]:
     ignore = set(names.get("ignore", ()))
     table: Dict[Any, Any] = {}
 
-    def add(namespace: Any, prefix: str) -> None:
+    def add(namespace: Any, prefix: str, members: Optional[Tuple[str, ...]] = None) -> None:
         for attr, obj in vars(namespace).items():
+            if members is not None and attr not in members:
+                continue
             if not callable(obj) or isinstance(obj, type):
                 continue
             try:
@@ -70,7 +72,7 @@ def _table() -> Dict[Any, Any]:
                 add(cls, prefix)
             continue
         try:   # torch_npu is optional; importing it fails without CANN
-            add(importlib.import_module(name), prefix)
+            add(importlib.import_module(name), prefix, api_members("torch", name))
         except (ImportError, RuntimeError, OSError):
             pass
     return table

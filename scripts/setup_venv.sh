@@ -14,7 +14,7 @@
 # an import fails (the install is editable, so Python source changes need no reinstall).
 
 _precdbg_setup() {
-    local root venv stamp want have candidate found="" version
+    local root venv stamp want have found="" version
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     venv="${PRECDBG_VENV:-$root/.venv}"
 
@@ -23,23 +23,17 @@ _precdbg_setup() {
             echo "setup: PYTHON=$PYTHON: no such interpreter" >&2
             return 1
         fi
-        for candidate in ${PYTHON:-} python3 python3.13 python3.12 python3.11 python3.10; do
-            command -v "$candidate" >/dev/null 2>&1 || continue
-            if "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
-                    2>/dev/null; then
-                found="$candidate"
-                break
-            fi
-            if [ -n "${PYTHON:-}" ] && [ "$candidate" = "$PYTHON" ]; then
+        # shellcheck source=scripts/find_python.sh
+        source "$root/scripts/find_python.sh"
+        found="$(find_python 10 99)" || {
+            if [ -n "${PYTHON:-}" ] && command -v "$PYTHON" >/dev/null 2>&1; then
                 echo "setup: PYTHON=$PYTHON is $("$PYTHON" --version 2>&1); need 3.10 or newer" >&2
-                return 1
+            else
+                echo "setup: no python3 of version 3.10 or newer found (torch 2.13 needs 3.10+);" \
+                     "install one, or set PYTHON=/path/to/python3" >&2
             fi
-        done
-        if [ -z "$found" ]; then
-            echo "setup: no python3 of version 3.10 or newer found (torch 2.13 needs 3.10+);" \
-                 "install one, or set PYTHON=/path/to/python3" >&2
             return 1
-        fi
+        }
         echo "setup: creating $venv with $found ($("$found" --version 2>&1))"
         if ! "$found" -m venv "$venv"; then
             echo "setup: '$found -m venv' failed; on Debian/Ubuntu install the python3-venv" \

@@ -25,24 +25,17 @@ VENV="${PRECDBG_MS27_VENV:-$ROOT/.venv-ms27}"
 MINDSPORE="mindspore==2.7.1"
 
 if [ ! -x "$VENV/bin/python" ]; then
-    found=""
-    for candidate in ${PYTHON:-} python3 python3.11 python3.10; do
-        command -v "$candidate" >/dev/null 2>&1 || continue
-        if "$candidate" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 11) else 1)' \
-                2>/dev/null; then
-            found="$candidate"
-            break
-        fi
-        if [ -n "${PYTHON:-}" ] && [ "$candidate" = "$PYTHON" ]; then
+    # shellcheck source=scripts/find_python.sh
+    source "$ROOT/scripts/find_python.sh"
+    found="$(find_python 10 11)" || {
+        if [ -n "${PYTHON:-}" ] && command -v "$PYTHON" >/dev/null 2>&1; then
             echo "ms-oldest: PYTHON=$PYTHON is $("$PYTHON" --version 2>&1); need 3.10 or 3.11" >&2
-            exit 1
+        else
+            echo "ms-oldest: no python3.10 or python3.11 found (MindSpore 2.7.1 has wheels up to" \
+                 "3.11); install one, or set PYTHON=/path/to/python3.11" >&2
         fi
-    done
-    if [ -z "$found" ]; then
-        echo "ms-oldest: no python3.10 or python3.11 found (MindSpore 2.7.1 has wheels up to" \
-             "3.11); install one, or set PYTHON=/path/to/python3.11" >&2
         exit 1
-    fi
+    }
     echo "ms-oldest: creating $VENV with $found ($("$found" --version 2>&1))"
     "$found" -m venv "$VENV"
 fi

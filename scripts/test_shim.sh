@@ -34,17 +34,12 @@ stamp="$VENV/.precdbg-shim"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     began=$SECONDS
     rm -rf "$VENV"
-    found=""
-    for candidate in ${PYTHON:-} python3.11 python3.10 python3; do
-        command -v "$candidate" >/dev/null 2>&1 || continue
-        if "$candidate" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 10), (3, 11)) else 1)'; then
-            found="$candidate"; break
-        fi
-    done
-    if [ -z "$found" ]; then
+    # shellcheck source=scripts/find_python.sh
+    source "$ROOT/scripts/find_python.sh"
+    found="$(find_python 10 11)" || {
         echo "shim: no python3.10 or 3.11 (MindSpore 2.7.0's wheels); skipping the shim tests" >&2
         exit 0
-    fi
+    }
     echo "shim: building $VENV (MindSpore 2.7.0, mindnlp 0.5.1) with $found"
     "$found" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --progress-bar off "${SHIM_DEPS[@]}"

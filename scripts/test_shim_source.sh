@@ -56,15 +56,8 @@ NO_DEPS=(accelerate==1.15.0 diffusers==0.35.2)      # they declare a (CUDA) torc
 TORCH_SIDE=(transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2 requests urllib3
             idna charset_normalizer certifi)
 
-find_python() {
-    for candidate in ${PYTHON:-} python3.11 python3.10 python3; do
-        command -v "$candidate" >/dev/null 2>&1 || continue
-        if "$candidate" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 10), (3, 11)) else 1)'; then
-            echo "$candidate"; return 0
-        fi
-    done
-    return 1
-}
+# shellcheck source=scripts/find_python.sh
+source "$ROOT/scripts/find_python.sh"
 
 build() {   # build VENV MINDSPORE_PIN
     local venv="$1" pin="$2" want py
@@ -72,7 +65,7 @@ build() {   # build VENV MINDSPORE_PIN
     if [ "$(cat "$venv/.precdbg-shimsrc" 2>/dev/null || true)" = "$want" ]; then
         return 0
     fi
-    py="$(find_python)" || { echo "shim-source: no python3.10 or 3.11; skipped" >&2; exit 0; }
+    py="$(find_python 10 11)" || { echo "shim-source: no python3.10 or 3.11; skipped" >&2; exit 0; }
     echo "shim-source: building $venv ($pin) with $py"
     local began=$SECONDS
     rm -rf "$venv"

@@ -4,11 +4,16 @@ the same weights and batch (a .npz the torch side writes and the shim side reads
 
     python tests/shim_guide.py torch|shim DUMP_DIR WEIGHTS.npz [--model gpt2|llama]
         [--level mix|module|api] [--grads backward|value_and_grad] [--defect NAME]
+        [--function]
 
 Two steps of SGD; step 1 is dumped (`dump_step = 1`, the weights at its start already
 updated once). Defects (on the side they are given to): `act` (layer 1's MLP activation
 scaled in the forward), `dx` (layer 1's down projection's input gradient scaled, forward
-untouched), `dw` (that projection's weight gradient scaled in the hook, nothing else).
+untouched), `dw` (that projection's weight gradient scaled in the hook, nothing else),
+`function_dw` (with --function: the Function's backward computes that weight gradient
+scaled). `--function` (Llama): layer 1's down projection computes through a custom
+`torch.autograd.Function` whose backward returns dx and dw itself, the shape of Megatron's
+`LinearWithGradAccumulationAndAsyncCommunication` (the vendor guide's GLM4 case).
 """
 from __future__ import annotations
 
@@ -27,7 +32,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
     parser.add_argument("--level", default="mix")
     parser.add_argument("--grads", choices=["backward", "value_and_grad"], default="backward")
-    parser.add_argument("--defect", choices=["", "act", "dx", "dw"], default="")
+    parser.add_argument("--defect", choices=["", "act", "dx", "dw", "function_dw"], default="")
+    parser.add_argument("--function", action="store_true",
+                        help="layer 1's down projection through a custom autograd.Function")
     parser.add_argument("--raise-in-forward", action="store_true")
     parser.add_argument("--dump-step", type=int, default=1, help="the iteration dumped")
     parser.add_argument("--optimizer", choices=["plain", "sgd"], default="plain",
@@ -96,8 +103,37 @@ def grad_hook(t, scale: float) -> None:
         t.register_hook(lambda g: g * scale)
 
 
+class LinearWithGradAccumulation(torch.autograd.Function):
+    """y = x @ w.T with its own backward, as Megatron's tensor-parallel linear layers compute
+    it: dx = dy @ w, dw = dy^T x over the flattened tokens (`scale` != 1: dw computed
+    otherwise, the defect)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, scale):
+        ctx.save_for_backward(x, weight)
+        ctx.scale = scale
+        return torch.matmul(x, weight.t())
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight = ctx.saved_tensors
+        grad_input = torch.matmul(grad_output, weight)
+        dy = grad_output.reshape(-1, grad_output.shape[-1])
+        grad_weight = torch.matmul(dy.t(), x.reshape(-1, x.shape[-1]))
+        if ctx.scale != 1.0:
+            grad_weight = grad_weight * ctx.scale
+        return grad_input, grad_weight, None
+
+
+def through_function(proj, scale: float) -> None:
+    """The projection's forward through LinearWithGradAccumulation (Llama: no bias)."""
+    proj.forward = lambda x: LinearWithGradAccumulation.apply(x, proj.weight, scale)
+
+
 def inject(model) -> None:
     act, proj = mlp_parts(model)
+    if ARGS.function:
+        through_function(proj, 1.5 if ARGS.defect == "function_dw" else 1.0)
     if ARGS.defect == "act":
         act.register_forward_hook(lambda m, a, out: out * 1.05)
     elif ARGS.defect == "dx":

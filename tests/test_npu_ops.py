@@ -185,6 +185,12 @@ def test_identify_names_operators_by_the_cores_rule():
     if torch.distributed.is_available():
         importlib.import_module("torch.distributed._functional_collectives")  # its ops
         assert identify(torch.ops._c10d_functional.all_reduce) == ("Distributed", "all_reduce")
+        # torch.distributed's collectives are msprobe's Distributed.*, its group set-up no API
+        dist = torch.distributed
+        for func, name in ((dist.all_reduce, "all_reduce"), (dist.broadcast, "broadcast"),
+                           (dist._all_gather_base, "_all_gather_base")):
+            assert identify(func) == ("Distributed", name)
+        assert identify(dist.init_process_group) != ("Distributed", "init_process_group")
     # an ATen packet torch exposes as a torch function keeps its torch name
     assert identify(torch.quantized_lstm) == ("Torch", "quantized_lstm")
 

@@ -162,7 +162,7 @@ def test_captured_all_reduce_leads_to_the_rank_whose_input_differs(dumps, tmp_pa
     # sees the reduced values (not statistics cached from before) and names all_reduce
     rows = {(r["rank"], r["name_a"], r["role"]): r for r in result["rows"]}
     reduce_name = next(r["name_a"] for r in result["rows"] if r["rank"] == 0
-                       and r["name_a"].startswith("Torch.all_reduce.") and r["role"] == "output"
+                       and r["name_a"].startswith("Distributed.all_reduce.") and r["role"] == "output"
                        and r["status"] == "diverged")
     div = next(r for r in result["rows"] if r["rank"] == 0 and r["role"] == "input"
                and r["producer_a"] == reduce_name)

@@ -137,6 +137,33 @@ def test_a_shim_lacking_a_module_hook_is_named_in_one_line_and_training_goes_on(
     assert any(str(r["entry"]).startswith("Torch.tanh") for r in _records(str(tmp_path / "d")))
 
 
+def test_the_shims_collectives_and_fused_ops_get_precdbg_pts_names():
+    """torch.distributed's calls that move tensors are `Distributed.<name>` on the shim as on
+    PyTorch (the core's `api_members`), its group set-up is no API; where the shim maps
+    `torch_npu` (mindnlp's current source: `mindtorch.npu`), its fused ops are `NPU.<name>`.
+    Their calls are not run here: the shim has no CPU kernel for them (mindnlp 0.5.1 and
+    7dd3e355: `No implementation for function: dist_comm_all_reduce on cpu`,
+    `... rotary_position_embedding on cpu`)."""
+    probe = ("import json, mindspore as ms; ms.set_device('CPU'); import mindnlp\n"
+             "from precdbg_ms.torch_shim import ShimRegistry, find_shim\n"
+             "try:\n    import torch_npu  # noqa\nexcept ImportError:\n    pass\n"
+             "entries = ShimRegistry(find_shim()).entries()\n"
+             "print(json.dumps(sorted({(p, a) for _, n, p, a in entries "
+             "if p in ('Distributed', 'NPU')})))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                          text=True, timeout=600,
+                          env={**os.environ, "GLOG_v": "3", "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    named = {tuple(x) for x in json.loads(proc.stdout.strip().splitlines()[-1])}
+    distributed = {a for p, a in named if p == "Distributed"}
+    assert {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+            "_all_gather_base", "isend", "irecv"} <= distributed
+    assert not {"init_process_group", "get_rank", "barrier", "new_group"} & distributed
+    npu = {a for p, a in named if p == "NPU"}
+    if npu:       # the shim maps torch_npu
+        assert {"npu_fusion_attention", "npu_rotary_mul"} <= npu
+
+
 @pytest.mark.skipif(not SHIM_BACKWARD, reason="loss.backward() on the shim (PRECDBG_SHIM_GRADS)")
 def test_loss_backward_brings_every_gradient_to_precdbgs_hooks(shim_dump):
     """mindnlp's current source: `loss.backward()` (MindSpore's run_backward) reaches the
@@ -155,20 +182,47 @@ def test_loss_backward_brings_every_gradient_to_precdbgs_hooks(shim_dump):
 
 # --------------------------------------------------------------------------- twins with torch
 # (name, model, level, dump step, shim-side defect): each a real-torch dump and a shim dump of
-# the same weights and batches
-_TWINS = [("gpt2_module", "gpt2", "module", 0, ""), ("gpt2_mix", "gpt2", "mix", 0, ""),
+# the same weights and batches. `function*`: layer 1's down projection through a custom
+# torch.autograd.Function on both sides (the vendor guide's GLM4 shape), run where the shim
+# runs one (mindnlp's current source; 0.5.1's Function outputs carry no device)
+_TWINS = [("gpt2_module", "gpt2", "module", 1, ""), ("gpt2_mix", "gpt2", "mix", 1, ""),
           ("llama_module", "llama", "module", 1, ""), ("llama_mix", "llama", "mix", 1, ""),
           ("act_mix", "llama", "mix", 0, "act"), ("dx_mix", "llama", "mix", 0, "dx"),
           ("dx_module", "llama", "module", 0, "dx"), ("dw_mix", "llama", "mix", 0, "dw")]
+_FUNCTION_TWINS = [("function_mix", "llama", "mix", 1, "function"),
+                   ("function_dw_mix", "llama", "mix", 1, "function_dw"),
+                   ("function_dw_module", "llama", "module", 1, "function_dw")]
 
 
-def _twin_commands(root: str) -> List[List]:
+def _an_autograd_function_runs_under_the_shim() -> bool:
+    """Whether the shim runs a custom torch.autograd.Function's forward and backward, the way
+    the shim side gets its gradients (no precdbg)."""
+    grads = ("loss.backward()" if SHIM_BACKWARD else
+             "from mindtorch.autograd import value_and_grad; "
+             "value_and_grad(lambda x: F.apply(x, w).sum(), [w])(x)")
+    probe = ("import mindspore as ms; ms.set_context(mode=ms.PYNATIVE_MODE); "
+             "ms.set_device('CPU'); import mindnlp, torch\n"
+             "class F(torch.autograd.Function):\n"
+             "    @staticmethod\n    def forward(ctx, x, w):\n"
+             "        ctx.save_for_backward(x, w); return torch.matmul(x, w.t())\n"
+             "    @staticmethod\n    def backward(ctx, g):\n"
+             "        x, w = ctx.saved_tensors; return torch.matmul(g, w), torch.matmul(g.t(), x)\n"
+             "w = torch.nn.Parameter(torch.ones(3, 2)); x = torch.ones(4, 2)\n"
+             f"loss = F.apply(x, w).sum(); {grads}\n")
+    return subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                          timeout=600, env={**os.environ, "GLOG_v": "3"}).returncode == 0
+
+
+def _twin_commands(root: str, twins: List) -> List[List]:
     """Batches of (python, args, extra path): the first torch side of each model (it writes
     that model's weights and batches), the other torch sides, then the shim sides."""
     writers, torch_side, shim_side = [], [], []
-    for name, model, level, step, defect in _TWINS:
+    for name, model, level, step, defect in twins:
         weights = os.path.join(root, f"{model}.npz")
         common = [weights, "--model", model, "--level", level, "--dump-step", str(step)]
+        if defect.startswith("function"):       # the same Function on both sides
+            common.append("--function")
+            defect = "" if defect == "function" else defect
         command = (TORCH_PYTHON, ["torch", os.path.join(root, name, "torch")] + common
                    + TORCH_OPTIMIZER, TORCH_PATH)
         (torch_side if any(c[1][2] == weights for c in writers) else writers).append(command)
@@ -202,10 +256,11 @@ def twins(tmp_path_factory) -> Dict[str, Dict]:
     if not TORCH_PYTHON:
         pytest.skip("no torch side (PRECDBG_TORCH_PYTHON)")
     root = str(tmp_path_factory.mktemp("twins"))
-    for batch in _twin_commands(root):      # the weights exist before anything reads them
+    twins = _TWINS + (_FUNCTION_TWINS if _an_autograd_function_runs_under_the_shim() else [])
+    for batch in _twin_commands(root, twins):    # the weights exist before anything reads them
         _run_batch(batch)
     results = {}
-    for name, *_ in _TWINS + [("raised",)]:
+    for name, *_ in twins + [("raised",)]:
         out = os.path.join(root, name, "cmp.json")
         torch_dump = os.path.join(root, "llama_module" if name == "raised" else name, "torch")
         proc = subprocess.run([sys.executable, "-m", "precdbg", "compare", torch_dump,
@@ -237,10 +292,14 @@ def test_a_clean_pair_matches_at_levels_module_and_mix(twins, name):
 @pytest.mark.parametrize("name", ["gpt2_module", "gpt2_mix"])
 def test_mindnlps_zero_position_gradient_is_named(twins, name):
     """mindnlp 0.5.1 leaves GPT-2's `wpe` gradient all zero: a dw-only difference there, all
-    zero in the candidate, at both levels (not the shim's other code underneath the model)."""
+    zero in the candidate, at both levels (not the shim's other code underneath the model).
+    Iteration 1 dumped: wpe enters it apart (iteration 0 did not update it on the shim), and
+    the zero gradient of the step is the cause named, the weights its evidence."""
     first = _first(twins[name])
     assert first["code"] == "dw_only" and "all_zero" in first["annotations"]
     assert first["name_a"] == "Param.transformer.wpe.weight.grad"
+    assert first["cause"]["code"] == "weight_gradient"
+    assert first["parameters"]["name_a"] == "Param.transformer.wpe.weight"
 
 
 def test_a_forward_defect_is_named_at_the_activation(twins):
@@ -262,6 +321,30 @@ def test_a_dw_only_defect_is_named_at_the_parameter(twins):
     first = _first(twins["dw_mix"])
     assert first["code"] == "dw_only"
     assert first["name_a"] == "Param.model.layers.1.mlp.down_proj.weight.grad"
+
+
+def _function_twin(twins: Dict, name: str) -> Dict:
+    if name not in twins:
+        pytest.skip("this shim runs no custom torch.autograd.Function (mindnlp 0.5.1: its "
+                    "outputs carry no device, `Tensor must have device`); mindnlp's current "
+                    "source runs it (scripts/test_shim_source.sh)")
+    return twins[name]
+
+
+def test_the_same_autograd_function_on_both_sides_matches(twins):
+    result = _function_twin(twins, "function_mix")
+    assert result["verdict"] == "match", _first(result)
+
+
+@pytest.mark.parametrize("name", ["function_dw_mix", "function_dw_module"])
+def test_a_function_computing_dw_otherwise_is_named_at_that_dw(twins, name):
+    """The vendor guide's GLM4 case: a custom autograd.Function's backward computes layer 1's
+    down-projection dw otherwise on the shim. Iteration 1 dumped: that weight enters it apart,
+    and the step's own dw, far beyond what the projection read, is named."""
+    first = _first(_function_twin(twins, name))
+    assert first["code"] == "dw_only" and first["cause"]["code"] == "weight_gradient"
+    assert first["name_a"] == "Param.model.layers.1.mlp.down_proj.weight.grad"
+    assert first["parameters"]["name_a"] == "Param.model.layers.1.mlp.down_proj.weight"
 
 
 def test_a_step_that_raised_inside_the_model_is_named_where_it_stopped(twins):

@@ -25,6 +25,7 @@ from .localize.callsite import place_first
 from .judge.entries import Entry, StepCompare, StepEntries, pair_row
 from .localize.locate import contains, locate
 from .localize.verdict import CONTRACT_VERSION, Verdict
+from .judge.calls_underneath import causal_one_run_calls, split_underneath
 from .judge.structure import StructuralDiff, structural_differences
 from .judge.unfinished import UnfinishedStep, unfinished_step
 from .judge.judges import judge_pairs
@@ -48,13 +49,6 @@ _STEP_KINDS = ("optimizer", "optimizer_groups")     # findings of the settings a
 
 def _framework(dump: Dump) -> str:
     return dump.setting("framework")
-
-
-def _shape_changed(diff: StructuralDiff) -> bool:
-    """A structural difference a torch shim does not make by running its own code underneath
-    the model: a known layer's class became another, or a layer's own numeric settings (eps,
-    momentum) differ (its calls' arguments do not count: the shim passes its own)."""
-    return diff.class_differs or any(not s.call for s in diff.settings)
 
 
 def _interrupted(dump: Dump, step: int, rank: int) -> bool:
@@ -215,15 +209,13 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         ordered = any(row.pos_mean_a is not None for row in rows) and \
             any(row.pos_mean_b is not None for row in rows)
         steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
-        # a torch shim's dump against PyTorch's (one vocabulary, two frameworks): the calls a
-        # module makes and their arguments differ where the shim runs code of its own
-        # underneath (its masking, its kernels); a note, never the cause of a difference
-        underneath = [d for d in structural if shim_pair and not _shape_changed(d)]
-        structural = [d for d in structural if d not in underneath]
+        # a torch shim's dump against PyTorch's: its code underneath the model is a note
+        structural, underneath = split_underneath(structural, shim_pair)
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before,
                                  updates, unfinished,
-                                 [] if shim_pair else _one_run_calls(unmatched, rows, same))
+                                 causal_one_run_calls(_one_run_calls(unmatched, rows, same),
+                                                      shim_pair))
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
             unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
             other_causes(steps, structural, first) + weights_agree_after(steps, first)

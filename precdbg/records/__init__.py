@@ -13,11 +13,11 @@ from __future__ import annotations
 from .schema import (COMPUTED_ROLES, DTYPE_VALUE, INVENTORY_ROLES, NO_PRODUCER, READ_ROLES,
                      SCHEMA_VERSION, WRITE_ROLES, DataMode, Direction, DtypeName, Level, Phase,
                      Record, RecordKind, Role, SummaryMode, Task)
-from .naming import (canonical_op, framework_table, in_place, inventory_role, operator_api,
+from .naming import (api_members, canonical_op, framework_table, in_place, inventory_role, operator_api,
                      param_alias, vocabulary, writes_arguments)
 
 __all__ = ["SCHEMA_VERSION", "Record", "Task", "Level", "RecordKind", "Direction", "Role",
            "Phase", "DataMode", "SummaryMode", "DtypeName", "DTYPE_VALUE", "NO_PRODUCER",
            "READ_ROLES", "WRITE_ROLES", "COMPUTED_ROLES", "INVENTORY_ROLES", "canonical_op",
-           "framework_table", "in_place", "inventory_role", "operator_api", "param_alias",
+           "api_members", "framework_table", "in_place", "inventory_role", "operator_api", "param_alias",
            "vocabulary", "writes_arguments"]

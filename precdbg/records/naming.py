@@ -16,7 +16,7 @@ from .schema import Role
 
 __all__ = ["COLLECTIVE_OPS", "is_collective", "in_place", "writes_arguments",
            "api_entry", "operator_api", "module_entry", "param_entry", "save_entry",
-           "canonical_op", "framework_table",
+           "canonical_op", "framework_table", "api_members",
            "normalize_api_name", "param_alias", "torch_param_leaf", "inventory_role"]
 
 _TABLES_DIR = os.path.join(os.path.dirname(__file__), "tables")
@@ -138,6 +138,15 @@ def vocabulary(framework: str) -> str:
 def framework_table(framework: str) -> Dict[str, Any]:
     """The name table of one framework (`torch`, `mindspore`): prefixes, ignore list, aliases."""
     return name_table(f"{framework}.yaml")
+
+
+def api_members(framework: str, namespace: str) -> Optional[Tuple[str, ...]]:
+    """The functions of `namespace` that are APIs where the name table lists them
+    (`torch.distributed`: its collectives and point-to-point calls, not `init_process_group` or
+    `get_rank`), else None: every public function of it is. Read by precdbg_pt and by a torch
+    shim's registry alike."""
+    members = (framework_table(framework).get("api_members") or {}).get(namespace)
+    return None if members is None else tuple(members)
 
 
 @functools.lru_cache(maxsize=4096)

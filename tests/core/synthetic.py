@@ -204,6 +204,8 @@ class Variant:
     interrupted: bool = False         # the step files say the process ended inside the step
     stop_in: str = ""                 # the step stops inside this module's forward (an
                                       # exception the script caught): nothing after its input
+    trained_before: int = 0           # SGD steps run, not written, before the first written
+                                      # step (the guides' dump_step = 1)
 
 
 MODULES = (("", "MLP", ""), ("fc1", "Linear", ""), ("act", "GELU", ""), ("fc2", "Linear", ""))
@@ -469,6 +471,12 @@ def _cut_inside(records: List[Record], module: str) -> List[Record]:
     return records[:cut + 1]
 
 
+def _sgd(v: Variant, params: Dict[str, np.ndarray], grads: Dict[str, np.ndarray]) -> None:
+    for path in PARAMS:
+        params[path] = (params[path] - v.lr * grads[path]).astype(
+            _np_dtype(v.dtype)).astype(np.float64)
+
+
 def write_dump(root: Any, variant: Optional[Variant] = None, **changes: Any) -> str:
     """Write a synthetic dump of `variant` (or the reference run with `changes`) to `root`:
     every step and rank of the variant, each step's records in two batches (the forward and
@@ -481,6 +489,8 @@ def write_dump(root: Any, variant: Optional[Variant] = None, **changes: Any) -> 
         writer = DumpWriter(root)
         params = initial_params(v)
         first: Optional[Record] = None
+        for step in range(min(v.steps) - v.trained_before, min(v.steps)):   # not written
+            _sgd(v, params, model_step(v, params, step, rank)[1])
         for step in sorted(v.steps):
             b, grads = model_step(v, params, step, rank)
             if first is None:
@@ -497,9 +507,7 @@ def write_dump(root: Any, variant: Optional[Variant] = None, **changes: Any) -> 
                                             (b.records[split:], late)],
                        module_tree(v), world_size=world, task=v.task, level=v.level,
                        close={"interrupted": v.interrupted})
-            for path in PARAMS:          # SGD
-                params[path] = (params[path] - v.lr * grads[path]).astype(
-                    _np_dtype(v.dtype)).astype(np.float64)
+            _sgd(v, params, grads)
         assert writer.flush(60) and writer.shutdown(), writer.last_error
         assert writer.errors == 0, writer.last_error
         manifests[rank] = manifest_of(v, rank, world, first,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from precdbg.records import canonical_op, framework_table, operator_api
+from precdbg.records import api_members, canonical_op, framework_table, operator_api
 
 
 @pytest.mark.parametrize("namespace, op, expected", [
@@ -59,3 +59,17 @@ def test_uninitialized_outputs_of_fsdp_copy_in_by_either_name():
     from precdbg.records.naming import uninitialized_output
     assert uninitialized_output("fsdp.all_gather_copy_in", 1)
     assert not uninitialized_output("fsdp.all_gather_copy_in", 0)
+
+
+def test_distributed_apis_are_the_calls_that_move_tensors():
+    # both adapters name torch.distributed's members from this one list (msprobe's
+    # `Distributed.` list): collectives and point-to-point calls, never group set-up
+    members = api_members("torch", "torch.distributed")
+    assert {"all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+            "_all_gather_base", "_reduce_scatter_base", "isend", "irecv", "send",
+            "recv"} <= set(members)
+    assert not {"init_process_group", "get_rank", "barrier", "new_group"} & set(members)
+    # Megatron's private names reach the collective's canonical op
+    assert canonical_op("_all_gather_base") == "all_gather_base"
+    assert api_members("torch", "torch.nn.functional") is None
+    assert "torch.distributed" in framework_table("torch")["api_namespaces"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from precdbg.compare.judge.inert import calls_changing_no_number
 from precdbg.compare.judge.structural_diff import StructuralDiff
-from precdbg.compare.pipeline import _shape_changed
+from precdbg.compare.judge.calls_underneath import layer_changed
 from precdbg.records import vocabulary
 from precdbg.records.layers import SettingDifference
 
@@ -47,7 +47,7 @@ def _setting(call: bool) -> SettingDifference:
 
 
 def test_calls_and_call_arguments_are_the_shims_own_a_layers_shape_is_not():
-    assert not _shape_changed(_diff())                                 # other calls
-    assert not _shape_changed(_diff(settings=[_setting(call=True)]))   # a call's argument
-    assert _shape_changed(_diff(settings=[_setting(call=False)]))      # the layer's own eps
-    assert _shape_changed(_diff(class_b="B"))                          # another class
+    assert not layer_changed(_diff())                                 # other calls
+    assert not layer_changed(_diff(settings=[_setting(call=True)]))   # a call's argument
+    assert layer_changed(_diff(settings=[_setting(call=False)]))      # the layer's own eps
+    assert layer_changed(_diff(class_b="B"))                          # another class

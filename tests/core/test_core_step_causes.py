@@ -76,3 +76,35 @@ def test_no_cause_when_the_step_shows_nothing():
     assert step_causes(1, 0, [_diff("mlp")], [], [])[0].code == CauseCode.STRUCTURE
     baseline_only = step_causes(1, 0, [], [_call("Torch.mul.3.forward", "head", side="a")], [])
     assert (baseline_only[0].name_a, baseline_only[0].name_b) == ("Torch.mul.3.forward", "")
+
+
+# ------------------------------------------------------------ a weight gradient beyond its reads
+def _dumped_at_iteration_1(tmp_path, level: str = "mix", **changes):
+    """Both runs trained one step (SGD, lr 0.01) before the dumped one (dump_step = 1)."""
+    a = S.write_dump(tmp_path / "a", steps=(1,), trained_before=1, level=level, lr=0.01)
+    b = S.write_dump(tmp_path / "b", steps=(1,), trained_before=1, level=level, lr=0.01,
+                     **changes)
+    return compare_dumps(a, b)
+
+
+def test_a_weight_gradient_computed_otherwise_is_named_when_the_weights_entered_apart(tmp_path):
+    """fc1's dw scaled in every step: it entered iteration 1 apart, and in iteration 1 its dw
+    differs far beyond what fc1 read: named at that dw (dw_only), the parameter the evidence."""
+    for level in ("mix", "module"):
+        first = _dumped_at_iteration_1(tmp_path / level, level, dw_scale=1.5)["first_divergence"]
+        assert first["cause"]["code"] == CauseCode.WEIGHT_GRADIENT.value
+        assert (first["code"], first["kind"], first["direction"]) == \
+            ("dw_only", "param_grad", "backward")
+        assert first["name_a"] == "Param.fc1.weight.grad"
+        assert first["parameters"]["name_a"] == "Param.fc1.weight"
+        assert ENTERED_APART in first["annotations"]
+
+
+def test_a_forward_or_dx_difference_moves_no_gradient_beyond_its_reads(tmp_path):
+    """Where the earlier step ran apart through the forward (gelu scaled) or dx (gelu's
+    backward scaled), each dw moves as far as what its module read: no weight-gradient
+    cause."""
+    for name, change in (("fwd", {"gelu_scale": 1.05}), ("dx", {"gelu_grad_scale": 1.25})):
+        first = _dumped_at_iteration_1(tmp_path / name, **change)["first_divergence"]
+        assert first.get("cause", {}).get("code") != CauseCode.WEIGHT_GRADIENT.value, first
+        assert first["code"] != "dw_only", first

@@ -16,7 +16,7 @@ from .one_run_writer import WriterIndex, writer_of
 from .pairs import PairTable
 from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
 
-__all__ = ["Entry", "StepEntries", "StepCompare", "pair_row"]
+__all__ = ["Entry", "StepEntries", "StepCompare", "pair_row", "all_zero_side"]
 
 _BACKWARD, _NONE = Direction.BACKWARD, Direction.NONE
 _PARAM, _MODULE = RecordKind.PARAM, RecordKind.MODULE
@@ -66,6 +66,20 @@ class Entry:
     @property
     def is_inventory(self) -> bool:
         return self.direction == _NONE
+
+
+def all_zero_side(e: Entry) -> str:
+    """"baseline" / "candidate" where every differing output of `e` is all zero in that run
+    only (a norm of exactly 0 against a non-zero one), else ""."""
+    sides = set()
+    for x in e.outputs_bad:
+        na, nb = x.metrics.get("norm_a"), x.metrics.get("norm_b")
+        if not isinstance(na, float) or not isinstance(nb, float):
+            return ""
+        if (na == 0.0) == (nb == 0.0):
+            return ""
+        sides.add("baseline" if na == 0.0 else "candidate")
+    return sides.pop() if len(sides) == 1 else ""
 
 
 @dataclasses.dataclass

@@ -151,7 +151,7 @@ def locate(steps: List[StepEntries], setup: Sequence[str] = (),
         if found:
             if ENTERED_APART in found.annotations:
                 causes = step_causes(found.step, found.rank, structural, one_run,
-                                     (updates or {}).get((found.step, found.rank), ()))
+                                     (updates or {}).get((found.step, found.rank), ()), step)
                 if causes:
                     return cause_verdict(causes, found, step), []
             return found, []

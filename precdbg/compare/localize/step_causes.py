@@ -8,8 +8,10 @@ ten pairs of transformers/timm models dumped at iteration 1 only: the cause was 
 and somewhere in the text all ten times.
 
 `step_causes` lists what the step itself shows to differ, ranked: a layer setting, a structural
-difference (class or calls of a module), a call one run makes and the other does not (one that
-writes a tensor in place first), an optimizer setting of that step. The parameter difference is
+difference (class or calls of a module), a weight gradient that differs far beyond what its
+module read (judge `dw_beyond_inputs`: the vendor guide's GLM4 case, a custom autograd.Function
+computing dw otherwise, dumped at iteration 1), a call one run makes and the other does not (one
+that writes a tensor in place first), an optimizer setting of that step. The parameter difference is
 the evidence. The earliest parameter difference stays the headline only when the step shows
 none of these.
 """
@@ -21,7 +23,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ...records.naming import in_place
 from ...records.schema import Direction, RecordKind
-from ..judge.entries import StepEntries
+from ..judge.dw_beyond_inputs import gradients_beyond_inputs
+from ..judge.entries import Entry, StepEntries
 from ..judge.structure import StructuralDiff
 from .verdict import FACTS, Annotation, LinkCode, Verdict, VerdictCode
 
@@ -35,6 +38,7 @@ class CauseCode(str, enum.Enum):
     """What a step shows to differ, most telling first."""
     LAYER_SETTING = "layer_setting"
     STRUCTURE = "structure"
+    WEIGHT_GRADIENT = "weight_gradient"
     ONE_RUN_CALL = "one_run_call"
     OPTIMIZER_SETTING = "optimizer_setting"
 
@@ -49,6 +53,7 @@ class StepCause:
     name_b: str
     facts: Dict[str, Any]      # what its words need (report/wording.py `cause_text`)
     structural: Optional[StructuralDiff] = None
+    entry: Optional[Entry] = None      # a weight gradient's entry (WEIGHT_GRADIENT)
 
     def as_json(self) -> Dict[str, Any]:
         """"text" is written by report/wording.py from FACTS."""
@@ -62,12 +67,12 @@ def _inside(module: str, outer: str) -> bool:
 
 
 def step_causes(step: int, rank: int, structural: Sequence[StructuralDiff],
-                one_run_calls: Sequence[Dict[str, Any]], optimizer: Sequence[str]
-                ) -> List[StepCause]:
+                one_run_calls: Sequence[Dict[str, Any]], optimizer: Sequence[str],
+                entries: Optional[StepEntries] = None) -> List[StepCause]:
     """What step `step` on `rank` shows to differ (see the module's text), ranked.
     `one_run_calls`: the records without counterpart of that step and rank (the compare's
     `unmatched` items); `optimizer`: the optimizer set-up differences of the settings that step
-    used."""
+    used; `entries`: the step's compared entries (its weight gradients are judged)."""
     causes: List[StepCause] = []
     shapes = [d for d in structural if d.step == step and d.rank == rank]
     for d in shapes:
@@ -77,6 +82,10 @@ def step_causes(step: int, rank: int, structural: Sequence[StructuralDiff],
             else CauseCode.STRUCTURE
         causes.append(StepCause(code, step, rank, d.module, d.name_a, d.name_b,
                                 {"diff": d.facts()}, d))
+    for found in gradients_beyond_inputs(entries, rank) if entries is not None else ():
+        causes.append(StepCause(CauseCode.WEIGHT_GRADIENT, step, rank, found.entry.module,
+                                found.entry.name_a, found.entry.name_b,
+                                {"gradient": found.facts()}, entry=found.entry))
     seen = set()
     calls = []
     for u in one_run_calls:
@@ -114,13 +123,15 @@ def _api_of(entry: str) -> str:
 def cause_verdict(causes: List[StepCause], parameter: Verdict, step: StepEntries) -> Verdict:
     """The verdict of a step whose weights entered apart, headed by its most telling cause;
     `parameter` (the inventory verdict) is the evidence."""
-    from .verdicts import structural_verdict
+    from .verdicts import gradient_verdict, structural_verdict
     top = causes[0]
     # the words (report/wording.py) add the parameter's: which earlier step to dump (or
     # compare) to confirm it
     weights = {"step": top.step, "name_a": parameter.name_a, "parameter": parameter}
     if top.structural is not None:
         first, _ = structural_verdict(top.structural, step)
+    elif top.entry is not None:
+        first = gradient_verdict(top.entry, top.facts["gradient"], step)
     else:
         kind = RecordKind.API if top.code == CauseCode.ONE_RUN_CALL else RecordKind.PARAM
         first = Verdict(VerdictCode(top.code.value), top.step, top.rank, "forward", kind,

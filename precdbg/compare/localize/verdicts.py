@@ -10,7 +10,7 @@ import math
 from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...records.schema import Direction, RecordKind, Role
-from ..judge.entries import Entry, StepEntries
+from ..judge.entries import Entry, StepEntries, all_zero_side
 from ..judge.rows import Evidence, Producer
 from ..judge.structure import StructuralDiff
 from ..judge.unfinished import UnfinishedStep
@@ -122,30 +122,31 @@ def _candidate_facts(culprit: Entry, step: StepEntries) -> Tuple[VerdictCode, Di
         dx_differs = any(e.direction == _BACKWARD and e.kind == _MODULE and e.outputs_bad
                          and e.rank == culprit.rank and _descends(culprit, e)
                          for e in step.entries)
-        facts["dw"] = {"name": culprit.name, "more": more, "zero": _all_zero_side(culprit),
+        facts["dw"] = {"name": culprit.name, "more": more, "zero": all_zero_side(culprit),
                        "dx_differs": dx_differs}
         return (VerdictCode.DW_FIRST if dx_differs else VerdictCode.DW_ONLY), facts
     out = _output_facts(culprit)
     code = VerdictCode(out["code"])
     facts.update(out=out, backward=culprit.direction == _BACKWARD, zero="")
     if culprit.direction == _BACKWARD:
-        facts["zero"] = _all_zero_side(culprit)
+        facts["zero"] = all_zero_side(culprit)
         return (VerdictCode.BACKWARD_ONLY if code is VerdictCode.OP_DIFFERS else code), facts
     return code, facts
 
 
-def _all_zero_side(e: Entry) -> str:
-    """"baseline" / "candidate" where every differing output of `e` is all zero in that run
-    only (a norm of exactly 0 against a non-zero one), else ""."""
-    sides = set()
-    for x in e.outputs_bad:
-        na, nb = x.metrics.get("norm_a"), x.metrics.get("norm_b")
-        if not isinstance(na, float) or not isinstance(nb, float):
-            return ""
-        if (na == 0.0) == (nb == 0.0):
-            return ""
-        sides.add("baseline" if na == 0.0 else "candidate")
-    return sides.pop() if len(sides) == 1 else ""
+def gradient_verdict(entry: Entry, gradient: Dict[str, Any], step: StepEntries) -> Verdict:
+    """The dw-only verdict of a weight gradient that differs far beyond what its module read
+    (judge dw_beyond_inputs: `gradient` its facts), in a step whose weights entered apart: the
+    forward and dx differ only as far as those weights make them."""
+    _, facts = _candidate_facts(entry, step)
+    facts["dw"]["beyond"] = gradient
+    verdict = _verdict(VerdictCode.DW_ONLY, entry, facts)
+    zero = all_zero_side(entry)
+    if zero:
+        verdict.evidence["all_zero_in"] = zero
+        verdict.annotate(Annotation.ALL_ZERO)
+    verdict.chain = [_item(entry, "backward", LinkCode.CULPRIT, {})]
+    return verdict
 
 
 def _enclosing_agreeing_module(e: Entry, step: StepEntries) -> Optional[Entry]:
@@ -201,7 +202,7 @@ def root_verdict(link: Link, step: StepEntries) -> Tuple[Verdict, Optional[Entry
         culprit = _innermost(e, step.timeline(e.rank))
         code, facts = _candidate_facts(culprit, step)
         verdict = _verdict(code, culprit, facts)
-        zero = _all_zero_side(culprit) if culprit.direction == _BACKWARD else ""
+        zero = all_zero_side(culprit) if culprit.direction == _BACKWARD else ""
         if zero:
             verdict.evidence["all_zero_in"] = zero
             verdict.annotate(Annotation.ALL_ZERO)

@@ -121,6 +121,9 @@ def _candidate_reason(f: Dict[str, Any]) -> str:
     if dw is not None:
         more_text = f" ({dw['more']} more)" if dw["more"] else ""
         zero_text = f"; it is all zero in the {dw['zero']}" if dw["zero"] else ""
+        if dw.get("beyond"):
+            return "dw-only difference: " + _gradient_words(dw["beyond"]) + \
+                ("" if dw["beyond"].get("zero_in") else zero_text)
         if dw["dx_differs"]:
             return (f"the first backward record that differs is the weight gradient of "
                     f"{dw['name']}{more_text}{zero_text}; the forward agrees")
@@ -364,10 +367,28 @@ def _link_text(code: LinkCode, f: Dict[str, Any]) -> str:
     raise ValueError(code)
 
 
+def _gradient_words(g: Dict[str, Any]) -> str:
+    """A weight gradient far beyond what its module read (judge dw_beyond_inputs), in words."""
+    read = ("its module's reads and its weights at the step's start differ at most "
+            f"{g['explained']:.3g}" if g["explained"] is not None
+            else "what its module read differs in shape")
+    if g.get("zero_in"):
+        return (f"the weight gradient of {g['name']} is all zero in the {g['zero_in']} only, "
+                f"which no difference of what its module read makes ({read}): a gradient "
+                "cut or never computed there")
+    times = "" if g["ratio"] is None else f"{g['ratio']:.0f} times "
+    return (f"the weight gradient of {g['name']} differs (relative error {g['err']:.3g}) "
+            f"{times}beyond what its module read and its weights at the step's start "
+            f"(at most {g['explained'] or 0.0:.3g}): computed differently, in its module's "
+            "backward or a function of its own (a custom autograd.Function, a gradient hook)")
+
+
 def cause_text(f: Dict[str, Any]) -> str:
     """A step cause's words (localize.step_causes)."""
     if "diff" in f:
         return structural_reason(f["diff"])
+    if "gradient" in f:
+        return _gradient_words(f["gradient"])
     if "message" in f:
         return f"the optimizer set-up of step {f['step']} differs: {f['message']}"
     return (f"only the {f['side']} calls {f['name']} (module '{f['module']}')"
