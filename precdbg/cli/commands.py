@@ -1,16 +1,17 @@
-"""The `precdbg` command. Imports no framework: reading a dump needs only numpy and h5py."""
+"""The subcommands' work: each takes the parsed arguments and returns the exit code."""
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from .errors import DumpError, PrecdbgError
-from .storage.layout import dump_root, run_json_path, step_of_folder, would_overwrite_dump
+from ..errors import DumpError, PrecdbgError
+from ..storage.layout import dump_root, run_json_path, step_of_folder, would_overwrite_dump
+from .show import asked_step_rank, show_main
+from .words import existing_dump, same_dump, user_words
 
-__all__ = ["main"]
+__all__ = ["run_inspect", "run_compare", "run_check", "run_scan", "run_weights", "run_show"]
 
 
 def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> None:
@@ -50,16 +51,23 @@ def _check_outputs(inputs: Sequence[str], outputs: Sequence[Optional[str]]) -> N
             raise DumpError(f"{out}: permission denied")
 
 
-def _inspect(args: argparse.Namespace) -> int:
+def _dumps(*paths: str) -> None:
+    """Every dump path given exists (else the closest sibling is named)."""
+    for path in paths:
+        existing_dump(path)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .storage.reader import open_dump
+    from ..storage.reader import open_dump
+    _dumps(args.dump)
     dump = open_dump(args.dump)
-    for flag, asked, present in (("--step", args.step, dump.steps),
-                                 ("--rank", args.rank, dump.ranks)):
-        if asked is not None and asked not in present:
-            dump.close()
-            raise DumpError(f"{args.dump}: no {flag[2:]} {asked} ({flag[2:]}s {present})")
+    try:
+        asked_step_rank(dump, args.dump, args.step, args.rank)
+    except DumpError:
+        dump.close()
+        raise
     out = sys.stdout
     run = dump.run
     if run:
@@ -91,7 +99,7 @@ def _inspect(args: argparse.Namespace) -> int:
             try:
                 table = dump.records(step, rank)
             except PrecdbgError as exc:
-                out.write(f"\nstep {step} rank {rank}: unreadable: {exc}\n")
+                out.write(f"\nstep {step} rank {rank}: unreadable: {user_words(str(exc))}\n")
                 unreadable.append(str(exc))
                 continue
             n = len(table)
@@ -109,11 +117,13 @@ def _inspect(args: argparse.Namespace) -> int:
                 out.write(f"  non-finite: {len(nonfinite)} records; first "
                           f"{table['entry'][first]} {table['role'][first]}"
                           f" {table['arg_index'][first]}\n")
-            # tensors with values: an empty one has none, nor has memory nobody had written
-            # (torch.empty): min and max NaN with no NaN counted
+            # floating-point tensors with values (not token ids, masks or indices): an empty
+            # one has none, nor has memory nobody had written (torch.empty): min and max NaN
+            # with no NaN counted
             no_values = np.isnan(table["max"]) & (table["nan_count"] == 0)
-            tensors = np.nonzero(~np.char.startswith(table["dtype"], "py.")
-                                 & (table["numel"] > 0) & ~no_values)[0]
+            floating = np.char.startswith(table["dtype"], "float") | \
+                np.char.startswith(table["dtype"], "bfloat")
+            tensors = np.nonzero(floating & (table["numel"] > 0) & ~no_values)[0]
             if len(tensors):
                 peak = np.fmax(np.abs(table["max"][tensors]), np.abs(table["min"][tensors]))
                 top = tensors[np.argsort(-np.nan_to_num(peak, nan=np.inf))[:args.top]]
@@ -129,10 +139,11 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare(args: argparse.Namespace) -> int:
-    from .compare import compare_dumps
-    from .compare.report.progress import TerminalProgress
-    from .compare.report.formats import summary_text, write_csv, write_html, write_json
+def run_compare(args: argparse.Namespace) -> int:
+    from ..compare import compare_dumps
+    from ..compare.report.progress import TerminalProgress
+    from ..compare.report.formats import summary_text, write_csv, write_html, write_json
+    _dumps(args.baseline, args.candidate)
     _check_outputs((args.baseline, args.candidate), (args.json, args.csv, args.html))
     progress = TerminalProgress(sys.stderr)     # draws only on a terminal, after a while
     try:
@@ -141,6 +152,10 @@ def _compare(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     sys.stdout.write(summary_text(result))
+    one = same_dump((args.baseline, args.candidate))
+    if one is not None:         # said, the verdict kept: a dump matches itself by construction
+        sys.stdout.write(f"note: baseline and candidate are one dump ({one}): they match by "
+                         "construction; give two runs' dumps to compare them\n")
     for path, write, what in ((args.json, write_json, "JSON"), (args.csv, write_csv, "CSV"),
                               (args.html, write_html, "HTML report")):
         if path:
@@ -154,102 +169,26 @@ def _compare(args: argparse.Namespace) -> int:
     return 1 if result["first_divergence"] else 0
 
 
-def _check(args: argparse.Namespace) -> int:
-    from .check import check_main
+def run_check(args: argparse.Namespace) -> int:
+    from ..check import check_main
+    _dumps(args.a, args.b)
     _check_outputs((args.a, args.b), (args.json,))
     return check_main(args)
 
 
-def _scan(args: argparse.Namespace) -> int:
-    from .scan.scanner import scan_main
+def run_scan(args: argparse.Namespace) -> int:
+    from ..scan.scanner import scan_main
+    _dumps(args.dump)
     _check_outputs((args.dump,), (args.json,))
     return scan_main(args)
 
 
-def _weights(args: argparse.Namespace) -> int:
-    from .weights.compare_weights import weights_main
+def run_weights(args: argparse.Namespace) -> int:
+    from ..weights.compare_weights import weights_main
     _check_outputs((args.a, args.b), (args.json,))
     return weights_main(args)
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count (a whole number >= 0), got "
-                                         f"{text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {value}")
-    return value
-
-
-class _UsageError(PrecdbgError):
-    """A command line argparse refuses: one line, as every other error of the command."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(f"{message} (see {self.prog} --help)")
-
-
-def _parser() -> argparse.ArgumentParser:
-    from .version import __version__
-    parser = _Parser(prog="precdbg", description="precision debugger for training")
-    parser.add_argument("--version", action="version", version=f"precdbg {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    inspect = sub.add_parser("inspect", help="summarise a dump: steps, ranks, counts, extremes")
-    inspect.add_argument("dump", help="dump root, step folder or step file")
-    inspect.add_argument("--step", type=int, default=None)
-    inspect.add_argument("--rank", type=int, default=None)
-    inspect.add_argument("--top", type=_count, default=5, help="how many largest values to list")
-    inspect.set_defaults(func=_inspect)
-    compare = sub.add_parser("compare", help="name the first divergence between two dumps")
-    compare.add_argument("baseline", help="baseline dump root, step folder or step file")
-    compare.add_argument("candidate", help="candidate dump root, step folder or step file")
-    compare.add_argument("--json", metavar="F", help="write the full result as JSON")
-    compare.add_argument("--csv", metavar="F", help="write every compared pair as CSV")
-    compare.add_argument("--html", metavar="F", help="write a self-contained HTML report")
-    compare.add_argument("--step", type=int, default=None)
-    compare.add_argument("--rank", type=int, default=None)
-    compare.add_argument("--map", metavar="YAML", default=None,
-                         help="mapping file: modules/ops of the candidate -> the baseline's")
-    compare.set_defaults(func=_compare)
-    check = sub.add_parser("check", help="set-up differences between two runs (manifests, "
-                           "parameter inventories, first batch), ranked by likely impact")
-    check.add_argument("a", help="first dump root, step folder or step file")
-    check.add_argument("b", help="second dump root, step folder or step file")
-    check.add_argument("--json", metavar="F", help="write the findings as JSON")
-    check.add_argument("--step", type=int, default=None, help="step to check (default: the "
-                       "first step in both dumps)")
-    check.add_argument("--rank", type=int, default=None)
-    check.set_defaults(func=_check)
-    scan = sub.add_parser("scan", help="anomalies in one dump (first NaN/Inf, gradients)")
-    scan.add_argument("dump")
-    scan.add_argument("--json", metavar="F")
-    scan.add_argument("--step", type=int, default=None)
-    scan.add_argument("--rank", type=int, default=None)
-    scan.set_defaults(func=_scan)
-    weights = sub.add_parser("compare-weights", help="compare two checkpoints (.ckpt, .pt, "
-                             ".pth, .safetensors, .npz) with MindSpore/PyTorch names mapped")
-    weights.add_argument("a")
-    weights.add_argument("b")
-    weights.add_argument("--json", metavar="F")
-    weights.add_argument("--rtol", type=float, default=1e-5)
-    weights.add_argument("--atol", type=float, default=0.0)
-    weights.set_defaults(func=_weights)
-    return parser
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        args = _parser().parse_args(argv)
-        return args.func(args)
-    except PrecdbgError as exc:    # one line, without a library's terminal colour codes
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
-        sys.stderr.write(f"precdbg: {' '.join(text.split())}\n")
-        return 2
-    except BrokenPipeError:
-        return 0
-    except OSError as exc:
-        sys.stderr.write(f"precdbg: {exc.filename or ''}: {exc.strerror or exc}\n")
-        return 2
+def run_show(args: argparse.Namespace) -> int:
+    _dumps(args.dump)
+    return show_main(args)
