@@ -337,7 +337,7 @@ def _consequences(steps: List[StepEntries], first: Optional[Verdict],
                      "kind": e.kind, "name_a": e.name_a, "name_b": e.name_b,
                      "module": e.module, "op": e.op,
                      "role": ev.role if ev else "", "err": ev.metrics.get("err") if ev
-                     else None}
+                     else None, "tol": ev.metrics.get("tol") if ev else None}
             if ev is not None and ev.only_in:
                 found["only_in"] = ev.only_in
             if ev is None and e.args_bad:     # only a non-tensor argument differs (an eps)

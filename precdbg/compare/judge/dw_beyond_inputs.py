@@ -58,7 +58,8 @@ class GradientBeyond:
         return self.err / self.explained
 
     def facts(self) -> dict:
-        return {"name": self.entry.name, "module": self.entry.module, "err": self.err,
+        tol = self.entry.outputs_bad[0].metrics.get("tol") if self.entry.outputs_bad else None
+        return {"name": self.entry.name, "module": self.entry.module, "err": self.err, "tol": tol,
                 "explained": self.explained, "zero_in": self.zero_in,
                 "ratio": None if math.isinf(self.ratio) else self.ratio}
 

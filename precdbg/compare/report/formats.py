@@ -26,6 +26,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _err(err: Any, tol: Any, inside: bool = False) -> str:
+    """An error with the tolerance it was judged by: `err 1.38e-05 (tol 1e-06)`, or
+    `err 1.38e-05, tol 1e-06` `inside` parentheses."""
+    if not isinstance(tol, float):
+        return f"err {_fmt(err)}"
+    return f"err {_fmt(err)}, tol {tol:.3g}" if inside else f"err {_fmt(err)} (tol {tol:.3g})"
+
+
 def _csv_value(value: Any) -> Any:
     return _fmt(value) if isinstance(value, float) and abs(value) >= 1e308 else value
 
@@ -69,8 +77,9 @@ def summary_text(result: Dict[str, Any]) -> str:
                              ("outputs that differ", ev.get("outputs_bad", []))):
             for item in items[:3]:
                 m = item.get("metrics", {})
-                shown = ", ".join(f"{k} {_fmt(m[k])}" for k in
-                                  ("norm_a", "norm_b", "mean_a", "mean_b", "err", "cosine")
+                shown = ", ".join(_err(m[k], m.get("tol")) if k == "err" else f"{k} {_fmt(m[k])}"
+                                  for k in ("norm_a", "norm_b", "mean_a", "mean_b", "err",
+                                            "cosine")
                                   if k in m and m[k] is not None)
                 if shown:       # no statistics to show (a record of one run only)
                     lines.append(f"  {label}: {item['role']} {item['arg_index']}: {shown}")
@@ -83,7 +92,7 @@ def summary_text(result: Dict[str, Any]) -> str:
                 arg = c.get("argument")
                 what = f"argument '{arg['key']}': {arg['a']!r} vs {arg['b']!r}" if arg else \
                     f"{c['role']}, only in the {c['only_in']}" if c.get("only_in") else \
-                    f"{c['role']}, err {_fmt(c['err'])}"
+                    f"{c['role']}, {_err(c['err'], c.get('tol'), inside=True)}"
                 name = c["name_a"] or c.get("name_b") or "-"
                 lines.append(f"  step {c['step']} rank {c.get('rank', 0)} {c['direction']:<8} "
                              f"{name}  ({what})")

@@ -377,7 +377,8 @@ def _gradient_words(g: Dict[str, Any]) -> str:
                 f"which no difference of what its module read makes ({read}): a gradient "
                 "cut or never computed there")
     times = "" if g["ratio"] is None else f"{g['ratio']:.0f} times "
-    return (f"the weight gradient of {g['name']} differs (relative error {g['err']:.3g}) "
+    tol = f", tolerance {g['tol']:.3g}" if isinstance(g.get("tol"), float) else ""
+    return (f"the weight gradient of {g['name']} differs (relative error {g['err']:.3g}{tol}) "
             f"{times}beyond what its module read and its weights at the step's start "
             f"(at most {g['explained'] or 0.0:.3g}): computed differently, in its module's "
             "backward or a function of its own (a custom autograd.Function, a gradient hook)")
