@@ -16,7 +16,8 @@ cannot (`TensorOps`, an object the adapter owns). Everything else lives here onc
   replayed calls), `call_stacks`, `arguments` (which arguments are recorded);
 - `instrumentor` (with `model_walk` and `contract`): the one shape of an adapter;
 - `run_file` and `manifest`: run.json; `notices`: everything said once; `failures`: failures
-  inside precdbg, counted; `gc_pause`: Python's collector during a dumped step;
+  inside precdbg, counted; `uncaught`: a constructor's refusal said in one line when the
+  script does not catch it; `gc_pause`: Python's collector during a dumped step;
   `_fastats.c`: host statistics in one pass.
 
 The names below are the adapters' whole view of the core, with `precdbg.errors`,

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 from ..config.dump_config import DumpConfig, load_config
 from ..errors import PrecdbgError
 from .session import Adapter, Session
+from .uncaught import say_in_one_line
 
 __all__ = ["BaseDebugger"]
 
@@ -27,11 +28,15 @@ class BaseDebugger:
 
     def __init__(self, config_path: Optional[str], adapter_factory: Callable[[], Adapter],
                  model: Any = None, **settings: Any) -> None:
-        self.config: DumpConfig = load_config(config_path, **settings)
-        # where the script was when it made the debugger, whatever it changes to later
-        self.config.dump_path = os.path.abspath(self.config.dump_path)
-        self._model = _reference(model)
-        self._session = Session(self.config, adapter_factory())
+        try:
+            self.config: DumpConfig = load_config(config_path, **settings)
+            # where the script was when it made the debugger, whatever it changes to later
+            self.config.dump_path = os.path.abspath(self.config.dump_path)
+            self._model = _reference(model)
+            self._session = Session(self.config, adapter_factory())
+        except PrecdbgError as exc:     # uncaught: one line, not a traceback (uncaught.py)
+            say_in_one_line(exc)
+            raise
         self._closed = False
         # Garbage-collected (a local of main() that returned): the writer finishes what is
         # queued and its thread ends; a capture still running is stopped at exit.
