@@ -7,8 +7,8 @@ of its first file, `2026-11-29_07-11-41`), where it is a dump of its own that ev
 reads; `<dump>` itself then holds this run, so `precdbg compare <dump> ...` reads the latest.
 One line on stderr says so.
 
-- Only precdbg's files move (run.json and the step<S> folders); anything else in the folder
-  stays where it is, and so do earlier runs moved before.
+- Only run.json and the step<S> folders move (each whole); anything else in the folder stays
+  where it is, and so do earlier runs moved before.
 - The move cannot lose or mix anything: run.json is first copied (fsynced), then each step
   folder is renamed whole (atomic), then the folder's run.json is removed. A crash at any
   point leaves two readable dumps, each step folder whole in one of them; the next run
