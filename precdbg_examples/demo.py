@@ -4,8 +4,8 @@
 
 1. PyTorch: train the GPT 3 steps with the four precdbg lines, dump steps 0 and 1 to DIR/dump,
    and `precdbg inspect` it.
-2. MindSpore (when installed): the same GPT, same initial weights and data, written with the
-   classic migration slip — `mindspore.nn.GELU()` defaults to the tanh approximation where
+2. MindSpore (when installed): the same GPT, same initial weights, data and optimizer (plain
+   SGD), written with the classic migration slip — `mindspore.nn.GELU()` defaults to the tanh approximation where
    `torch.nn.GELU()` is exact — dumped to DIR/dump_ms.
 3. `precdbg compare DIR/dump DIR/dump_ms --html DIR/report.html` names the culprit.
 """
@@ -22,6 +22,10 @@ from typing import List, Optional
 STEPS = 3          # iterations trained
 DUMP_STEPS = [0, 1]  # the iterations dumped (steps count from 0)
 DUMP_STEP = DUMP_STEPS[-1]
+# plain SGD on both sides: the one optimizer whose update is the same in both frameworks
+# (AdamW and AdamWeightDecay differ in their defaults and in bias correction, a second
+# difference the twin would show beside its GELU)
+LEARNING_RATE = 0.1
 
 
 def run(out: str) -> int:
@@ -35,7 +39,7 @@ def run(out: str) -> int:
     cfg = GPTConfig()
     model = GPT(cfg)
     initial = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     dump_path = os.path.join(out, "dump")
     batches = [(x.numpy(), y.numpy()) for x, y in make_batches(cfg, batch_size=8, steps=STEPS)]
 
@@ -100,11 +104,11 @@ def run_mindspore(out: str, initial: dict, batches: list, torch_dump: str) -> in
     gpt_ms.load_torch_state(model, initial)
     for block in model.blocks:
         block.mlp.act = nn.GELU()      # the slip: MindSpore's default is approximate=True
-    optimizer = nn.AdamWeightDecay(model.trainable_params(), learning_rate=1e-3, eps=1e-8,
-                                   weight_decay=0.0)
+    optimizer = nn.SGD(model.trainable_params(), learning_rate=LEARNING_RATE)
     train_step = gpt_ms.train_step_fn(model, optimizer)
     dump_ms = os.path.join(out, "dump_ms")
-    print("\n== MindSpore (same weights and data; blocks.*.mlp.act = mindspore.nn.GELU())")
+    print("\n== MindSpore (same weights, data and optimizer; blocks.*.mlp.act = "
+          "mindspore.nn.GELU())")
     debugger = PrecisionDebugger(task="statistics", level="mix", step=DUMP_STEPS,
                                  dump_path=dump_ms)
     for step, (x, y) in enumerate(batches):
@@ -138,10 +142,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             handle.write("# written by python -m precdbg_examples.demo\n*\n")
     for path in (dump_path, os.path.join(args.out, "dump_ms")):
         if os.path.isdir(path) and os.listdir(path):
-            # precdbg refuses to write into an earlier dump: remove the previous demo's dump,
-            # and only a dump (run.json, step<S>/ folders)
+            # a rerun of the demo starts clean (precdbg itself would keep the earlier run in
+            # DIR/dump/previous/): remove the previous demo's dump, and only a dump
             names = os.listdir(path)
-            if not all(n == "run.json" or re.fullmatch(r"step\d+", n) for n in names):
+            if not all(n in ("run.json", "previous") or re.fullmatch(r"step\d+", n)
+                       for n in names):
                 print(f"{path} holds files that are not a precdbg dump; choose another --out",
                       file=sys.stderr)
                 return 2

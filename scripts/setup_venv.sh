@@ -12,6 +12,21 @@
 #   PRECDBG_VENV=DIR          where the venv lives (default: <repo>/.venv)
 # Re-running is cheap: the install is redone only when pyproject.toml or a C source changed, or
 # an import fails (the install is editable, so Python source changes need no reinstall).
+# pip's output (and the build backend's warnings) is shown only when the install fails.
+
+# Run a command with its output kept aside: shown (and its file named) only when it fails.
+_precdbg_quietly() {
+    local what=$1 log
+    shift
+    log="$(mktemp "${TMPDIR:-/tmp}/precdbg-setup.XXXXXX")" || return 1
+    if "$@" >"$log" 2>&1; then
+        rm -f "$log"
+        return 0
+    fi
+    cat "$log" >&2
+    echo "setup: $what failed (its output above, kept in $log)" >&2
+    return 1
+}
 
 _precdbg_setup() {
     local root venv stamp want have found="" version
@@ -42,7 +57,8 @@ _precdbg_setup() {
             return 1
         fi
         # an old bundled pip cannot do editable installs from pyproject.toml (PEP 660)
-        if ! "$venv/bin/python" -m pip install --quiet --upgrade "pip>=23"; then
+        if ! _precdbg_quietly "upgrading pip" "$venv/bin/python" -m pip install --quiet \
+                --upgrade "pip>=23"; then
             rm -rf "$venv"
             return 1
         fi
@@ -67,7 +83,8 @@ PYEOF
             >/dev/null 2>&1; then
         echo "setup: pip install -e \".[torch,mindspore,dev]\" into $venv (first time: a few minutes)"
         local began=$SECONDS
-        (cd "$root" && "$PY" -m pip install --progress-bar off -e ".[torch,mindspore,dev]") || return 1
+        (cd "$root" && _precdbg_quietly "pip install" "$PY" -m pip install --quiet \
+            --progress-bar off -e ".[torch,mindspore,dev]") || return 1
         echo "$want" > "$stamp"
         echo "setup: installed in $((SECONDS - began)) s"
     fi

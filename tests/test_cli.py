@@ -160,6 +160,11 @@ def test_demo_runs(tmp_path):
     assert "verdict: DIVERGED" in result.stdout
     assert re.search(r"module 'blocks\.0\.mlp\.act'\s+op 'gelu'", result.stdout)
     assert (out / "report.html").is_file()
+    # the twin differs by the GELU default only: no other set-up finding (the optimizers alike)
+    from precdbg.check import check_dumps
+    found = check_dumps(str(out / "dump"), str(out / "dump_ms"))["findings"]
+    assert [(f["kind"], f.get("id")) for f in found] == [
+        ("semantics", "mindspore-gelu-approximate-default")], found
 
 
 def test_inspect_largest_values_skip_empty_tensors(tmp_path):

@@ -17,21 +17,22 @@ from torch import nn
 
 import precdbg
 
-from conftest import PYTHON, REPO
+from conftest import DUMPING_TO, PYTHON, REPO, beyond_dumping_to
 from torch_support import make_batch_list, make_model, make_optimizer, run_steps, torch_hooks_left
 from precdbg_pt import PrecisionDebugger
 from precdbg_pt import tensors as precdbg_tensors
 
 
 def precdbg_lines(stderr: str) -> List[str]:
-    return [line for line in stderr.splitlines() if line.startswith("precdbg: ")]
+    return [line for line in beyond_dumping_to(stderr).splitlines()
+            if line.startswith("precdbg: ")]
 
 
 def reported(caplog) -> List[str]:
     """What precdbg reported (in-process; pytest routes the logger to caplog, a process
     without logging set up prints the same lines on stderr - the subprocess tests check that)."""
-    return [r.getMessage() for r in caplog.records
-            if r.name == "precdbg" and r.levelno >= logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "precdbg"
+            and r.levelno >= logging.WARNING and not r.getMessage().startswith(DUMPING_TO)]
 
 
 def partial_files(root: str) -> List[str]:

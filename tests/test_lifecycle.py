@@ -15,7 +15,7 @@ import precdbg
 from precdbg_pt import PrecisionDebugger
 from precdbg_pt import tensors as precdbg_tensors
 
-from conftest import one_row, rows_where, run_python
+from conftest import DUMPING_TO, one_row, rows_where, run_python
 from torch_support import (dump_once, loss_of, make_batch_list, make_model, make_optimizer,
                            run_steps, torch_hooks_left)
 
@@ -500,38 +500,7 @@ def test_step_file_is_created_when_written_not_at_start(tmp_path, gpt, batch):
 
 
 # --------------------------------------------------------------------------- the dump folder
-_RERUN = """
-import sys, torch
-from precdbg_pt import PrecisionDebugger
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 2)
-debugger = PrecisionDebugger(dump_path=sys.argv[1], level="mix")
-print("constructed", flush=True)
-for step in range(2):
-    if step == 1: debugger.start(model)
-    model(torch.randn(3, 4)).sum().backward()
-    if step == 1: debugger.stop(); debugger.step()
-print("trained", flush=True)
-"""
-
-
-def test_a_rerun_into_the_same_folder_is_refused_before_training(tmp_path):
-    """The script run again with the same config: the constructor refuses in one line naming
-    the folder (not start(), hours into training), and the first run's dump is untouched."""
-    import time
-    dump = str(tmp_path / "dump")
-    first = run_python(["-c", _RERUN, dump])
-    assert first.returncode == 0 and "trained" in first.stdout, first.stderr
-    step_file = tmp_path / "dump" / "step0" / "rank0.h5"
-    before = step_file.read_bytes()
-    time.sleep(3.0)                 # older than the next process by more than the 2 s allowance
-    second = run_python(["-c", _RERUN, dump])
-    assert second.returncode != 0 and "constructed" not in second.stdout, second.stdout
-    last = second.stderr.strip().splitlines()[-1]
-    assert "already holds a dump of an earlier run" in last and dump in last, second.stderr
-    assert step_file.read_bytes() == before
-
-
+# (a rerun into the same folder: tests/test_rerun.py)
 def test_debuggers_of_one_process_share_a_folder_and_never_overwrite(tmp_path, caplog):
     """A debugger made per dumped step (a local of a function) writes into the folder the
     first one started, and counts on from the steps it counted: another iteration is another
@@ -656,7 +625,8 @@ def test_training_in_another_thread_than_start_is_said_once(tmp_path, caplog):
         dbg.stop()
         dbg.step()
     dbg.close()
-    said = [r.getMessage() for r in caplog.records if r.name == "precdbg"]
+    said = [r.getMessage() for r in caplog.records if r.name == "precdbg"
+            and not r.getMessage().startswith(DUMPING_TO)]
     assert said == [f"precdbg: step 0: Sequential ran in thread 'trainer', not in "
                     f"'{threading.current_thread().name}' where start() was called: its module "
                     "calls are recorded, the API calls of that thread are not (call start() "

@@ -232,7 +232,7 @@ def test_graph_mode_is_refused(tmp_path):
     assert hooks_left(model) == []
     assert snapshot_differences(before) == []
     # refused before anything is written: the corrected script may dump into the same folder
-    # (a run.json written first made its next run refuse the folder as an earlier run's dump)
+    # (a run.json written first made its next run take the folder for an earlier run's dump)
     assert not os.path.exists(tmp_path / "dump" / "run.json")
     # back in PyNative the same debugger dumps normally
     _train_one(dbg, model, make_optimizer(model), make_batches(1)[0])

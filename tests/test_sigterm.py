@@ -16,7 +16,7 @@ import pytest
 import precdbg
 from precdbg.storage import process_exit as lifetime
 
-from conftest import PYTHON, REPO
+from conftest import PYTHON, REPO, beyond_dumping_to
 
 GUIDE = os.path.join(REPO, "tests", "sigterm_guide.py")
 TIMEOUT = 240
@@ -153,6 +153,7 @@ def test_sigterm_inside_a_capture_window_says_that_step_is_not_written(tmp_path)
     Python does not run to stop the capture): one line says that step is not written."""
     run = _run(tmp_path, "torch", "inside")
     assert run.returncode == -signal.SIGTERM, run.stderr[-2000:]
-    said = [line for line in run.stderr.splitlines() if line.startswith("precdbg:")]
+    said = [line for line in beyond_dumping_to(run.stderr).splitlines()
+            if line.startswith("precdbg:")]
     assert said == ["precdbg: SIGTERM while a step was being captured (start() ran, stop() "
                     "had not): that step is not written; steps stopped before it are"], said

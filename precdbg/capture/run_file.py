@@ -2,13 +2,12 @@
 set up), written at the first dumped start() and rewritten when the manifest learns more."""
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import platform
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,7 +16,7 @@ from ..config.dump_config import DumpConfig
 from .manifest import base_manifest, seed_record
 from ..storage.json_files import jsonable, write_json_atomic
 from ..records.schema import SCHEMA_VERSION, Record
-from ..storage.dump_folder import check_writable
+from ..storage.dump_folder import check_writable, first_named, folder_locked
 from ..storage.layout import run_json_path
 from ..storage.writer import DumpWriter
 
@@ -25,23 +24,6 @@ __all__ = ["RunInfo"]
 
 log = logging.getLogger("precdbg")
 
-
-
-@contextlib.contextmanager
-def _folder_locked(folder: str) -> Iterator[None]:
-    """An exclusive lock on the dump folder itself (flock of its directory), for a
-    read-modify-write of run.json by the ranks of one machine; no lock where there are none."""
-    try:
-        import fcntl
-        fd = os.open(folder, os.O_RDONLY)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)                 # releases the lock
 
 class RunInfo:
     """The run.json of one process: built once, updated in memory, written when changed."""
@@ -75,7 +57,8 @@ class RunInfo:
         there, said once, and nothing is dumped), and written again when it was deleted while
         the job ran (the folder cleaned up) or emptied, so the steps from this one on can be
         read."""
-        if not self._written:
+        first = not self._written
+        if first:
             check_writable(self.config.dump_path)
             earlier = writer.existing_files(rank)
             taken = writer.claim(rank) if not earlier else None
@@ -97,7 +80,18 @@ class RunInfo:
             log.warning("precdbg: %s was %s while the job ran; it is written again at step "
                         "%d, so the steps written since can be read", self.path, what, step)
         self.write(adapter, rank, world_size)
+        if first and first_named(self.config.dump_path):
+            log.warning("precdbg: dumping to %s (%s)", self.config.dump_path,
+                        self._what(rank, world_size))
         return True
+
+    def _what(self, rank: int, world_size: int) -> str:
+        """What the dump holds, in the words of the config: `steps [1], level mix, task
+        statistics` (and the rank, where the job has several)."""
+        config = self.config
+        steps = f"steps {list(config.step)}" if config.step else "every step"
+        ranks = f"rank {rank} of {world_size}, " if world_size > 1 else ""
+        return f"{ranks}{steps}, level {config.level.value}, task {config.task.value}"
 
     def write(self, adapter: Any, rank: int, world_size: int) -> None:
         if self.info is None:
@@ -131,7 +125,7 @@ class RunInfo:
         and check compares them rank by rank), `manifest` is the lowest rank's. The ranks of
         one machine take turns (a lock on the folder); the last write used to win, so which
         rank's set-up a check saw changed from run to run."""
-        with _folder_locked(self.config.dump_path):
+        with folder_locked(self.config.dump_path):
             manifests: Dict[str, Any] = {}
             try:
                 with open(self.path, "r", encoding="utf-8") as handle:

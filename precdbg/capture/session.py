@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..records.schema import Record, Task
 from ..storage import process_exit
 from ..storage.dump_folder import count_step, refuse_dump_folder, steps_counted
+from ..storage.earlier_run import move_earlier_run
 from ..storage.json_files import jsonable
 from ..storage.step_file import Payload
 from ..storage.writer import DumpWriter
@@ -47,6 +48,7 @@ class Session:
         self.tensors = adapter.tensors
         self.filter = CaptureFilter(config)
         refuse_dump_folder(config.dump_path)     # here, before training runs
+        move_earlier_run(config.dump_path)       # a rerun: the earlier dump goes aside
         self.writer = DumpWriter(config.dump_path, config.queue_mb << 20, config.compression)
         self.current_step = steps_counted(config.dump_path)
         self.selection = StepSelection(config)

@@ -1,21 +1,52 @@
 """The dump folder as a whole: whether a debugger may dump into it (a file there, a folder it
-cannot write, an earlier run's dump: refused when the debugger is made, before training), and
-what the process's debuggers share about it (the folders they write into, the steps counted)."""
+cannot write: refused when the debugger is made, before training), whether it holds an earlier
+run's dump (which `earlier_run` moves aside), and what the process's debuggers share about it
+(the folders they write into, the steps counted, whether the folder was named on stderr)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
-from typing import Dict, Optional, Set
+from typing import Dict, Iterator, Optional, Set
 
 from ..errors import ConfigError
 from .layout import dump_files
 
 __all__ = ["CLAIMED", "refuse_dump_folder", "earlier_dump", "unusable_folder",
-           "check_writable", "steps_counted", "count_step"]
+           "check_writable", "steps_counted", "count_step", "folder_locked", "first_named"]
 
 CLAIMED: Set[str] = set()          # dump folders this process writes into (any debugger)
 _STEPS_COUNTED: Dict[str, int] = {}     # dump folder -> steps counted there by step() so far
+_NAMED: Set[str] = set()           # dump folders this process said it dumps into
+
+
+@contextlib.contextmanager
+def folder_locked(folder: str) -> Iterator[None]:
+    """An exclusive lock on the dump folder itself (flock of its directory), held by the ranks
+    of one machine in turn: for a read-modify-write of run.json, and while an earlier run is
+    moved aside; no lock where there are none (or no folder yet)."""
+    try:
+        import fcntl
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                 # releases the lock
+
+
+def first_named(dump_path: str) -> bool:
+    """Whether this is the first time this process names `dump_path` as where it dumps (the
+    one line of the first captured start(), however many debuggers and steps follow)."""
+    folder = os.path.abspath(dump_path)
+    if folder in _NAMED:
+        return False
+    _NAMED.add(folder)
+    return True
 
 
 def _process_started() -> Optional[float]:
@@ -83,21 +114,19 @@ def unusable_folder(path: str) -> Optional[str]:
 
 def refuse_dump_folder(dump_path: str) -> None:
     """A ConfigError when the debugger being made could not dump into `dump_path`: it cannot
-    be made or written (unusable_folder), or it holds an earlier run's dump (earlier_dump)."""
+    be made or written (unusable_folder). An earlier run's dump there is no reason: it is
+    moved aside (`earlier_run.move_earlier_run`)."""
     unusable = unusable_folder(dump_path)
     if unusable is not None:
         raise ConfigError(f"dump_path: {dump_path}: {unusable}; choose a folder this process "
                           "can write")
-    earlier = earlier_dump(dump_path)
-    if earlier is not None:
-        raise ConfigError(f"dump_path: {dump_path} already holds a dump of an earlier run "
-                          f"({earlier}); choose an empty folder or move that dump away")
 
 
 def earlier_dump(dump_path: str) -> Optional[str]:
     """A file of a dump that an earlier run left in `dump_path` (written before this process
     started, in a folder no debugger of this process writes into), or None. Files of this
-    run's other ranks are newer than this process; where the start time is unknown, None."""
+    run's other ranks are newer than this process; where the start time is unknown, None.
+    Earlier runs already moved aside (`<dump>/previous/`) are not looked at."""
     folder = os.path.abspath(dump_path)
     started = _process_started()
     if folder in CLAIMED or started is None or not os.path.isdir(folder):

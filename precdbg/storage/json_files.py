@@ -7,7 +7,7 @@ import os
 import threading
 from typing import Any, Dict
 
-__all__ = ["jsonable", "write_json_atomic", "fsync_dir"]
+__all__ = ["jsonable", "write_json_atomic", "write_bytes_atomic", "fsync_dir"]
 
 
 def jsonable(value: Any) -> Any:
@@ -45,11 +45,17 @@ def fsync_dir(path: str) -> None:
 
 
 def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
+    write_bytes_atomic(path, json.dumps(data, indent=2, sort_keys=True,
+                                        default=str).encode("utf-8"))
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """`data` as the file `path`: written beside, fsynced, renamed (never half-written)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True, default=str)
+        with open(tmp, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -6,6 +6,8 @@ here, and nowhere else.
 <dump>/step<S>/rank<R>.h5                one step of one rank (schema: precdbg.records.schema)
 <dump>/step<S>/rank<R>.part<K>.h5        a second capture window of that step and rank (K >= 1)
 <dump>/step<S>/rank<R>[.part<K>].h5.partial   being written (renamed when complete)
+<dump>/previous/<when>/                  an earlier run's dump, moved aside by a rerun (a dump
+                                         of the same layout; <when>: its first file's time)
 ```
 """
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import List, Optional
 __all__ = ["RUN_JSON", "PARTIAL", "StepFileName", "run_json_path", "step_folder",
            "step_file_path", "partial_path", "step_of_folder", "parse_step_file",
            "is_step_file_name", "step_folders", "rank_files", "dump_files", "dump_root",
-           "would_overwrite_dump"]
+           "would_overwrite_dump", "PREVIOUS", "previous_runs"]
 
 RUN_JSON = "run.json"
 PARTIAL = ".partial"            # suffix of a step file being written
+PREVIOUS = "previous"           # <dump>/previous/<when>/: earlier runs, moved aside by a rerun
 
 _STEP_FOLDER = re.compile(r"^step(\d+)$")
 _STEP_FILE = re.compile(r"^rank(\d+)(?:\.part(\d+))?\.h5(\.partial)?$")
@@ -104,6 +107,13 @@ def dump_root(path: str) -> str:
     if step_of_folder(os.path.basename(path)) is not None:
         path = os.path.dirname(path)
     return path
+
+
+def previous_runs(root: str) -> List[str]:
+    """The earlier runs moved aside in a dump root (`<dump>/previous/<when>/`), oldest first."""
+    folder = os.path.join(root, PREVIOUS)
+    return [os.path.join(folder, name) for name in sorted(_names(folder))
+            if os.path.isdir(os.path.join(folder, name))]
 
 
 def would_overwrite_dump(target: str) -> bool:

@@ -15,13 +15,14 @@ child shares the parent's lock and leaves it alone).
 from __future__ import annotations
 
 import atexit
+import glob
 import hashlib
 import os
 import tempfile
 import threading
 from typing import Dict, Optional, Tuple
 
-__all__ = ["lock_rank", "lock_path"]
+__all__ = ["lock_rank", "lock_path", "held_elsewhere"]
 
 _ATTEMPTS = 20                                   # a file replaced under us this often: give up
 _held: Dict[Tuple[str, int], Tuple[int, str, int]] = {}   # key -> (descriptor, path, owner pid)
@@ -58,7 +59,7 @@ def lock_rank(folder: str, rank: int) -> Optional[str]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                return f"another process is writing rank {rank} into it (lock {path})"
+                return _busy(rank, path)
             except OSError:                      # a file system without flock: not checked
                 break
             if _still_named(fd, path):
@@ -69,6 +70,40 @@ def lock_rank(folder: str, rank: int) -> Optional[str]:
         _held[key] = (fd, path, os.getpid())
         _register_cleanup()
     return None
+
+
+def held_elsewhere(folder: str) -> Optional[str]:
+    """Why another process is writing into `folder` (an absolute path): one holds the lock of
+    one of its ranks. None when no other process does (or this system has no file locks).
+    Asked before an earlier run is moved aside: the run still writing is another job's."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    digest = os.path.basename(lock_path(folder, 0)).split(".rank")[0]
+    with _lock:
+        mine = {path for _, path, _ in _held.values()}
+    for path in sorted(glob.glob(os.path.join(tempfile.gettempdir(), f"{digest}.rank*.lock"))):
+        if path in mine:
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR)        # never created here: only a lock file found
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            return _busy(path.rsplit(".rank", 1)[1].split(".")[0], path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return None
+
+
+def _busy(rank: object, path: str) -> str:
+    return f"another process is writing rank {rank} into it (lock {path})"
 
 
 def _still_named(fd: int, path: str) -> bool:
