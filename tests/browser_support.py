@@ -2,7 +2,8 @@
 
 Talks the DevTools protocol over `--remote-debugging-pipe` (JSON messages ending in NUL on file
 descriptors 3 and 4 of the browser), so it needs nothing but the `chromium` binary. Used by
-tests/test_html_report.py to click the report's tree, switch ranks and hover its timeline.
+tests/test_html_report.py to click the report's tree, switch ranks and hover its timeline, and by
+tests/test_html_layout.py to measure the page at a given width and take screenshots.
 
     with Browser(profile_dir) as browser:
         browser.open("file:///.../report.html", ready="document.body.dataset.culprit")
@@ -10,6 +11,7 @@ tests/test_html_report.py to click the report's tree, switch ranks and hover its
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -93,6 +95,24 @@ class Browser:
             text = details.get("exception", {}).get("description") or details.get("text")
             raise BrowserError(f"script error: {text}")
         return result.get("result", {}).get("value")
+
+    def viewport(self, width: int, height: int) -> None:
+        """Draw the open page as in a window `width` x `height` CSS pixels (scale 1)."""
+        self._send("Emulation.setDeviceMetricsOverride",
+                   {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                   self.session)
+
+    def screenshot(self, path: str, full_page: bool = True) -> None:
+        """A PNG of the open page (all of it with `full_page`, else the viewport) at `path`."""
+        params: Dict[str, Any] = {"format": "png"}
+        if full_page:
+            width, height = self.js("[document.documentElement.scrollWidth, "
+                                    "document.documentElement.scrollHeight]")
+            params.update(captureBeyondViewport=True,
+                          clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1})
+        data = self._send("Page.captureScreenshot", params, self.session)["data"]
+        with open(path, "wb") as handle:
+            handle.write(base64.b64decode(data))
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -38,7 +38,7 @@ ROW_NUMBER_COLUMNS = ("step", "rank", "arg_index", "seq", "order", "err", "tol",
                       "inf_a", "inf_b", "cosine", "max_abs", "max_rel", "rel_rmse")
 _UNMATCHED_STRING_COLUMNS = ("side", "name", "kind", "module", "op", "role")
 _UNMATCHED_NUMBER_COLUMNS = ("step", "rank", "arg_index")
-_SCRIPTS = ("model.js", "view.js", "timeline.js", "page.js")
+_SCRIPTS = ("model.js", "view.js", "timeline.js", "overview.js", "page.js")
 _DIGITS = 6           # significant digits kept for floats in the page (the JSON report keeps all)
 Tree = List[Tuple[str, str, str]]
 

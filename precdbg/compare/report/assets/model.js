@@ -24,6 +24,7 @@
     var e = document.createElement(tag);
     if (attrs) {
       for (var k in attrs) {
+        if (attrs[k] === null || attrs[k] === undefined) continue;
         if (k === 'text') e.textContent = attrs[k];
         else if (k === 'cls') e.className = attrs[k];
         else if (k.slice(0, 2) === 'on') e.addEventListener(k.slice(2), attrs[k]);
@@ -67,6 +68,42 @@
     return k === undefined ? null : D.trees[k];
   }
   function parentPath(path) { var d = path.lastIndexOf('.'); return d < 0 ? '' : path.slice(0, d); }
+
+  function nodeOrder(n) { return n.group ? 2 : n.leaf ? 1 : 0; }   // modules, calls, then folded calls
+  function callOf(name) { return name.replace(/\.\d+\.(forward|backward)$/, ''); }
+  function lastBackward(key) {
+    var last = -Infinity;
+    (byFile[key] || []).forEach(function (i) { if (s(R, 'direction', i) === 'backward') last = Math.max(last, R.seq[i]); });
+    return last;
+  }
+  // The calls outside every module after the step's last backward record (gradient clipping, the
+  // optimizer: dozens of Tensor.to, mul_, norm calls) fold into one node; inside it, each run of
+  // three or more calls of one API folds into one node too ('Tensor.to \u00d7 24').
+  function foldAfterBackward(root, key, make, link) {
+    var last = lastBackward(key);
+    var late = root.children.filter(function (c) {
+      return c.leaf && c.kind === 'api' && c.rows.length && c.firstSeq > last &&
+        c.rows.every(function (i) { return s(R, 'direction', i) === 'forward'; });
+    }).sort(function (a, b) { return a.firstSeq - b.firstSeq; });
+    if (late.length < 2) return;
+    function group(kind, label, members, parent) {
+      var g = make('', '');
+      g.group = kind; g.label = label; g.firstSeq = (members[0] || late[0]).firstSeq;
+      members.forEach(function (c) { c.parent = g; g.children.push(c); });
+      link(g, parent);
+      return g;
+    }
+    root.children = root.children.filter(function (c) { return late.indexOf(c) < 0; });
+    var after = group('after_backward', 'after the backward, outside the model (gradient clipping, optimizer): ' +
+      late.length + ' calls', [], root);
+    for (var k = 0; k < late.length;) {
+      var j = k;
+      while (j < late.length && callOf(late[j].name) === callOf(late[k].name)) j++;
+      if (j - k >= 3) group('run', callOf(late[k].name) + ' \u00d7 ' + (j - k), late.slice(k, j), after);
+      else late.slice(k, j).forEach(function (c) { link(c, after); });
+      k = j;
+    }
+  }
 
   function buildModel(step, rank) {
     var key = step + '/' + rank, nodes = {}, all = [];
@@ -137,11 +174,12 @@
       all.forEach(function (n) { if (!n.leaf) known[n.pathB !== null ? n.pathB : n.path] = true; });
       tb.path.forEach(function (p, j) { if (!known[p] && p !== '') { onlyB(p).cls = tb.cls[j]; } });
     }
+    foldAfterBackward(root, key, make, link);
     var culprit = null;
     (function finish(n) {
       n.children.forEach(finish);
-      n.children.sort(function (a, b) { return (a.leaf - b.leaf) || (a.leaf ? a.firstSeq - b.firstSeq : 0); });
-      if (!n.leaf && n.side !== 'b') {
+      if (!n.group) n.children.sort(function (a, b) { return nodeOrder(a) - nodeOrder(b) || (a.leaf ? a.firstSeq - b.firstSeq : 0); });
+      if (!n.leaf && n.side !== 'b' && !n.group) {
         var pb = n.pathB !== null ? n.pathB : n.path;
         n.clsB = clsB[pb] !== undefined ? clsB[pb] : null;
         if (tb && clsB[pb] === undefined && !n.rows.length && n.path !== '') n.side = 'a';

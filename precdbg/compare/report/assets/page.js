@@ -1,6 +1,6 @@
 /* precdbg compare report: the page, the step/rank selectors; starts everything.
-   Inlined by precdbg/compare/html_report.py into one function scope with the other
-   report_assets/*.js, in the order of html_report._SCRIPTS. */
+   Inlined by precdbg/compare/report/html.py into one function scope with the other
+   assets/*.js, in the order of html._SCRIPTS. */
   // ------------------------------------------------------------------ page
   function drawTree() {
     var box = document.getElementById('tree');
@@ -23,6 +23,7 @@
     state.model = buildModel(step, rank);
     drawTree();
     drawTimeline();
+    if (document.body.getAttribute('data-view') === 'overview') drawOverview();
     var det = document.getElementById('details');
     det.textContent = '';
     det.appendChild(el('p', { cls: 'muted', text: 'Click a node of the tree, or a point of the timeline, for its records.' }));
@@ -63,8 +64,13 @@
       el('div', { cls: 'legend' }, STATES.map(function (st) {
         return el('span', { cls: 'st-' + st[0] }, [el('span', { cls: 'swatch dot', style: 'border-radius:50%' }), st[1]]);
       }))]));
-    main.appendChild(el('h2', { text: 'Model (baseline module tree; the candidate\u2019s names beside where they differ)' }));
-    main.appendChild(el('div', { cls: 'panes' }, [el('div', { cls: 'tree', id: 'tree' }), el('div', { cls: 'details', id: 'details' })]));
+    main.appendChild(el('div', { cls: 'views' }, [el('h2', { text: 'Model' }),
+      el('button', { id: 'view-tree', cls: 'on', text: 'module tree', title: 'the baseline\u2019s module tree; the candidate\u2019s names beside where they differ',
+        onclick: function () { showView('tree'); } }),
+      el('button', { id: 'view-overview', text: 'overview by module', title: 'each module\u2019s worst error over tolerance per step and direction',
+        onclick: function () { showView('overview'); } })]));
+    main.appendChild(el('div', { cls: 'panes', id: 'panes' }, [el('div', { cls: 'tree', id: 'tree' }), el('div', { cls: 'details', id: 'details' })]));
+    main.appendChild(el('div', { cls: 'overview', id: 'overview', style: 'display:none' }));
     main.appendChild(el('h2', { text: 'Relative error along execution order (log scale)' }));
     main.appendChild(el('div', { cls: 'timeline', id: 'timeline' }));
     main.appendChild(el('details', { cls: 'text' }, [el('summary', { text: 'Text report (as precdbg compare prints it)' }),

@@ -1,6 +1,6 @@
 /* precdbg compare report: the timeline of errors per direction.
-   Inlined by precdbg/compare/html_report.py into one function scope with the other
-   report_assets/*.js, in the order of html_report._SCRIPTS. */
+   Inlined by precdbg/compare/report/html.py into one function scope with the other
+   assets/*.js, in the order of html._SCRIPTS. */
   // ------------------------------------------------------------------ timeline
   function drawTimeline() {
     var box = document.getElementById('timeline');
@@ -21,11 +21,11 @@
     if (!box.children.length) box.appendChild(el('p', { cls: 'muted', text: 'No records with an error in this step and rank.' }));
   }
   function plotErrors(canvas, tip, pts) {
-    var W = Math.max(600, canvas.parentNode.clientWidth || 1000), H = 190, dpr = window.devicePixelRatio || 1;
+    var W = Math.max(600, canvas.parentNode.clientWidth || 1000), H = 214, dpr = window.devicePixelRatio || 1;
     canvas.width = W * dpr; canvas.height = H * dpr; canvas.style.height = H + 'px';
     var g = canvas.getContext('2d');
     g.scale(dpr, dpr);
-    var L = 52, T = 12, PW = W - L - 12, PH = H - T - 22;
+    var L = 52, T = 22, PW = W - L - 12, PH = H - T - 40;
     var lg = function (v) { return Math.log10(Math.max(v, 1e-12)); };
     var top = 1;
     pts.forEach(function (i) { if (R.err[i] < 1e300) top = Math.max(top, Math.ceil(lg(R.err[i]))); });
@@ -39,7 +39,23 @@
       var y = Y(Math.pow(10, e)); g.beginPath(); g.moveTo(L, y); g.lineTo(L + PW, y); g.stroke();
       g.fillText(e === lo ? '\u2264 1e' + e : '1e' + e, 4, y + 3);
     }
-    g.fillText('execution order \u2192', L, H - 6);
+    g.fillText('execution order \u2192', L, H - 4);
+    legend(g, L + PW, 12);
+    var bands = moduleBands(pts), here = F && state.step === F.step && state.rank === F.rank;
+    bands.forEach(function (b, k) {      // the model's top-level modules (or layers) along the axis
+      var x0 = k === 0 ? L : (X(b.from - 1) + X(b.from)) / 2, x1 = k === bands.length - 1 ? L + PW : (X(b.to) + X(b.to + 1)) / 2;
+      var mine = here && b.key && b.key === culpritBand(pts);
+      if (mine) { g.fillStyle = 'rgba(214,39,40,0.08)'; g.fillRect(x0, T, x1 - x0, PH); }
+      else if (b.key && k % 2) { g.fillStyle = 'rgba(90,100,120,0.06)'; g.fillRect(x0, T, x1 - x0, PH); }
+      g.strokeStyle = '#c9ced6'; g.beginPath(); g.moveTo(x0, T + PH); g.lineTo(x0, T + PH + 7); g.stroke();
+      var text = b.key, w = g.measureText(text).width;
+      if (text && w + 6 < x1 - x0) {
+        g.font = mine ? 'bold 10px sans-serif' : '10px sans-serif'; g.fillStyle = mine ? '#b00020' : '#5f6670';
+        g.fillText(text, (x0 + x1 - g.measureText(text).width) / 2, T + PH + 12);
+        g.font = '10px sans-serif';
+      }
+    });
+    g.fillStyle = '#5f6670';
     var cx = null, cy = null, cls = [];
     var band = Math.max(1.5, Math.min(4, PW / pts.length));
     pts.forEach(function (i, k) {                 // consequences: shaded bands
@@ -59,9 +75,10 @@
       var y = Y(R.tol[i]); if (pen) g.lineTo(X(k), y); else g.moveTo(X(k), y); pen = true; lastTol = R.tol[i];
     });
     g.stroke(); g.setLineDash([]);
-    if (lastTol !== null) { g.fillStyle = '#555'; g.fillText('tolerance', L + PW - 52, Y(lastTol) - 4); }
     cls.forEach(function (k) {
       cx = xs[k]; cy = ys[k];
+      g.strokeStyle = 'rgba(214,39,40,0.6)'; g.lineWidth = 1; g.setLineDash([3, 3]);
+      g.beginPath(); g.moveTo(cx, T); g.lineTo(cx, T + PH); g.stroke(); g.setLineDash([]);
       g.fillStyle = '#d62728'; g.strokeStyle = '#fff'; g.lineWidth = 1.5;
       g.beginPath(); g.arc(cx, cy, 5.5, 0, 7); g.fill(); g.stroke();
     });
@@ -97,6 +114,41 @@
       var hit = nearest(ev);
       if (hit.k >= 0) { var n = nodeOfRow(pts[hit.k]); if (n) reveal(n); }
     });
+  }
+  function legend(g, right, y) {    // in the top margin, right-aligned: never over the points
+    var items = [['line', 'tolerance'], ['#2e86c1', 'within'], ['#ff9f1c', 'beyond tolerance'], ['#d62728', 'first divergence']];
+    g.font = '10px sans-serif';
+    var x = right - items.reduce(function (t, it) { return t + 22 + g.measureText(it[1]).width; }, 0);
+    items.forEach(function (it) {
+      if (it[0] === 'line') {
+        g.strokeStyle = 'rgba(60,60,60,0.85)'; g.lineWidth = 1.2; g.setLineDash([5, 4]);
+        g.beginPath(); g.moveTo(x, y - 3); g.lineTo(x + 14, y - 3); g.stroke(); g.setLineDash([]);
+      } else { g.fillStyle = it[0]; g.beginPath(); g.arc(x + 7, y - 3, 3, 0, 7); g.fill(); }
+      g.fillStyle = '#5f6670'; g.fillText(it[1], x + 17, y);
+      x += 22 + g.measureText(it[1]).width;
+    });
+  }
+  // The band of a module path: its path up to its first numbered part (a layer: blocks.3), else
+  // its first part (wte, ln_f); a wrapper holding the whole model (model.*) is looked through.
+  function bandOf(path, wrapper) {
+    if (!path) return '';
+    var parts = path.split('.'), skip = wrapper && parts[0] === wrapper && parts.length > 1 ? 1 : 0;
+    for (var k = skip; k < Math.min(parts.length, skip + 3); k++) if (/^\d+$/.test(parts[k])) return parts.slice(0, k + 1).join('.');
+    return parts.slice(0, skip + 1).join('.');
+  }
+  function wrapperOf(pts) {
+    var first = null, one = true;
+    pts.forEach(function (i) { var p = s(R, 'module', i); if (!p) return; var f = p.split('.')[0]; if (first === null) first = f; else if (f !== first) one = false; });
+    return one ? first : null;
+  }
+  function culpritBand(pts) { return F ? bandOf(F.module || '', wrapperOf(pts)) : null; }
+  function moduleBands(pts) {     // runs of points in one band: {key, from, to} (indices into pts)
+    var wrapper = wrapperOf(pts), out = [];
+    pts.forEach(function (i, k) {
+      var key = bandOf(s(R, 'module', i), wrapper), last = out[out.length - 1];
+      if (last && last.key === key) last.to = k; else out.push({ key: key, from: k, to: k });
+    });
+    return out;
   }
   function nodeOfRow(i) {
     var found = null;

@@ -5,6 +5,7 @@
   var CHUNK = 400;
   function nodeLabel(n) {
     if (n.leaf) return n.name || n.nameB;
+    if (n.group) return n.label;
     if (n.path === '') return '(model)';
     return n.side === 'b' ? n.path : n.path.slice(n.path.lastIndexOf('.') + 1);
   }
@@ -21,8 +22,8 @@
         n.clsB && n.clsB !== n.cls ? n.clsB : ''].filter(Boolean).join(' ');
     var badge = (hasKids && !n.expanded && n.subBad) ? el('span', { cls: 'badge', text: n.subBad + ' differ inside', title: n.subBad + ' records in this subtree are beyond tolerance' }) : null;
     var row = el('div', { cls: 'node st-' + n.status + (n.leaf ? ' leaf' : '') + (state.selected === n ? ' selected' : ''),
-      title: (n.leaf ? n.name : (n.path || '(root)')) + ' \u2014 ' + stateText(n.status),
-      'data-path': n.path, 'data-name': n.leaf ? n.name : '', 'data-status': n.status }, [
+      title: (n.leaf ? n.name : n.group ? n.label : (n.path || '(root)')) + ' \u2014 ' + stateText(n.status),
+      'data-path': n.path, 'data-name': n.leaf ? n.name : '', 'data-group': n.group || null, 'data-status': n.status }, [
       tw, el('span', { cls: 'dot' }), el('span', { cls: 'label', text: nodeLabel(n) }),
       n.cls ? el('span', { cls: 'cls', text: n.cls }) : null, alt ? el('span', { cls: 'alt', text: alt }) : null, badge]);
     n.el = row;
@@ -60,6 +61,11 @@
   function statsCell(i, stat) {
     return el('td', {}, [fmt(R[stat + '_a'][i]), el('br'), el('span', { cls: 'b', text: fmt(R[stat + '_b'][i]) })]);
   }
+  function breakable(name) {   // an entry name that may wrap after each dot
+    var out = [];
+    name.split('.').forEach(function (part, k, all) { out.push(part + (k < all.length - 1 ? '.' : '')); if (k < all.length - 1) out.push(el('wbr')); });
+    return out;
+  }
   function recordsTable(rows) {
     var head = el('tr', {}, ['entry', 'role', 'dtype', 'shape', 'min', 'max', 'mean', 'norm', 'error', 'tolerance', ''].map(function (h, k) {
       return el('th', { cls: k < 4 ? 'l' : '', text: h });
@@ -68,7 +74,7 @@
     rows.slice().sort(function (a, b) { return R.seq[a] - R.seq[b]; }).forEach(function (i) {
       var bad = s(R, 'status', i) === 'diverged', arg = s(R, 'dtype_a', i).slice(0, 3) === 'py.';
       t.appendChild(el('tr', { cls: isCulpritRow(i) && bad ? 'culprit' : (bad ? 'bad' : '') }, [
-        el('td', { cls: 'l mono', title: s(R, 'name_b', i) }, [s(R, 'name_a', i)]),
+        el('td', { cls: 'l mono name', title: s(R, 'name_b', i) }, breakable(s(R, 'name_a', i))),
         el('td', { cls: 'l', text: s(R, 'role', i) + ' ' + R.arg_index[i] }),
         el('td', { cls: 'l' }, [s(R, 'dtype_a', i), el('br'), el('span', { cls: 'b', text: s(R, 'dtype_b', i) })]),
         el('td', { cls: 'l' }, [s(R, 'shape_a', i), el('br'), el('span', { cls: 'b', text: s(R, 'shape_b', i) })]),
@@ -122,7 +128,7 @@
     if (n.el) n.el.classList.add('selected');
     var box = document.getElementById('details');
     box.textContent = '';
-    box.appendChild(el('h3', { cls: 'mono', text: n.leaf ? n.name : (n.path || '(model root)') }));
+    box.appendChild(el('h3', { cls: 'mono', text: n.leaf ? n.name : n.group ? n.label : (n.path || '(model root)') }));
     var kv = el('div', { cls: 'kv' });
     function pair(k, v) { if (v) { kv.appendChild(el('div', { text: k })); kv.appendChild(el('div', { text: v })); } }
     pair('state', stateText(n.status) + (n.onPath ? ' (on the path to the first divergence)' : ''));
@@ -133,6 +139,7 @@
     box.appendChild(kv);
     if (n.status === 'culprit') box.appendChild(culpritBox(false));
     var own = n.rows;
+    if (n.group) (function all(g) { g.children.forEach(function (c) { own = own.concat(c.rows); all(c); }); })(n);
     if (!n.leaf) {   // a module's parameters (value at the start, dw) belong with its records
       n.children.forEach(function (c) { if (c.leaf && (c.kind === 'param' || c.kind === 'param_grad')) own = own.concat(c.rows); });
     }
