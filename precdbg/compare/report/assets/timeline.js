@@ -55,6 +55,9 @@
         g.font = '10px sans-serif';
       }
     });
+    canvas.setAttribute('data-bands', JSON.stringify(bands.map(function (b) {
+      return { key: b.key, from: b.from, to: b.to, culprit: !!(here && b.key && b.key === culpritBand(pts)) };
+    })));
     g.fillStyle = '#5f6670';
     var cx = null, cy = null, cls = [];
     var band = Math.max(1.5, Math.min(4, PW / pts.length));
@@ -142,10 +145,13 @@
     return one ? first : null;
   }
   function culpritBand(pts) { return F ? bandOf(F.module || '', wrapperOf(pts)) : null; }
-  function moduleBands(pts) {     // runs of points in one band: {key, from, to} (indices into pts)
-    var wrapper = wrapperOf(pts), out = [];
+  // runs of points in one band: {key, from, to} (indices into pts); the calls outside every module
+  // after the backward (gradient clipping, the optimizer) are one band of their own
+  function moduleBands(pts) {
+    var wrapper = wrapperOf(pts), out = [], after = lastBackward(state.model.key);
     pts.forEach(function (i, k) {
-      var key = bandOf(s(R, 'module', i), wrapper), last = out[out.length - 1];
+      var path = s(R, 'module', i), last = out[out.length - 1];
+      var key = !path && s(R, 'direction', i) === 'forward' && R.seq[i] > after ? 'after the backward' : bandOf(path, wrapper);
       if (last && last.key === key) last.to = k; else out.push({ key: key, from: k, to: k });
     });
     return out;
