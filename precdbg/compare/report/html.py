@@ -1,6 +1,8 @@
 """The HTML report of a compare: one self-contained page (inline CSS and JS, no network) showing
-the baseline's module tree coloured by where the runs part, a timeline of each record's error per
-step and direction, and the set-up findings.
+the baseline's module tree coloured by where the runs part (the calls after the backward folded
+into one node), a per-module overview of error over tolerance (assets/overview.js), a timeline of
+each record's error per step and direction with the model's layers as bands, and the set-up
+findings.
 
 The page is rendered in the browser from data embedded as JSON (element `#precdbg-data`): the
 compare result (the JSON report's contract) with its rows stored as columns over one table of
