@@ -37,6 +37,8 @@ class Browser:
         self._from_browser, from_browser_w = os.pipe()
         command = (f'exec "{CHROMIUM}" --headless --no-sandbox --disable-gpu '
                    "--disable-dev-shm-usage --no-first-run --hide-scrollbars "
+                   "--disable-background-networking --disable-component-update "
+                   "--disable-sync --disable-quic "
                    f"--user-data-dir='{profile}' --window-size={width},{height} "
                    f"--remote-debugging-pipe about:blank "
                    f"3<&{to_browser_r} 4>&{from_browser_w}")

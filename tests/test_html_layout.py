@@ -2,15 +2,17 @@
 `chromium` on PATH): the page fits its content (no panel with a large blank stretch, no blank
 band across the page, no table cut off on the right), the per-module overview is one click from
 the tree and marks the culprit, the calls after the backward (gradient clipping) fold into one
-node, and the timelines carry the model's layer bands with the culprit's band marked.
+node and the optimizer's calls into another, and the timelines carry the model's layer bands with
+the culprit's band marked.
 
 Screenshots of each width (the page, and the page showing the overview) are taken through the
 DevTools pipe and checked for the culprit's colours; PRECDBG_SCREENSHOT_DIR=DIR keeps them for a
 person to look at.
 
 Dumps: the tiny seeded GPT of compare_support, 2 steps, trained with gradient clipping
-(`clip_grad_norm_(foreach=False)`: a `Tensor.to` call per parameter, as in users' scripts), a
-clean baseline against the GELU-tanh defect.
+(`clip_grad_norm_(foreach=False)`: a `Tensor.to` call per parameter, as in users' scripts) and
+SGD with momentum captured inside its step (`include_optimizer`: per-parameter `mul_`/`add_`
+calls on the CPU), a clean baseline against the GELU-tanh defect.
 """
 from __future__ import annotations
 
@@ -41,11 +43,11 @@ def _dump(path: str, defect: Any = None) -> str:
     cfg = cs.tiny_config()
     torch.manual_seed(cs.SEED)
     net = GPT(cfg)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     batches = list(make_batches(cfg, batch_size=cs.BATCH, steps=2))
     if defect:
         opt = cs.DEFECTS[defect](net, opt, batches)
-    dbg = PrecisionDebugger(dump_path=path, level="mix")
+    dbg = PrecisionDebugger(dump_path=path, level="mix", include_optimizer=True)
     for x, y in batches:
         dbg.start(net)
         logits = net(x)
@@ -152,32 +154,45 @@ def test_overview_is_one_click_from_the_tree(page, tmp_path, width):
     for module in ("wte", "wpe", "blocks.0.ln_1", "blocks.0.attn", "blocks.0.mlp.act"):
         fwd = [c[2] for c in rows[module] if c[:2] == ["0", "fwd"]]
         assert fwd and fwd[0] <= 1, (module, fwd)
-    # the clipping calls after the backward are one row
-    assert "after_backward" in rows
+    # the clipping calls after the backward are one row, the optimizer's calls another
+    assert "after_backward" in rows and "optimizer" in rows, list(rows)
+    assert not [m for m in rows if m.startswith("\0")], list(rows)
     px = _culprit_pixels(shot)
     assert px["red"] > 30, px      # the culprit cell's outline
     _keep(shot)
 
 
-def test_clipping_calls_fold_into_one_node(page, tmp_path):
+def _folded(browser, group: str):
+    """The folded node `group` opened: its children (group, name) and the records its details list."""
+    node = f"document.querySelector('#tree .node[data-group=\"{group}\"]')"
+    browser.js(f"{node}.click(); {node}.click()")       # select, then open it
+    inside = browser.js(f"""Array.from(document.querySelectorAll(
+        '#tree .node[data-group=\"{group}\"] + ul > li > .node'))
+        .map(n => [n.dataset.group || '', n.dataset.name])""")
+    names = browser.js("Array.from(document.querySelectorAll('#details table.recs tr'))"
+                       ".slice(1).map(r => r.cells[0].innerText.replace(/\\s/g, ''))")
+    return inside, names
+
+
+def test_clipping_and_optimizer_calls_fold_into_one_node_each(page, tmp_path):
     with _open(page, str(tmp_path / "profile"), WIDTHS[0]) as browser:
         root = browser.js("""Array.from(document.querySelector('#tree > ul > li > ul').children)
             .map(li => li.querySelector('.node')).map(n => [n.dataset.name, n.dataset.group || ''])""")
         groups = [g for _, g in root if g]
-        assert groups == ["after_backward"], root
+        assert groups == ["after_backward", "optimizer"], root
         # none of the calls after the backward is drawn at the root any more
-        assert not [n for n, g in root if n.startswith("Tensor.to.")], root
-        node = "document.querySelector('#tree .node[data-group=\"after_backward\"]')"
-        browser.js(f"{node}.click(); {node}.click()")       # select, then open it
-        inside = browser.js("""Array.from(document.querySelectorAll(
-            '#tree .node[data-group=\"after_backward\"] + ul > li > .node'))
-            .map(n => [n.dataset.group || '', n.dataset.name])""")
-        runs = [name for group, name in inside if group == "run"]
-        assert runs, inside
-        # its details list the records of every call it holds
-        names = browser.js("Array.from(document.querySelectorAll('#details table.recs tr'))"
-                           ".slice(1).map(r => r.cells[0].innerText.replace(/\\s/g, ''))")
+        assert not [n for n, g in root if n.startswith(("Tensor.to.", "Tensor.add_.",
+                                                        "Tensor.mul_."))], root
+        inside, names = _folded(browser, "after_backward")
+        assert [name for group, name in inside if group == "run"], inside
+        # its details list the records of every call it holds: a Tensor.to per parameter
         assert sum(n.startswith("Tensor.to.") for n in names) >= 2 * 10, names[:10]
+        assert not [n for n in names if n.startswith("Tensor.add_.")], names   # clipping: mul_
+        inside, names = _folded(browser, "optimizer")
+        assert inside, inside
+        # SGD with momentum: a momentum buffer update and a parameter update per parameter
+        assert sum(n.startswith("Tensor.add_.") for n in names) >= 2 * 10, names[:10]
+        assert not [n for n in names if n.startswith("Tensor.to.")], names
 
 
 def test_timelines_carry_layer_bands_and_the_culprit(page, tmp_path):
@@ -188,8 +203,8 @@ def test_timelines_carry_layer_bands_and_the_culprit(page, tmp_path):
     keys = [b["key"] for b in forward if b["key"]]
     # the layers in execution order, each one band; the culprit's layer marked
     assert [k for k in keys if k.startswith("blocks.")] == ["blocks.0", "blocks.1"], keys
-    assert keys[0] == "wte" and keys[-1] == "after the backward", keys
-    assert keys.index("lm_head") == len(keys) - 2, keys
+    assert keys[0] == "wte" and keys[-2:] == ["after the backward", "optimizer"], keys
+    assert keys.index("lm_head") == len(keys) - 3, keys
     assert [b["key"] for b in forward if b["culprit"]] == ["blocks.1"], forward
     backward = [b["key"] for b in bands[1] if b["key"].startswith("blocks.")]
     assert backward == ["blocks.1", "blocks.0"], backward

@@ -341,6 +341,13 @@ def test_compare_command_exit_codes_and_reports(tmp_path, reference):
     assert data["format"] == "precdbg-report" and data["verdict"] == "diverged"
     assert data["rows"]["count"] == len(report["rows"])
     assert data["first_divergence"]["name_a"] == "Functional.gelu.0.forward"
+    # each row carries its record's phase (the page folds the optimizer's calls by it)
+    phases = {(r["direction"], r["kind"], r["phase"]) for r in report["rows"]}
+    assert {("forward", "api", "forward"), ("backward", "api", "backward"),
+            ("none", "param", "setup")} <= phases, phases
+    strings = data["strings"]
+    assert sorted({strings[k] for k in data["rows"]["phase"]}) == \
+        sorted({r["phase"] for r in report["rows"]})
     assert [tree["path"] for tree in data["trees"]][0] == [p for p, _, _ in S.MODULES]
 
 

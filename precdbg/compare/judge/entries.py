@@ -122,6 +122,7 @@ def pair_row(t: PairTable, p: int) -> Row:
               t.status(p).value)
     row.judged_by = str(t.judged_by[p])
     row.module_b = rb["module"]
+    row.phase = ra["phase"]
     for stat in ("min", "max", "mean", "norm"):
         setattr(row, f"{stat}_a", finite_or_none(ra[stat]))
         setattr(row, f"{stat}_b", finite_or_none(rb[stat]))

@@ -75,6 +75,7 @@ class Row:
     producer_a: str = ""           # entry that produced the tensor this record reads ("" none)
     producer_b: str = ""
     module_b: str = ""             # the candidate's module path (the HTML tree shows it)
+    phase: str = ""                # the baseline record's phase (forward, backward, optimizer, setup)
     # a parameter at step k >= 1 (see multistep.py): the share of its last update the runs
     # disagree on, and whether step k-1's weight gradient agreed (None: not judged that way)
     # a value far smaller than what it was reduced from (see floors.py): the norm its

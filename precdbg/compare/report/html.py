@@ -1,6 +1,6 @@
 """The HTML report of a compare: one self-contained page (inline CSS and JS, no network) showing
-the baseline's module tree coloured by where the runs part (the calls after the backward folded
-into one node), a per-module overview of error over tolerance (assets/overview.js), a timeline of
+the baseline's module tree coloured by where the runs part (the clipping calls after the backward
+folded into one node, the optimizer's into another), a per-module overview of error over tolerance (assets/overview.js), a timeline of
 each record's error per step and direction with the model's layers as bands, and the set-up
 findings.
 
@@ -34,7 +34,7 @@ __all__ = ["page_data", "render_html", "write_html", "module_trees", "DATA_ELEME
 
 DATA_ELEMENT_ID = "precdbg-data"
 ROW_STRING_COLUMNS = ("name_a", "name_b", "kind", "direction", "module", "module_b", "op", "role",
-                      "dtype_a", "dtype_b", "shape_a", "shape_b", "status")
+                      "phase", "dtype_a", "dtype_b", "shape_a", "shape_b", "status")
 ROW_NUMBER_COLUMNS = ("step", "rank", "arg_index", "seq", "order", "err", "tol", "min_a", "min_b",
                       "max_a", "max_b", "mean_a", "mean_b", "norm_a", "norm_b", "nan_a", "nan_b",
                       "inf_a", "inf_b", "cosine", "max_abs", "max_rel", "rel_rmse")

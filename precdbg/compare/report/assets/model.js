@@ -76,33 +76,50 @@
     (byFile[key] || []).forEach(function (i) { if (s(R, 'direction', i) === 'backward') last = Math.max(last, R.seq[i]); });
     return last;
   }
-  // The calls outside every module after the step's last backward record (gradient clipping, the
-  // optimizer: dozens of Tensor.to, mul_, norm calls) fold into one node; inside it, each run of
-  // three or more calls of one API folds into one node too ('Tensor.to \u00d7 24').
-  function foldAfterBackward(root, key, make, link) {
-    var last = lastBackward(key);
-    var late = root.children.filter(function (c) {
-      return c.leaf && c.kind === 'api' && c.rows.length && c.firstSeq > last &&
-        c.rows.every(function (i) { return s(R, 'direction', i) === 'forward'; });
-    }).sort(function (a, b) { return a.firstSeq - b.firstSeq; });
-    if (late.length < 2) return;
-    function group(kind, label, members, parent) {
+  // The group a call outside every module folds into: 'optimizer' for the calls made inside
+  // optimizer.step() (phase optimizer: captured with include_optimizer), 'after_backward' for the
+  // others after the step's last backward record (gradient clipping: dozens of Tensor.to, norm,
+  // mul_ calls); null for the rest. `last` is lastBackward(...) of the record's step and rank.
+  var LATE_GROUPS = {
+    after_backward: { band: 'after the backward', row: '(clipping, after the backward)',
+      label: 'after the backward (clipping)' },
+    optimizer: { band: 'optimizer', row: '(optimizer step)', label: 'the optimizer step' }
+  };
+  function lateGroup(i, last) {
+    if (s(R, 'module', i) !== '' || s(R, 'kind', i) !== 'api') return null;
+    if (s(R, 'phase', i) === 'optimizer') return 'optimizer';
+    return s(R, 'direction', i) === 'forward' && R.seq[i] > last ? 'after_backward' : null;
+  }
+  // Each group of late calls (see lateGroup) folds into one node at the root; inside it, each run
+  // of three or more calls of one API folds into one node too ('Tensor.to \u00d7 24').
+  function foldLateCalls(root, key, make, link) {
+    var last = lastBackward(key), members = { after_backward: [], optimizer: [] };
+    root.children.forEach(function (c) {
+      if (!c.leaf || c.kind !== 'api' || !c.rows.length) return;
+      var kind = lateGroup(c.rows[0], last);
+      if (kind && c.rows.every(function (i) { return lateGroup(i, last) === kind; })) members[kind].push(c);
+    });
+    function group(kind, label, calls, parent) {
       var g = make('', '');
-      g.group = kind; g.label = label; g.firstSeq = (members[0] || late[0]).firstSeq;
-      members.forEach(function (c) { c.parent = g; g.children.push(c); });
+      g.group = kind; g.label = label; g.firstSeq = calls.length ? calls[0].firstSeq : Infinity;
+      calls.forEach(function (c) { c.parent = g; g.children.push(c); });
       link(g, parent);
       return g;
     }
-    root.children = root.children.filter(function (c) { return late.indexOf(c) < 0; });
-    var after = group('after_backward', 'after the backward, outside the model (gradient clipping, optimizer): ' +
-      late.length + ' calls', [], root);
-    for (var k = 0; k < late.length;) {
-      var j = k;
-      while (j < late.length && callOf(late[j].name) === callOf(late[k].name)) j++;
-      if (j - k >= 3) group('run', callOf(late[k].name) + ' \u00d7 ' + (j - k), late.slice(k, j), after);
-      else late.slice(k, j).forEach(function (c) { link(c, after); });
-      k = j;
-    }
+    Object.keys(LATE_GROUPS).forEach(function (kind) {
+      var late = members[kind].sort(function (a, b) { return a.firstSeq - b.firstSeq; });
+      if (late.length < 2) return;
+      root.children = root.children.filter(function (c) { return late.indexOf(c) < 0; });
+      var folded = group(kind, LATE_GROUPS[kind].label + ': ' + late.length + ' calls', [], root);
+      folded.firstSeq = late[0].firstSeq;
+      for (var k = 0; k < late.length;) {
+        var j = k;
+        while (j < late.length && callOf(late[j].name) === callOf(late[k].name)) j++;
+        if (j - k >= 3) group('run', callOf(late[k].name) + ' \u00d7 ' + (j - k), late.slice(k, j), folded);
+        else late.slice(k, j).forEach(function (c) { link(c, folded); });
+        k = j;
+      }
+    });
   }
 
   function buildModel(step, rank) {
@@ -174,11 +191,11 @@
       all.forEach(function (n) { if (!n.leaf) known[n.pathB !== null ? n.pathB : n.path] = true; });
       tb.path.forEach(function (p, j) { if (!known[p] && p !== '') { onlyB(p).cls = tb.cls[j]; } });
     }
-    foldAfterBackward(root, key, make, link);
+    foldLateCalls(root, key, make, link);
     var culprit = null;
     (function finish(n) {
       n.children.forEach(finish);
-      if (!n.group) n.children.sort(function (a, b) { return nodeOrder(a) - nodeOrder(b) || (a.leaf ? a.firstSeq - b.firstSeq : 0); });
+      if (!n.group) n.children.sort(function (a, b) { return nodeOrder(a) - nodeOrder(b) || (a.leaf || a.group ? a.firstSeq - b.firstSeq : 0); });
       if (!n.leaf && n.side !== 'b' && !n.group) {
         var pb = n.pathB !== null ? n.pathB : n.path;
         n.clsB = clsB[pb] !== undefined ? clsB[pb] : null;

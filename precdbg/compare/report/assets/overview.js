@@ -2,12 +2,13 @@
    Inlined by precdbg/compare/report/html.py into one function scope with the other
    assets/*.js, in the order of html._SCRIPTS. */
   // ------------------------------------------------------------------ overview
-  // One row per module (the calls outside every module after the backward as one more row), one
+  // One row per module (the calls outside every module after the backward, and the optimizer's, as
+  // a row each: model.js lateGroup), one
   // column per step and direction: forward, backward (dx), dw (the parameters' gradients). A cell
   // holds the worst error / tolerance of the module's records there (tensors only; an exact record,
   // tolerance 0, that differs counts as 1e9), on the selected rank. The culprit's cell is marked.
   var OV_DIRS = [['fwd', 'forward'], ['bwd', 'backward (dx)'], ['dw', 'parameter gradients (dw)']];
-  var AFTER = '\u0000after';
+  var LATE = '\u0000';                // prefixes a late group's id in a row's path
   var overview = { sort: 'order' };
   function ratioOf(i) {
     var e = R.err[i], t = R.tol[i];
@@ -28,7 +29,8 @@
         var col = columnOf(i), r = ratioOf(i);
         if (!col || r === null) return;
         var path = s(R, 'module', i);
-        if (path === '' && s(R, 'kind', i) === 'api' && col === 'fwd' && R.seq[i] > last) path = AFTER;
+        var late = lateGroup(i, last);
+        if (late) path = LATE + late;
         var m = mods[path];
         if (!m) { m = mods[path] = { path: path, cells: {}, first: Infinity, worst: 0, culprit: null }; list.push(m); }
         m.first = Math.min(m.first, step * 1e12 + R.seq[i]);
@@ -67,9 +69,10 @@
     })));
     var table = el('table', { cls: 'heat', id: 'overview-table' }, [head1, head2]);
     list.forEach(function (m) {
-      var depth = m.path === AFTER || m.path === '' ? 0 : m.path.split('.').length - 1;
-      var name = m.path === AFTER ? '(after the backward)' : m.path === '' ? '(model)' : m.path;
-      var tr = el('tr', { cls: m.culprit ? 'culprit' : '', 'data-module': m.path === AFTER ? 'after_backward' : m.path }, [
+      var late = m.path.charAt(0) === LATE ? m.path.slice(1) : null;
+      var depth = late || m.path === '' ? 0 : m.path.split('.').length - 1;
+      var name = late ? LATE_GROUPS[late].row : m.path === '' ? '(model)' : m.path;
+      var tr = el('tr', { cls: m.culprit ? 'culprit' : '', 'data-module': late || m.path }, [
         el('td', { cls: 'l mono name', style: overview.sort === 'order' ? 'padding-left:' + (5 + 10 * depth) + 'px' : null, text: name })]);
       steps.forEach(function (st) {
         dirs.forEach(function (d, k) {
@@ -101,7 +104,8 @@
     var found = null;
     (function walk(n) {
       if (found) return;
-      if (path === AFTER ? n.group === 'after_backward' : (!n.leaf && !n.group && n.side !== 'b' && n.path === path)) { found = n; return; }
+      var late = path.charAt(0) === LATE ? path.slice(1) : null;
+      if (late ? n.group === late : (!n.leaf && !n.group && n.side !== 'b' && n.path === path)) { found = n; return; }
       n.children.forEach(walk);
     })(state.model.root);
     if (found) reveal(found);

@@ -146,12 +146,12 @@
   }
   function culpritBand(pts) { return F ? bandOf(F.module || '', wrapperOf(pts)) : null; }
   // runs of points in one band: {key, from, to} (indices into pts); the calls outside every module
-  // after the backward (gradient clipping, the optimizer) are one band of their own
+  // after the backward (gradient clipping) and the optimizer's are a band each (model.js lateGroup)
   function moduleBands(pts) {
     var wrapper = wrapperOf(pts), out = [], after = lastBackward(state.model.key);
     pts.forEach(function (i, k) {
-      var path = s(R, 'module', i), last = out[out.length - 1];
-      var key = !path && s(R, 'direction', i) === 'forward' && R.seq[i] > after ? 'after the backward' : bandOf(path, wrapper);
+      var path = s(R, 'module', i), last = out[out.length - 1], late = lateGroup(i, after);
+      var key = late ? LATE_GROUPS[late].band : bandOf(path, wrapper);
       if (last && last.key === key) last.to = k; else out.push({ key: key, from: k, to: k });
     });
     return out;
