@@ -359,3 +359,25 @@ def test_browser_hover_names_the_records_of_the_timeline(browser):
     })()""")
     assert CULPRIT in names, sorted(names)[:20]
     assert len(names) > 50, len(names)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+def test_browser_opens_the_tree_at_a_culprit_without_a_pair(report, tmp_path):
+    # another module class at blocks.1.mlp.act (TanhGELU for GELU, as transformers'
+    # NewGELUActivation): a structural verdict between two records of other names, neither with
+    # a counterpart; the tree still opens at it
+    cand = cs.dump_gpt(str(tmp_path / "formula"), defect="gelu_class")
+    page = str(tmp_path / "formula.html")
+    out = str(tmp_path / "formula.json")
+    proc = cs.run_cli("compare", report["base"], cand, "--rank", "0", "--html", page,
+                      "--json", out)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    with open(out, encoding="utf-8") as handle:
+        first = json.load(handle)["first_divergence"]
+    assert first["name_a"] and first["name_b"] and first["name_a"] != first["name_b"], first
+    assert first["module"] == CULPRIT_MODULE, first
+    dom = _dom_of("file://" + page, str(tmp_path / "profile"))
+    assert dom.body.get("data-culprit") == "visible", dom.body.get("data-culprit")
+    culprits = [n for n in dom.nodes if n.get("data-status") == "culprit"]
+    assert len(culprits) == 1 and culprits[0]["data-path"] == CULPRIT_MODULE, culprits
+    assert culprits[0]["data-name"] in ("", first["name_a"]), culprits

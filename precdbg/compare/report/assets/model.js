@@ -54,7 +54,6 @@
     (byFile[key] || (byFile[key] = [])).push(i);
   }
   var steps = uniq(R.step), ranks = uniq(R.rank);
-  function culpritKey() { return F ? (F.name_a || F.name_b) : null; }
   function isCulpritRow(i) {
     return !!F && R.step[i] === F.step && R.rank[i] === F.rank &&
       s(R, 'name_a', i) === F.name_a && s(R, 'name_b', i) === F.name_b;
@@ -167,7 +166,10 @@
         (nodes[path] && (nodes[path].pathB === null || nodes[path].pathB === path) ? nodes[path] : onlyB(path)));
       var n = kind === 'module' ? m : leafOf(m, name, kind);
       n.unmatched.push(j);
-      if (F && F.step === step && F.rank === rank && !F[side === 'a' ? 'name_b' : 'name_a'] && name === culpritKey()) n.culprit = true;
+      // a culprit without a pair (only in one run, or two calls of other names: a structural
+      // verdict) is marked at the baseline's record, or the candidate's where the baseline has none
+      if (F && F.step === step && F.rank === rank && name === (side === 'a' ? F.name_a : F.name_b) &&
+          (side === 'a' || !F.name_a)) n.culprit = true;
     }
     function onlyB(path) {
       var k2 = '\u0000b:' + path;
