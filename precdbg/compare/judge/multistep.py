@@ -109,7 +109,7 @@ class NoisePolicy:
             self._last.pop(rank, None)
 
     def notes(self) -> List[Note]:
-        """Its notes, as codes and facts (report/wording.py `note_text` writes them)."""
+        """Its notes, as codes and facts (report/note_words.py `note_text` writes them)."""
         out = []
         for step, names in sorted(self._rounding.items()):
             out.append(Note(NoteCode.UPDATE_OF_ROUNDING,
