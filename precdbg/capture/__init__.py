@@ -13,7 +13,7 @@ cannot (`TensorOps`, an object the adapter owns). Everything else lives here onc
   calls (with `filters`), and it makes the records of their tensors: `batch`
   (distinct tensors, their statistics handles, when a batch crosses to the host), `provenance`
   (which record produced the tensor a record reads), `recompute` (activation recompute's
-  replayed calls), `call_stacks`, `arguments` (which arguments are recorded);
+  replayed calls), `call_stacks`; which arguments are recorded is `records.arguments`;
 - `instrumentor` (with `model_walk` and `contract`): the one shape of an adapter;
 - `run_file` and `manifest`: run.json; `notices`: everything said once; `failures`: failures
   inside precdbg, counted; `uncaught`: a constructor's refusal said in one line when the
@@ -28,7 +28,7 @@ Imports: precdbg.errors, precdbg.version, precdbg.records, precdbg.config, precd
 from __future__ import annotations
 
 from ..storage.json_files import jsonable
-from .arguments import call_arguments, tensor_arguments, tensor_results, value_arguments
+from ..records.arguments import call_arguments, tensor_arguments, tensor_results, value_arguments
 from .contract import Recorder, TensorOps
 from .debugger import BaseDebugger
 from .instrumentor import (BaseInstrumentor, ClassPatch, GuardedHook, NamedTensor,

@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..records.call import Call
 from ..records.naming import uninitialized_output
 from ..records.schema import Direction, Phase, Record, RecordKind, Role, Task, scalar_dtype
-from .arguments import tensor_results
+from ..records.arguments import tensor_results
 from .batch import TensorBatch
 from .call_stacks import StackTable
 from .calls import ModuleRow, WindowCalls

@@ -121,7 +121,11 @@ def _stat_difference(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[str]:
     if is_scalar_dtype(ra["dtype"]) or is_scalar_dtype(rb["dtype"]):
         return None if str(ra.get("text")) == str(rb.get("text")) else \
             f"value {ra.get('text')!r} vs {rb.get('text')!r}"
-    if (ra["nan_count"], ra["inf_count"]) != (rb["nan_count"], rb["inf_count"]):
+    # a count known only as "some" (UNKNOWN_COUNT: msprobe's dumps) compares as whether there are
+    counts_a, counts_b = (ra["nan_count"], ra["inf_count"]), (rb["nan_count"], rb["inf_count"])
+    if min(counts_a + counts_b) < 0:
+        counts_a, counts_b = tuple(c != 0 for c in counts_a), tuple(c != 0 for c in counts_b)
+    if counts_a != counts_b:
         return (f"NaN/Inf counts {ra['nan_count']}/{ra['inf_count']} vs "
                 f"{rb['nan_count']}/{rb['inf_count']}")
     checksums = ra.get("checksum") and rb.get("checksum") and ra["dtype"] == rb["dtype"]
@@ -130,7 +134,10 @@ def _stat_difference(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[str]:
     scale_floor = max(_rms(ra), _rms(rb))
     for stat in _STATS:
         va, vb = float(ra.get(stat, math.nan)), float(rb.get(stat, math.nan))
-        if math.isnan(va) and math.isnan(vb):
+        # NaN on a side without NaN values: a statistic that dump does not take (msprobe's mean
+        # and norm of integer and float64 tensors)
+        if (math.isnan(va) and (math.isnan(vb) or not ra["nan_count"])) or \
+                (math.isnan(vb) and not rb["nan_count"]):
             continue
         if stat == "pos_mean" and (math.isnan(va) or math.isnan(vb)):
             continue                  # a side without it (an older dump): not compared

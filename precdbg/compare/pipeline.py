@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import DumpError
+from ..storage.common_records import LIMITS, common_records
 from ..storage.reader import Dump, open_dump
 from ..records.naming import vocabulary
 from ..records.schema import RecordKind, Role, Task
@@ -65,7 +66,8 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
     def report(done: int, total: int, phase: str) -> None:
         if progress is not None:
             progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
-    ta, tb = a.records(step, rank), b.records(step, rank)
+    # a precdbg dump against msprobe's: the records both tools write, compared on what both measure
+    ta, tb, _ = common_records(a, a.records(step, rank), b, b.records(step, rank), step, rank)
     report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
     interrupted = (_interrupted(a, step, rank), _interrupted(b, step, rank))
@@ -222,6 +224,9 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, Note(NoteCode.RELABELLED,
                                  facts={"a": list(pairs[0]), "b": list(own_b[0])}))
+        if a.source != b.source:     # precdbg's dump against msprobe's: what neither can see
+            notes.append(Note(NoteCode.TOOLS_DIFFER, facts={"a": a.source, "b": b.source,
+                                                            "limits": list(LIMITS)}))
         if not same:      # a torch shim's dump names things as PyTorch's: aligned by name
             notes.append(Note(NoteCode.FRAMEWORKS_DIFFER, facts={"a": fa, "b": fb}))
         if underneath:

@@ -3,8 +3,9 @@
 `schema`: what one captured tensor is (`Record`, the enums of its fields, the step file's
 columns); `naming`: entry names derived from a record's fields and the canonical op of every
 framework API (tables in `tables/`); `layers`: the constructor settings that decide a layer's
-numerics; `precision`: which float dtype rounds more coarsely; `environment`: the numerics
-environment variables a run records, secret values redacted.
+numerics; `arguments`: which arguments of a call are recorded, under which keys (the rule the
+adapters and the msprobe reader share); `precision`: which float dtype rounds more coarsely;
+`environment`: the numerics environment variables a run records, secret values redacted.
 
 Imports: precdbg.errors
 """

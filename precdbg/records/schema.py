@@ -26,6 +26,7 @@ SCHEMA_VERSION = 4          # 2: `producer`, `storage` (dataflow provenance); 3:
                             # 4: `pos_mean` (order-sensitive statistic)
 READ_SCHEMA_VERSIONS = (1, 2, 3, 4)
 NO_PRODUCER = -1            # `producer` of a tensor nothing captured in the step produced
+UNKNOWN_COUNT = -1          # `nan_count`/`inf_count`: some, how many not known (msprobe's dumps)
 MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)
 
 

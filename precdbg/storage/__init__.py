@@ -6,7 +6,9 @@ step file being written (`.partial`, fsync, rename); `disk_room` reserves room b
 writes; `rank_lock` keeps one process per folder and rank; `dump_folder` says whether a debugger
 may dump into a folder; `json_files` writes run.json atomically; `process_exit` (with the C
 `_termguard`) finishes every stopped step however the process ends. Read side: `reader` opens a
-dump as numpy columns, tensors lazily.
+dump as numpy columns, tensors lazily; `msprobe_dump` (with `torch_file` for its `.pt` tensors)
+reads msprobe's dump folders as the same records, and `common_records` narrows a precdbg dump and
+an msprobe dump to what both tools record.
 
 Imports: precdbg.errors, precdbg.records
 """

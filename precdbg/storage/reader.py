@@ -1,7 +1,8 @@
 """Open a dump: records as numpy columns, tensors lazily.
 
 `open_dump(path)` takes a dump root (with run.json and step<S>/ folders), one step folder, or one
-step file. Incomplete files (`*.partial`, left by a crash) are skipped and listed in `.partial`.
+step file; or an msprobe dump (its dump path, a step folder, a rank folder or its dump.json: read
+by `msprobe_dump`, `Dump.source` "msprobe"). Incomplete files (`*.partial`, left by a crash) are skipped and listed in `.partial`.
 A dump's step files are known by their names and opened when first read, so a damaged one stops
 only what reads it (one line naming it), never a command asked for another step.
 """
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..errors import DumpError
 from .layout import PARTIAL, parse_step_file, run_json_path, step_folders, step_of_folder
+from .msprobe_dump import MsprobeStep, msprobe_step_folders
 from ..records.schema import ADDED_COLUMNS, READ_SCHEMA_VERSIONS, RECORD_COLUMNS, scalar_mask
 
 __all__ = ["open_dump", "Dump", "RecordTable"]
@@ -187,6 +189,20 @@ class _StepFile:
         start, ds = self._blobs[k]
         return ds[offset - start:offset - start + nbytes]
 
+    def tensor(self, row: Dict[str, Any]) -> np.ndarray:
+        """The stored tensor of a record of this file (a row of `columns()`)."""
+        if row["data_offset"] < 0:
+            raise DumpError(f"{self.path}: {row['entry']} {row['role']} {row['arg_index']} has "
+                            "statistics only (dump with task 'tensor' to keep tensors)")
+        raw = self.read_bytes(row["data_offset"], row["data_nbytes"])
+        return _as_array(raw, row["dtype"], row["shape"])
+
+    def warnings(self) -> List[str]:
+        return []
+
+    def unrecorded(self) -> frozenset:
+        return frozenset()
+
     @_readable
     def has(self, group: str, column: str) -> bool:
         return group in self.file and column in self.file[group]
@@ -219,7 +235,14 @@ class Dump:
         self.path = path
         self.run: Dict[str, Any] = {}
         self.partial: List[str] = []
-        self._files: Dict[Tuple[int, int], List[_StepFile]] = {}
+        self._files: Dict[Tuple[int, int], List[Any]] = {}    # _StepFile or MsprobeStep
+        self.source = "precdbg"          # or "msprobe": a dump msprobe wrote
+        msprobe = msprobe_step_folders(path) if os.path.exists(path) else None
+        if msprobe:
+            self.source = MsprobeStep.source
+            for step, rank, folder in msprobe:
+                self._files[(step, rank)] = [MsprobeStep(folder, step, rank)]
+            return
         paths = self._discover(path)
         for file_path in paths:
             step = step_of_folder(os.path.basename(os.path.dirname(file_path)))
@@ -309,6 +332,7 @@ class Dump:
                 where = f"step {step} rank {rank}" + (f" part {sf.part}" if sf.part else "")
                 try:
                     sf.attrs
+                    out.extend(sf.warnings())
                 except DumpError:      # a damaged file: what reads it says so, in one line
                     continue
                 if sf.attrs.get("interrupted"):
@@ -324,14 +348,14 @@ class Dump:
     def ranks(self) -> List[int]:
         return sorted({r for _, r in self._files})
 
-    def files(self, step: Optional[int] = None, rank: Optional[int] = None) -> List[_StepFile]:
+    def files(self, step: Optional[int] = None, rank: Optional[int] = None) -> List[Any]:
         out = []
         for (s, r), parts in sorted(self._files.items()):
             if (step is None or s == step) and (rank is None or r == rank):
                 out.extend(parts)
         return out
 
-    def _asked(self, step: Optional[int], rank: Optional[int]) -> List[_StepFile]:
+    def _asked(self, step: Optional[int], rank: Optional[int]) -> List[Any]:
         """The files of a step and rank asked for by number: a DumpError when there are none."""
         files = self.files(step, rank)
         if not files and (step is not None or rank is not None):
@@ -378,12 +402,8 @@ class Dump:
         raise DumpError(f"{self.path}: step {row['step']} rank {row['rank']} is not open")
 
     @staticmethod
-    def _tensor_of(sf: _StepFile, row: Dict[str, Any]) -> np.ndarray:
-        if row["data_offset"] < 0:
-            raise DumpError(f"{sf.path}: {row['entry']} {row['role']} {row['arg_index']} has "
-                            "statistics only (dump with task 'tensor' to keep tensors)")
-        raw = sf.read_bytes(row["data_offset"], row["data_nbytes"])
-        return _as_array(raw, row["dtype"], row["shape"])
+    def _tensor_of(sf: Any, row: Dict[str, Any]) -> np.ndarray:
+        return sf.tensor(row)
 
     def modules(self, step: Optional[int] = None, rank: Optional[int] = None
                 ) -> List[Tuple[str, str, str]]:
@@ -429,6 +449,14 @@ class Dump:
             found.extend(opt for opt in listed if isinstance(opt, dict)
                          and opt.get("id") not in known)
         return found
+
+    def unrecorded(self, step: int, rank: int) -> frozenset:
+        """Entries the tool that wrote the dump saw but did not record (msprobe: the calls its
+        risk level skips); empty for precdbg's dumps."""
+        out: frozenset = frozenset()
+        for sf in self.files(step, rank):
+            out |= sf.unrecorded()
+        return out
 
     def stacks(self, step: int, rank: int = 0, part: int = 0) -> List[str]:
         for sf in self._files.get((step, rank), []):

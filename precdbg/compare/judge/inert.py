@@ -23,7 +23,8 @@ _CAST = "cast"                 # the canonical op of every dtype conversion (tab
 def calls_changing_no_number(table: RecordTable) -> set:
     """The API calls (their `order`) left out of a module's call sequence although their op
     computes: calls whose results nothing reads (no later record names a forward output of
-    theirs as its `producer` and no gradient came back to them); calls that compute only
+    theirs as its `producer` and no gradient came back to them; not in a dump without tensor
+    identities, msprobe's); calls that compute only
     integers or booleans (positions, masks, indices: another way to the same positions changes
     no number, other positions change the numbers of the calls that read them); conversions to
     the dtype their input had (`x.to(x.device)`: PyTorch returns `x` itself, a torch shim over
@@ -39,7 +40,9 @@ def calls_changing_no_number(table: RecordTable) -> set:
     read = np.isin(table["seq"][outputs], table["producer"])
     live = set(out_orders[read].tolist()) | \
         set(order[(kind == _API) & (direction != _FORWARD)].tolist())
-    skip = set(out_orders.tolist()) - live
+    # a dump that knows no tensor's identity (msprobe's) cannot tell what nothing reads
+    knows_reads = "tensor_id" not in table or bool((table["tensor_id"] >= 0).any())
+    skip = set(out_orders.tolist()) - live if knows_reads else set()
     floating: set = set()
     for o, d in zip(out_orders.tolist(), dtype[outputs].tolist()):
         if str(d) not in _INTEGER_DTYPES:

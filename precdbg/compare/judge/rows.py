@@ -196,6 +196,7 @@ class NoteCode(str, enum.Enum):
     INTEGER_PLUMBING = "integer_plumbing"      # status 'integer'
     ROUNDING_FLOOR = "rounding_floor"          # records judged against a rounding floor
     STATISTICS_ONLY = "statistics_only"        # a match by statistics without pos_mean
+    TOOLS_DIFFER = "tools_differ"              # a precdbg dump against an msprobe dump
 
 
 @dataclasses.dataclass

@@ -75,6 +75,13 @@ _PIPELINE_NOTES = {
         f"{f['first']} {f['role']} {f['arg_index']}: a sum whose terms cancel, like an "
         "attention key bias's gradient, and what is computed from it) judged against that "
         "gradient's rounding, not their own scale (column 'floor')"),
+    NoteCode.TOOLS_DIFFER: lambda f: (
+        f"the baseline was dumped by {f['a']}, the candidate by {f['b']}: compared on the "
+        "records both tools write and the statistics both measure; msprobe records no NaN/Inf "
+        "counts, no order-sensitive mean, no root module, no buffers and not the calls its risk "
+        "level skips (reshape, to, view, ...), and its API backward records are the gradients "
+        "of one autograd node, so API backward records, NaN/Inf counts and checksums are not "
+        "compared (modules' backward records and weight gradients are)"),
     NoteCode.STATISTICS_ONLY: lambda f: (
         "statistics only: a permutation or a compensating change keeps min, max, mean and "
         "norm; dump with task 'tensor' or summary_mode 'checksum' to confirm a match bit for "

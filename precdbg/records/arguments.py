@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..records.schema import DtypeName
+from .schema import DtypeName
 
 __all__ = ["call_arguments", "tensor_arguments", "tensor_results", "value_arguments"]
 

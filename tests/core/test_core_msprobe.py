@@ -1,0 +1,117 @@
+"""msprobe's dump folders read as dumps (precdbg.storage.msprobe_dump), from dumps msprobe itself
+wrote (tests/data/msprobe, see its README): the records, module tree and call stacks; msprobe
+against msprobe through the command (the GELU defect named, a clean pair matching); damaged or
+partial folders said in one line naming the file, what is readable still read."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import precdbg
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                    "msprobe")
+CLEAN, GELU = os.path.join(DATA, "stat_mix_clean"), os.path.join(DATA, "stat_mix_gelu")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "precdbg", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_an_msprobe_dump_reads_as_records_modules_and_stacks():
+    with precdbg.open_dump(CLEAN) as dump:
+        assert dump.source == "msprobe" and dump.steps == [0, 1] and dump.ranks == [0]
+        assert (dump.setting("framework"), dump.setting("task"), dump.setting("level")) == \
+            ("pytorch", "statistics", "mix")
+        t = dump.records(0, 0)
+        kinds = set(zip(t["kind"].tolist(), t["direction"].tolist(), t["role"].tolist()))
+        assert {("api", "forward", "input"), ("api", "forward", "output"),
+                ("module", "forward", "input"), ("module", "backward", "grad_input"),
+                ("param", "none", "param"), ("param_grad", "backward", "param_grad")} <= kinds
+        # entries keep msprobe's names; a Tensor operator reads under precdbg's (x + y: add)
+        entries = set(t["entry"].tolist())
+        assert {"Functional.gelu.1.forward", "Module.blocks.1.act.GELU.forward.0",
+                "Param.blocks.1.fc1.weight", "Param.blocks.1.fc1.weight.grad",
+                "Tensor.add.0.forward"} <= entries
+        assert not [e for e in entries if "__add__" in e]
+        # msprobe counts no NaN/Inf: finite extremes read as none; no order-sensitive mean
+        tensors = t["dtype"] == "float32"
+        assert (t["nan_count"][tensors] == 0).all() and (t["inf_count"][tensors] == 0).all()
+        assert np.isnan(t["pos_mean"]).all()
+        # a forward call: inputs, its non-tensor arguments as values, outputs; in its module
+        gelu = t.select(t["entry"] == "Functional.gelu.1.forward")
+        assert gelu["module"].tolist() == ["blocks.1.act"] * 3
+        assert (gelu["role"].tolist(), gelu["dtype"].tolist(), gelu["text"][1]) == \
+            (["input", "input", "output"], ["float32", "py.str", "float32"], "none")
+        # a module's inputs are recorded before the calls inside it, its outputs after
+        seq = {(e, r): s for e, r, s in zip(t["entry"].tolist(), t["role"].tolist(),
+                                            t["seq"].tolist())}
+        assert seq[("Module.blocks.1.act.GELU.forward.0", "input")] < \
+            seq[("Functional.gelu.1.forward", "input")] < \
+            seq[("Module.blocks.1.act.GELU.forward.0", "output")]
+        modules = dump.modules(0, 0)
+        assert ("blocks.1.act", "GELU", "blocks.1") in modules and ("blocks", "", "") in modules
+        row = int(np.nonzero(t["entry"] == "Functional.gelu.1.forward")[0][0])
+        stacks = dump.stacks(0, 0)
+        assert "make_dumps.py:" in stacks[int(t["stack_id"][row])].split("\n")[0]
+        # the calls msprobe's risk level skips are known as seen, not recorded
+        assert "Tensor.reshape.0.forward" in dump.unrecorded(0, 0)
+
+
+def test_msprobe_against_msprobe_names_the_gelu_defect(tmp_path):
+    out = str(tmp_path / "r.json")
+    proc = _cli("compare", CLEAN, GELU, "--json", out)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = json.loads(open(out, encoding="utf-8").read())["first_divergence"]
+    assert (first["name_a"], first["module"], first["step"], first["role"]) == \
+        ("Functional.gelu.1.forward", "blocks.1.act", 0, "output")
+    proc = _cli("compare", CLEAN, CLEAN)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for command in ("inspect", "scan"):
+        proc = _cli(command, CLEAN)
+        assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
+
+
+def _copy(tmp_path, name: str) -> str:
+    dest = str(tmp_path / name)
+    shutil.copytree(CLEAN, dest)
+    return dest
+
+
+def _rank_folder(root: str, step: int = 0) -> str:
+    step_dir = os.path.join(root, f"step{step}")
+    return os.path.join(step_dir, os.listdir(step_dir)[0])
+
+
+def test_a_dump_json_cut_short_is_one_line_naming_it(tmp_path):
+    root = _copy(tmp_path, "cut")
+    path = os.path.join(_rank_folder(root), "dump.json")
+    text = open(path, encoding="utf-8").read()
+    open(path, "w", encoding="utf-8").write(text[:len(text) // 2])
+    proc = _cli("compare", root, CLEAN, "--step", "0")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert path in lines[0] and "cut short" in lines[0], lines
+    # the other step is still read
+    proc = _cli("compare", root, CLEAN, "--step", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_missing_construct_json_is_said_and_the_rest_read(tmp_path):
+    root = _copy(tmp_path, "noconstruct")
+    os.remove(os.path.join(_rank_folder(root), "construct.json"))
+    with precdbg.open_dump(root) as dump:
+        t = dump.records(0, 0)
+        assert len(t) and "Functional.gelu.1.forward" in set(t["entry"].tolist())
+        warned = dump.warnings()
+    assert [w for w in warned if "construct.json" in w and "missing" in w], warned
+    proc = _cli("inspect", root)
+    assert proc.returncode == 0 and "construct.json" in proc.stdout + proc.stderr, \
+        proc.stdout + proc.stderr
