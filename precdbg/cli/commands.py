@@ -82,6 +82,10 @@ def run_inspect(args: argparse.Namespace) -> int:
                   if cfg.get(key) and cfg[key] not in (["all"], "statistics")]
         if chosen:          # what the config selected: a thin dump may be what was asked
             out.write(f"selected  {'  '.join(chosen)}\n")
+    if dump.source != "precdbg":           # msprobe's folders: what its files say of the run
+        out.write(f"dump      {args.dump} (written by {dump.source})\n")
+        out.write(f"framework {dump.setting('framework') or '?'}  task "
+                  f"{dump.setting('task') or '?'}  level {dump.setting('level') or '?'}\n")
     out.write(f"steps     {dump.steps}\nranks     {dump.ranks}\n")
     if dump.partial:
         out.write(f"incomplete (skipped): {', '.join(dump.partial)}\n")

@@ -224,6 +224,10 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, Note(NoteCode.RELABELLED,
                                  facts={"a": list(pairs[0]), "b": list(own_b[0])}))
+        msprobe = [label for label, d in (("baseline", a), ("candidate", b))
+                   if d.source == "msprobe"]
+        if msprobe:
+            notes.append(Note(NoteCode.MSPROBE_DUMPS, facts={"sides": msprobe}))
         if a.source != b.source:     # precdbg's dump against msprobe's: what neither can see
             notes.append(Note(NoteCode.TOOLS_DIFFER, facts={"a": a.source, "b": b.source,
                                                             "limits": list(LIMITS)}))

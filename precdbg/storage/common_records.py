@@ -40,6 +40,7 @@ _NO_MEAN = ("int", "uint", "bool", "float64")
 def common_records(a: Dump, ta: RecordTable, b: Dump, tb: RecordTable, step: int, rank: int
                    ) -> Tuple[RecordTable, RecordTable, List[str]]:
     """(ta, tb) as both tools record them, and the LIMITS that applied (empty: one tool)."""
+    ta, tb = _parameters_both_hold(ta, a.source, tb, b.source)
     if a.source == b.source:
         return ta, tb, []
     msprobe_a = a.source == "msprobe"
@@ -74,6 +75,27 @@ def _keys_of(msprobe: RecordTable, precdbg: RecordTable) -> RecordTable:
     cols = dict(msprobe.columns)
     cols["arg_key"] = np.array(keys, dtype=str) if keys else msprobe["arg_key"]
     return RecordTable(cols)
+
+
+def _parameters_both_hold(ta: RecordTable, source_a: str, tb: RecordTable, source_b: str
+                          ) -> Tuple[RecordTable, RecordTable]:
+    """msprobe at level L1 (api) records no parameters, no weight gradients and no module an
+    API call ran in (its construct.json is empty): where an msprobe step holds none of a kind,
+    the other side's records of that kind are left out too, and where it knows no module, the
+    other side's API calls are read outside every module as well (they pair by name)."""
+    out = [ta, tb]
+    for mine, source, other in ((0, source_a, 1), (1, source_b, 0)):
+        if source != "msprobe" or not len(out[mine]):
+            continue
+        for kind in (RecordKind.PARAM, RecordKind.PARAM_GRAD):
+            if not (out[mine]["kind"] == kind).any() and (out[other]["kind"] == kind).any():
+                out[other] = out[other].select(out[other]["kind"] != kind)
+        if not (out[mine]["kind"] == RecordKind.MODULE).any() and \
+                not (out[mine]["module"] != "").any():
+            cols = dict(out[other].columns)
+            cols["module"] = np.where(cols["kind"] == RecordKind.API, "", cols["module"])
+            out[other] = RecordTable(cols)
+    return out[0], out[1]
 
 
 def _both_record(t: RecordTable, other: RecordTable) -> np.ndarray:

@@ -44,6 +44,7 @@ _MODULE = re.compile(r"^(?P<prefix>Module|Cell)\.(?:(?P<path>.+)\.)?(?P<cls>[^.]
                      r"(?P<what>forward|backward|parameters_grad)\.(?P<index>\d+)$")
 _API = re.compile(r"^(?P<prefix>[A-Za-z_][A-Za-z0-9_]*)\.(?P<api>.+)\.(?P<index>\d+)\."
                   r"(?P<what>forward|backward)$")
+_LEVELS = {"L0": "module", "L1": "api"}       # msprobe's levels as precdbg's ("mix" is both's)
 _HEAD = re.compile(r'"(task|level|framework)":\s*"([^"]*)"')
 _FRAME = re.compile(r"^File (?P<file>.+), line (?P<line>\d+), in (?P<func>[^,\n]+)")
 # frames of the frameworks and of msprobe itself: not the user's line
@@ -226,8 +227,9 @@ class MsprobeStep:
         if not head:
             head = self._load()
         framework = str(head.get("framework") or "pytorch").lower()
+        level = str(head.get("level") or "")
         return {"framework": framework, "task": str(head.get("task") or ""),
-                "level": str(head.get("level") or ""), "source": self.source,
+                "level": _LEVELS.get(level, level), "source": self.source,
                 "step": self.step, "rank": self.rank}
 
     def warnings(self) -> List[str]:
@@ -376,7 +378,7 @@ class _Builder:
             while isinstance(parent, str) and parent in position and seen < 64:
                 begins[parent] = min(begins.get(parent, position[parent]), i)
                 parent, seen = self.parents.get(parent), seen + 1
-        for entry in begins:
+        for entry in names:
             parent, d = self.parents.get(entry), 0
             while isinstance(parent, str) and parent in position and d < 64:
                 parent, d = self.parents.get(parent), d + 1

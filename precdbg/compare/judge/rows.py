@@ -197,6 +197,7 @@ class NoteCode(str, enum.Enum):
     ROUNDING_FLOOR = "rounding_floor"          # records judged against a rounding floor
     STATISTICS_ONLY = "statistics_only"        # a match by statistics without pos_mean
     TOOLS_DIFFER = "tools_differ"              # a precdbg dump against an msprobe dump
+    MSPROBE_DUMPS = "msprobe_dumps"            # a dump msprobe wrote: what it cannot show
 
 
 @dataclasses.dataclass

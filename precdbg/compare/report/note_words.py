@@ -82,6 +82,11 @@ _PIPELINE_NOTES = {
         "level skips (reshape, to, view, ...), and its API backward records are the gradients "
         "of one autograd node, so API backward records, NaN/Inf counts and checksums are not "
         "compared (modules' backward records and weight gradients are)"),
+    NoteCode.MSPROBE_DUMPS: lambda f: (
+        f"the {' and the '.join(f['sides'])} {'were' if len(f['sides']) > 1 else 'was'} "
+        "written by msprobe, which records no producer of a tensor (the chain to the cause "
+        "follows the order of the calls and their module, not the data), counts no NaN/Inf "
+        "values (only whether there are some) and takes no order-sensitive mean"),
     NoteCode.STATISTICS_ONLY: lambda f: (
         "statistics only: a permutation or a compensating change keeps min, max, mean and "
         "norm; dump with task 'tensor' or summary_mode 'checksum' to confirm a match bit for "
