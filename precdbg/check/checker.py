@@ -48,9 +48,12 @@ class Checker:
         setup.compute_dtypes()
         if self.a.manifest is None or self.b.manifest is None:
             missing = [r.label for r in (self.a, self.b) if r.manifest is None]
-            self.cannot_check(f"no run manifest in {' and '.join(missing)} (run.json missing or "
-                              "written by an older precdbg): optimizer, seed, determinism, "
-                              "environment, device and version checks skipped")
+            why = "msprobe writes none" if all(
+                r.dump.source == "msprobe" for r in (self.a, self.b) if r.manifest is None) \
+                else "run.json missing or written by an older precdbg"
+            self.cannot_check(f"no run manifest in {' and '.join(missing)} ({why}): optimizer, "
+                              "seed, determinism, environment, device and version checks "
+                              "skipped")
         else:
             self.optimizers()
             setup.seeds()
