@@ -114,9 +114,11 @@ class StepRecords:
         self.step = step
         data = step._load()
         self.entries: Dict[str, Any] = data["data"]
-        self.tensor_dir = data.get("dump_data_dir") or os.path.join(step.folder, TENSOR_FOLDER)
-        if not os.path.isdir(self.tensor_dir):
-            self.tensor_dir = os.path.join(step.folder, TENSOR_FOLDER)
+        # the tensor folder beside dump.json (a dump copied or moved keeps it), else where
+        # dump.json says it was written (`dump_data_dir`, an absolute path)
+        self.tensor_dir = os.path.join(step.folder, TENSOR_FOLDER)
+        if not os.path.isdir(self.tensor_dir) and data.get("dump_data_dir"):
+            self.tensor_dir = str(data["dump_data_dir"])
         construct = step._json(os.path.join(step.folder, CONSTRUCT_JSON))
         self.parents: Dict[str, Any] = construct if isinstance(construct, dict) else {}
         self.stack_of: Dict[str, int] = {}

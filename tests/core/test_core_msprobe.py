@@ -115,3 +115,23 @@ def test_a_missing_construct_json_is_said_and_the_rest_read(tmp_path):
     proc = _cli("inspect", root)
     assert proc.returncode == 0 and "construct.json" in proc.stdout + proc.stderr, \
         proc.stdout + proc.stderr
+
+
+def test_tensor_files_read_without_torch_and_absent_ones_are_said():
+    # task tensor, 6 of 198 tensor files kept: those read (no torch: this is the core suite),
+    # the others said once, their statistics still read
+    with precdbg.open_dump(os.path.join(DATA, "tensor_mix_part")) as dump:
+        assert dump.setting("task") == "tensor"
+        out = dump.tensor("Functional.gelu.1.forward.output.0", 0, 0)
+        t = dump.records(0, 0)
+        row = t.row(int(np.nonzero((t["entry"] == "Functional.gelu.1.forward")
+                                   & (t["role"] == "output"))[0][0]))
+        assert out.shape == row["shape"] and out.dtype == np.float32
+        assert (float(out.max()), float(out.min())) == pytest.approx((row["max"], row["min"]),
+                                                                     rel=1e-7)
+        weight = dump.tensor("Functional.linear.2.forward.input.1", 0, 0)
+        assert weight.shape == (16, 8)
+        warned = dump.warnings()
+        assert [w for w in warned if "192 tensor file(s)" in w and "absent" in w], warned
+        with pytest.raises(precdbg.DumpError, match="statistics only"):
+            dump.tensor("Functional.gelu.0.forward.output.0", 0, 0)
