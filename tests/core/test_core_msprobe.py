@@ -135,3 +135,24 @@ def test_tensor_files_read_without_torch_and_absent_ones_are_said():
         assert [w for w in warned if "192 tensor file(s)" in w and "absent" in w], warned
         with pytest.raises(precdbg.DumpError, match="statistics only"):
             dump.tensor("Functional.gelu.0.forward.output.0", 0, 0)
+
+
+def test_msprobe_mindspore_dumps_read_and_name_the_gelu_setting():
+    ms = os.path.join(DATA, "mindspore")
+    clean, gelu = os.path.join(ms, "ms_stat_mix_clean"), os.path.join(ms, "ms_stat_mix_gelu")
+    with precdbg.open_dump(clean) as dump:
+        assert dump.setting("framework") == "mindspore"
+        t = dump.records(0, 0)
+        kinds = dict(zip(t["entry"].tolist(), t["kind"].tolist()))
+        # Cells are modules; primitives and mint calls are API calls; MindSpore's dtypes read
+        assert kinds["Cell.blocks.1.act.GELU.forward.0"] == "module"
+        assert {e.split(".")[0] for e, k in kinds.items() if k == "api"} >= {"Functional",
+                                                                               "Primitive"}
+        assert set(t["dtype"].tolist()) >= {"float32", "int32"}
+        assert "Param.blocks.0.ln1.gamma" in kinds
+    with precdbg.open_dump(gelu) as dump:
+        dump.records(0, 0)
+        assert [w for w in dump.warnings() if "stack.json" in w and "missing" in w]
+    proc = _cli("compare", clean, gelu, "--json", os.devnull)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Functional.gelu.1.forward" in proc.stdout and "blocks.1.act" in proc.stdout
