@@ -156,3 +156,17 @@ def test_msprobe_mindspore_dumps_read_and_name_the_gelu_setting():
     proc = _cli("compare", clean, gelu, "--json", os.devnull)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Functional.gelu.1.forward" in proc.stdout and "blocks.1.act" in proc.stdout
+
+
+def test_checksums_without_statistics_decide_both_ways():
+    # summary_mode xor: checksums only; a run matches itself, and two steps of one run (the
+    # weights moved) differ by checksum, judged so
+    xor = os.path.join(DATA, "xor_mix_clean")
+    proc = _cli("compare", xor, xor)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from precdbg.compare import compare_dumps
+    result = compare_dumps(os.path.join(xor, "step0"), os.path.join(xor, "step1"))
+    assert result["verdict"] == "diverged"
+    assert result["first_divergence"]["name_a"] == "Param.emb.weight"
+    judged = {r["judged_by"] for r in result["rows"] if r["kind"] == "param"}
+    assert judged == {"checksum"}, judged

@@ -128,7 +128,8 @@ def stat_errors(t: PairTable) -> None:
     """Judge `statistics`: per pair, the relative differences of the statistics, the worst of
     them, the tolerance of the precision the values carry, and whether it diverges (this
     module's docstring: the measurements behind the tolerances). Equal checksums are a match
-    whatever the statistics say; a dtype argument explained by precisions already apart is
+    whatever the statistics say, and where neither record has statistics but both a checksum
+    (msprobe's summary_mode xor) the checksums decide alone; a dtype argument explained by precisions already apart is
     status 'precision'."""
     a, b, ia, ib = t.a, t.b, t.ia, t.ib
     col = lambda table, name, idx: table[name][idx]  # noqa: E731
@@ -169,9 +170,15 @@ def stat_errors(t: PairTable) -> None:
     t.checksum_equal = (ck_a != "") & (ck_a == ck_b)
     t.precision_explained = _dtype_arguments_explained(a, b, ia, ib, pa, pb, text_ok)
     text_ok = text_ok | t.precision_explained
+    # checksums without statistics on either side (msprobe's summary_mode xor): the checksums
+    # decide both ways, as bit-for-bit equality or not (err 0 or inf)
+    no_stats = np.isnan(col(a, "min", ia)) & np.isnan(col(b, "min", ib)) & \
+        np.isnan(col(a, "max", ia)) & np.isnan(col(b, "max", ib))
+    checksum_only = ~scalar & no_stats & (ck_a != "") & (ck_b != "")
+    err = np.where(checksum_only, np.where(t.checksum_equal, 0.0, np.inf), err)
     t.err = np.where(scalar, np.where(text_ok, 0.0, np.inf), err)
     t.diverged = np.where(scalar, ~text_ok, t.differs()) & ~t.checksum_equal
-    t.judged_by = np.where(t.checksum_equal, CHECKSUM, STATISTICS).astype(object)
+    t.judged_by = np.where(t.checksum_equal | checksum_only, CHECKSUM, STATISTICS).astype(object)
 
 
 def worst_error(t: PairTable, q: Any = slice(None)) -> np.ndarray:

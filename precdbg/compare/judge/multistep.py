@@ -147,6 +147,8 @@ class NoisePolicy:
             if before is None or not st.shape_ok[p] or not st.counts_ok[p]:
                 continue
             update_a, update_b = now_a[p] - before[0], now_b[p] - before[1]
+            if np.isnan(update_a).all():     # no statistics (msprobe's xor checksums only)
+                continue
             update = float(np.nanmax(np.abs(update_a)))
             diff = float(np.nanmax(np.abs(update_b - update_a)))
             if not np.isfinite(diff) or not np.isfinite(update):
