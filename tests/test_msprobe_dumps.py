@@ -2,7 +2,9 @@
 26.2's dumps of make_dumps.py's model; here the same seeded run dumped by precdbg with msprobe's
 own config file): the clean pair matches on what both tools record, the GELU defect is named at
 `Functional.gelu.1.forward` whichever side msprobe wrote, and the note says what the tools cannot
-compare. msprobe's `.pt` tensor files read without torch (precdbg.storage.torch_file)."""
+compare. The same on MindSpore (tests/data/msprobe/mindspore: msprobe on MindSpore 2.7.1; here
+precdbg_ms on the .venv's MindSpore, the same losses): compared on Cells, parameters and weight
+gradients. msprobe's `.pt` tensor files read without torch (precdbg.storage.torch_file)."""
 from __future__ import annotations
 
 import json
@@ -16,18 +18,23 @@ import pytest
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "msprobe")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_TWIN = r'''
+# the twins' common start: msprobe's own config file (argv[1]/configs/<argv[2]>.json) with the
+# dump path argv[3], written beside it, for precdbg's PrecisionDebugger
+_CONFIG = r'''
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import make_dumps as md
-import torch, torch.nn.functional as F
-from precdbg_pt import PrecisionDebugger
 name, out = sys.argv[2], sys.argv[3]
 with open(f"{sys.argv[1]}/configs/{name}.json") as handle:
     cfg = json.load(handle)
 cfg["dump_path"] = out
 with open(out + ".json", "w") as handle:
     json.dump(cfg, handle)
+'''
+
+_TWIN = _CONFIG + r'''
+import make_dumps as md
+import torch, torch.nn.functional as F
+from precdbg_pt import PrecisionDebugger
 torch.manual_seed(0)
 model = md.build_model(md.VARIANTS[name][3])
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -118,3 +125,48 @@ def test_torch_save_files_read_without_torch(tmp_path):
     from precdbg.errors import DumpError
     with pytest.raises(DumpError, match="module.pt"):
         load_torch_tensor(str(tmp_path / "module.pt"))
+
+
+_MS_TWIN = _CONFIG + r'''
+import make_ms_dumps as md
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops
+from precdbg_ms import PrecisionDebugger
+ms.set_context(mode=ms.PYNATIVE_MODE)
+ms.set_device("CPU")
+ms.set_seed(0)
+model = md.build_model(md.VARIANTS[name][3])
+opt = nn.SGD(model.trainable_params(), learning_rate=0.1)
+rng = np.random.default_rng(1)
+ids = ms.Tensor(rng.integers(0, md.VOCAB, (md.BATCH, md.SEQ)), ms.int32)
+tgt = ms.Tensor(rng.integers(0, md.VOCAB, (md.BATCH, md.SEQ)), ms.int32)
+def forward_fn(x, y):
+    return ops.cross_entropy(model(x).reshape(-1, md.VOCAB), y.reshape(-1))
+grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
+debugger = PrecisionDebugger(config_path=out + ".json")
+for step in range(md.STEPS):
+    debugger.start(model)
+    loss, grads = grad_fn(ids, tgt)
+    opt(grads)
+    debugger.stop()
+    debugger.step()
+'''
+
+
+def test_precdbg_mindspore_against_msprobe_mindspore(tmp_path):
+    pytest.importorskip("mindspore")
+    ms_data = os.path.join(DATA, "mindspore")
+    path = str(tmp_path / "ms_clean")
+    proc = subprocess.run([sys.executable, "-c", _MS_TWIN, ms_data, "ms_stat_mix_clean", path],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    code, result = _compare(tmp_path, path, os.path.join(ms_data, "ms_stat_mix_clean"),
+                            "--step", "0")
+    assert code == 0 and result["verdict"] == "match", result["first_divergence"]
+    tools = [n for n in result["notes"] if n["code"] == "tools_differ"]
+    assert tools and {r["kind"] for r in result["rows"]} == {"module", "param", "param_grad"}
+    code, result = _compare(tmp_path, path, os.path.join(ms_data, "ms_stat_mix_gelu"),
+                            "--step", "0")
+    first = result["first_divergence"]
+    assert code == 1 and (first["module"], first["kind"]) == ("blocks.1.act", "module"), first

@@ -93,6 +93,8 @@ def run_inspect(args: argparse.Namespace) -> int:
              if (args.step is None or s == args.step) and (args.rank is None or r == args.rank)}
     for warning in dump.warnings(shown):      # only the files shown are read
         out.write(f"warning   {warning}\n")
+    for note in dump.notes(shown):
+        out.write(f"note      {note}\n")
     unreadable: List[str] = []          # damaged files: said, the other steps still shown
     for step in dump.steps:
         if args.step is not None and step != args.step:

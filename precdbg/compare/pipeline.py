@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import DumpError
-from ..storage.common_records import LIMITS, common_records
+from ..storage.common_records import LIMITS, MINDSPORE_API_CALLS, common_records
 from ..storage.reader import Dump, open_dump
 from ..records.naming import vocabulary
 from ..records.schema import RecordKind, Role, Task
@@ -227,10 +227,12 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         msprobe = [label for label, d in (("baseline", a), ("candidate", b))
                    if d.source == "msprobe"]
         if msprobe:
-            notes.append(Note(NoteCode.MSPROBE_DUMPS, facts={"sides": msprobe}))
+            notes.append(Note(NoteCode.MSPROBE_DUMPS, facts={
+                "sides": msprobe, "files": a.notes(set(pairs)) + b.notes(set(pairs))}))
         if a.source != b.source:     # precdbg's dump against msprobe's: what neither can see
+            limits = list(LIMITS) + ([MINDSPORE_API_CALLS] if "mindspore" in (fa, fb) else [])
             notes.append(Note(NoteCode.TOOLS_DIFFER, facts={"a": a.source, "b": b.source,
-                                                            "limits": list(LIMITS)}))
+                                                            "limits": limits}))
         if not same:      # a torch shim's dump names things as PyTorch's: aligned by name
             notes.append(Note(NoteCode.FRAMEWORKS_DIFFER, facts={"a": fa, "b": fb}))
         if underneath:

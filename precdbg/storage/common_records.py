@@ -13,6 +13,9 @@ msprobe against precdbg (mindstudio-probe 26.2, seen on PyTorch runs):
   modules' backward records and weight gradients stay;
 - calls inside `optimizer.step()`: msprobe records them, precdbg only with include_optimizer:
   kept where both dumps hold some;
+- on MindSpore msprobe records the primitives a Cell runs (`Primitive.gather.Gather`), precdbg
+  the functional calls (`Functional.embedding`): API records are left out on both sides, Cells,
+  parameters and weight gradients compared (MINDSPORE_API_CALLS);
 - msprobe counts no NaN/Inf values (its extremes show whether there are some), measures no
   order-sensitive mean, no mean or norm of integer,
   boolean and float64 tensors, knows no producers (which record made the tensor another reads),
@@ -29,11 +32,12 @@ import numpy as np
 from ..records.schema import NO_PRODUCER, UNKNOWN_COUNT, Direction, Phase, RecordKind, Role
 from .reader import Dump, RecordTable
 
-__all__ = ["common_records", "LIMITS"]
+__all__ = ["common_records", "LIMITS", "MINDSPORE_API_CALLS"]
 
 # what a compare of a precdbg dump with an msprobe dump cannot see (note facts, in this order)
 LIMITS = ("nan_counts", "order_sensitive_mean", "producers", "api_backward", "root_module",
           "skipped_calls", "buffers", "checksums")
+MINDSPORE_API_CALLS = "mindspore_api_calls"    # a further limit on MindSpore (see below)
 _NO_MEAN = ("int", "uint", "bool", "float64")
 
 
@@ -50,6 +54,13 @@ def common_records(a: Dump, ta: RecordTable, b: Dump, tb: RecordTable, step: int
         keep_b &= _msprobe_records(tb, skipped)
     else:
         keep_a &= _msprobe_records(ta, skipped)
+    limits = list(LIMITS)
+    if "mindspore" in (a.setting("framework"), b.setting("framework")):
+        # MindSpore: msprobe records the primitives a Cell runs (Primitive.gather.Gather),
+        # precdbg the functional calls (Functional.embedding): no API record pairs by name
+        keep_a &= ta["kind"] != RecordKind.API
+        keep_b &= tb["kind"] != RecordKind.API
+        limits.append(MINDSPORE_API_CALLS)
     ta, tb = ta.select(keep_a), tb.select(keep_b)
     if msprobe_a:
         tb = _unknown_as_msprobe(tb)
@@ -57,7 +68,8 @@ def common_records(a: Dump, ta: RecordTable, b: Dump, tb: RecordTable, step: int
     else:
         ta = _unknown_as_msprobe(ta)
         tb = _keys_of(tb, ta)
-    return ta, tb, list(LIMITS)
+    ta, tb = _without_mean(ta), _without_mean(tb)
+    return ta, tb, limits
 
 
 def _keys_of(msprobe: RecordTable, precdbg: RecordTable) -> RecordTable:
@@ -125,10 +137,19 @@ def _unknown_as_msprobe(t: RecordTable) -> RecordTable:
     cols["checksum"] = np.full(count, "", dtype="<U1")
     cols["producer"] = np.full(count, NO_PRODUCER, dtype=np.int64)
     cols["tensor_id"] = np.full(count, -1, dtype=np.int64)
+    return RecordTable(cols)
+
+
+def _without_mean(t: RecordTable) -> RecordTable:
+    """No mean and norm of integer, boolean and float64 tensors (msprobe's PyTorch dumps take
+    none; its MindSpore dumps take them of a float32 copy): on both sides alike."""
     dtypes = t["dtype"].astype(str)
-    no_mean = np.zeros(count, dtype=bool)
+    no_mean = np.zeros(len(t), dtype=bool)
     for prefix in _NO_MEAN:
         no_mean |= np.char.startswith(dtypes, prefix)
+    if not no_mean.any():
+        return t
+    cols = dict(t.columns)
     for stat in ("mean", "norm"):
         cols[stat] = np.where(no_mean, np.nan, t[stat])
     return RecordTable(cols)

@@ -148,7 +148,7 @@ class MsprobeStep:
                 "level": _LEVELS.get(level, level), "source": self.source,
                 "step": self.step, "rank": self.rank}
 
-    def warnings(self) -> List[str]:
+    def notes(self) -> List[str]:
         self.columns()
         return list(self._notes)
 

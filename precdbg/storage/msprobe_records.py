@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..records.arguments import call_arguments, tensor_results
-from ..records.naming import canonical_op, framework_table, vocabulary
+from ..records.naming import canonical_op, framework_table, torch_param_leaf, vocabulary
 from ..records.schema import (DTYPE_VALUE, MAX_NDIM, NO_PRODUCER, RECORD_COLUMNS, UNKNOWN_COUNT,
                               DtypeName, scalar_dtype)
 
@@ -130,7 +130,8 @@ class StepRecords:
         self.params_seen: set = set()
         self.seq = self.order = 0
         self.missing_files = 0
-        self.api_names = self._operator_names(str(data.get("framework") or "pytorch"))
+        self.framework = str(data.get("framework") or "pytorch").lower()
+        self.api_names = self._operator_names(self.framework)
 
     def _operator_names(self, framework: str) -> Dict[str, str]:
         """entry -> the API name precdbg gives a Tensor operator (`Tensor.__add__` is precdbg's
@@ -231,21 +232,35 @@ class StepRecords:
                 items = tensors if isinstance(tensors, list) else [tensors]
                 for t in items[:1]:
                     if isinstance(t, dict) and "shape" in t:
-                        full = f"{path}.{leaf}" if path else leaf
-                        self._record(f"Param.{full}.grad", "param_grad", "Param", full, leaf,
+                        full, op = self._param_name(path, leaf)
+                        self._record(f"Param.{full}.grad", "param_grad", "Param", full, op,
                                      path, "backward", "param_grad", "backward", 0, "", 0, 0,
                                      -1, _Tensor(t))
+                        self._alias(path, leaf)
             return
         self._call(entry, "module", m.group("prefix"), cls, cls, path, int(m.group("index")),
                    what, value, part)
         if what == "forward" and part == "inputs" and isinstance(value.get("parameters"), dict):
             for leaf, t in value["parameters"].items():
-                full = f"{path}.{leaf}" if path else leaf
+                full, op = self._param_name(path, leaf)
                 if full in self.params_seen or not isinstance(t, dict) or "shape" not in t:
                     continue
                 self.params_seen.add(full)
-                self._record(f"Param.{full}", "param", "Param", full, leaf, path, "none",
+                self._record(f"Param.{full}", "param", "Param", full, op, path, "none",
                              "param", "setup", 0, leaf, 0, 0, -1, _Tensor(t))
+                self._alias(path, leaf)
+
+    def _param_name(self, path: str, leaf: str) -> Tuple[str, str]:
+        """(full name, op) of a parameter as precdbg records it: the framework's own name, and
+        PyTorch's leaf name as its op in every framework (MindSpore's `gamma` is `weight`)."""
+        return (f"{path}.{leaf}" if path else leaf), torch_param_leaf(self.framework, leaf)
+
+    def _alias(self, path: str, leaf: str) -> None:
+        """The last record's alias: the parameter's name in PyTorch's convention where it
+        differs (precdbg's param_alias: MindSpore `ln1.gamma` is `ln1.weight`)."""
+        op = torch_param_leaf(self.framework, leaf)
+        if op != leaf:
+            self.rows["alias"][-1] = f"{path}.{op}" if path else op
 
     def _call(self, entry: str, kind: str, prefix: str, api: str, op_name: str, module: str,
               index: int, what: str, value: Dict[str, Any], part: str = "all") -> None:

@@ -197,7 +197,7 @@ class _StepFile:
         raw = self.read_bytes(row["data_offset"], row["data_nbytes"])
         return _as_array(raw, row["dtype"], row["shape"])
 
-    def warnings(self) -> List[str]:
+    def notes(self) -> List[str]:
         return []
 
     def unrecorded(self) -> frozenset:
@@ -332,7 +332,6 @@ class Dump:
                 where = f"step {step} rank {rank}" + (f" part {sf.part}" if sf.part else "")
                 try:
                     sf.attrs
-                    out.extend(sf.warnings())
                 except DumpError:      # a damaged file: what reads it says so, in one line
                     continue
                 if sf.attrs.get("interrupted"):
@@ -342,6 +341,21 @@ class Dump:
                 if failures:
                     out.append(f"{where}: {failures} failure(s) inside precdbg while capturing; "
                                "some records may be missing")
+        return out
+
+    def notes(self, only: Optional[Collection[Tuple[int, int]]] = None) -> List[str]:
+        """What the tool that wrote the dump left out of a step that is still read (msprobe: a
+        missing construct.json or stack.json, absent tensor files), one line each naming the
+        file. `only`: the (step, rank) pairs to look at (default: all)."""
+        out: List[str] = []
+        for (step, rank), parts in sorted(self._files.items()):
+            if only is not None and (step, rank) not in only:
+                continue
+            for sf in parts:
+                try:
+                    out.extend(sf.notes())
+                except DumpError:      # a damaged file: what reads it says so, in one line
+                    continue
         return out
 
     @property

@@ -110,7 +110,7 @@ def test_a_missing_construct_json_is_said_and_the_rest_read(tmp_path):
     with precdbg.open_dump(root) as dump:
         t = dump.records(0, 0)
         assert len(t) and "Functional.gelu.1.forward" in set(t["entry"].tolist())
-        warned = dump.warnings()
+        warned = dump.notes()
     assert [w for w in warned if "construct.json" in w and "missing" in w], warned
     proc = _cli("inspect", root)
     assert proc.returncode == 0 and "construct.json" in proc.stdout + proc.stderr, \
@@ -131,7 +131,7 @@ def test_tensor_files_read_without_torch_and_absent_ones_are_said():
                                                                      rel=1e-7)
         weight = dump.tensor("Functional.linear.2.forward.input.1", 0, 0)
         assert weight.shape == (16, 8)
-        warned = dump.warnings()
+        warned = dump.notes()
         assert [w for w in warned if "192 tensor file(s)" in w and "absent" in w], warned
         with pytest.raises(precdbg.DumpError, match="statistics only"):
             dump.tensor("Functional.gelu.0.forward.output.0", 0, 0)
@@ -152,7 +152,7 @@ def test_msprobe_mindspore_dumps_read_and_name_the_gelu_setting():
         assert "Param.blocks.0.ln1.gamma" in kinds
     with precdbg.open_dump(gelu) as dump:
         dump.records(0, 0)
-        assert [w for w in dump.warnings() if "stack.json" in w and "missing" in w]
+        assert [w for w in dump.notes() if "stack.json" in w and "missing" in w]
     proc = _cli("compare", clean, gelu, "--json", os.devnull)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Functional.gelu.1.forward" in proc.stdout and "blocks.1.act" in proc.stdout

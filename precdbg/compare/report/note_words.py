@@ -81,12 +81,16 @@ _PIPELINE_NOTES = {
         "counts, no order-sensitive mean, no root module, no buffers and not the calls its risk "
         "level skips (reshape, to, view, ...), and its API backward records are the gradients "
         "of one autograd node, so API backward records, NaN/Inf counts and checksums are not "
-        "compared (modules' backward records and weight gradients are)"),
+        "compared (modules' backward records and weight gradients are)"
+        + ("; on MindSpore msprobe records the primitives a Cell runs where precdbg records "
+           "its functional calls, so no API call is compared: Cells, parameters and weight "
+           "gradients are" if "mindspore_api_calls" in f.get("limits", ()) else "")),
     NoteCode.MSPROBE_DUMPS: lambda f: (
         f"the {' and the '.join(f['sides'])} {'were' if len(f['sides']) > 1 else 'was'} "
         "written by msprobe, which records no producer of a tensor (the chain to the cause "
         "follows the order of the calls and their module, not the data), counts no NaN/Inf "
-        "values (only whether there are some) and takes no order-sensitive mean"),
+        "values (only whether there are some) and takes no order-sensitive mean"
+        + "".join(f"; {line}" for line in f.get("files", ()))),
     NoteCode.STATISTICS_ONLY: lambda f: (
         "statistics only: a permutation or a compensating change keeps min, max, mean and "
         "norm; dump with task 'tensor' or summary_mode 'checksum' to confirm a match bit for "
