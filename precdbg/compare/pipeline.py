@@ -227,8 +227,10 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         msprobe = [label for label, d in (("baseline", a), ("candidate", b))
                    if d.source == "msprobe"]
         if msprobe:
+            kinds = {str(row.kind) for row in rows}
             notes.append(Note(NoteCode.MSPROBE_DUMPS, facts={
-                "sides": msprobe, "files": a.notes(set(pairs)) + b.notes(set(pairs))}))
+                "sides": msprobe, "files": a.notes(set(pairs)) + b.notes(set(pairs)),
+                "no_parameters": bool(rows) and not kinds & {_PARAM.value, RecordKind.PARAM_GRAD.value}}))
         if a.source != b.source:     # precdbg's dump against msprobe's: what neither can see
             limits = list(LIMITS) + ([MINDSPORE_API_CALLS] if "mindspore" in (fa, fb) else [])
             notes.append(Note(NoteCode.TOOLS_DIFFER, facts={"a": a.source, "b": b.source,

@@ -170,3 +170,36 @@ def test_checksums_without_statistics_decide_both_ways():
     assert result["first_divergence"]["name_a"] == "Param.emb.weight"
     judged = {r["judged_by"] for r in result["rows"] if r["kind"] == "param"}
     assert judged == {"checksum"}, judged
+
+
+def test_msprobe_mindtorch_dump_reads():
+    # msprobe on mindnlp's mindtorch 0.5.1 (framework "mindtorch": PyTorch's names, MindSpore's
+    # dtype names): read, and a run matches itself
+    mt = os.path.join(DATA, "mindtorch", "mt_stat_mix_clean")
+    with precdbg.open_dump(mt) as dump:
+        assert dump.setting("framework") == "mindtorch" and not dump.notes()
+        t = dump.records(0, 0)
+        assert {"api", "module", "param", "param_grad"} == set(t["kind"].tolist())
+        assert "float32" in set(t["dtype"].tolist())
+    proc = _cli("compare", mt, mt)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_level_l1_against_mix_leaves_parameters_out(tmp_path):
+    # an msprobe step without parameters (level L1): the other side's are left out (the note
+    # msprobe_dumps says so)
+    root = str(tmp_path / "l1")
+    shutil.copytree(CLEAN, root)
+    for step in ("step0", "step1"):
+        folder = _rank_folder(root, int(step[4:]))
+        path = os.path.join(folder, "dump.json")
+        data = json.loads(open(path, encoding="utf-8").read())
+        data["level"] = "L1"
+        data["data"] = {k: v for k, v in data["data"].items() if not k.startswith("Module.")}
+        open(path, "w", encoding="utf-8").write(json.dumps(data))
+        open(os.path.join(folder, "construct.json"), "w", encoding="utf-8").write("{}")
+    from precdbg.compare import compare_dumps
+    result = compare_dumps(root, CLEAN)
+    assert result["verdict"] == "match", result["first_divergence"]
+    assert not [r for r in result["rows"] if r["kind"] in ("param", "param_grad", "module")]
+    assert "msprobe_dumps" in [n["code"] for n in result["notes"]], result["notes"]

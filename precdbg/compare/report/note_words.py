@@ -90,6 +90,8 @@ _PIPELINE_NOTES = {
         "written by msprobe, which records no producer of a tensor (the chain to the cause "
         "follows the order of the calls and their module, not the data), counts no NaN/Inf "
         "values (only whether there are some) and takes no order-sensitive mean"
+        + ("; no parameter or weight gradient is compared (msprobe records none at level L1)"
+           if f.get("no_parameters") else "")
         + "".join(f"; {line}" for line in f.get("files", ()))),
     NoteCode.STATISTICS_ONLY: lambda f: (
         "statistics only: a permutation or a compensating change keeps min, max, mean and "
