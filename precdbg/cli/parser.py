@@ -76,6 +76,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+# what a DUMP argument may be
+_DUMP = "dump root, step folder or step file, or an msprobe dump folder"
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -115,19 +118,19 @@ def build_parser(commands: Dict[str, Callable[[argparse.Namespace], int]]
     parser.add_argument("--version", action="version", version=f"precdbg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     inspect = _sub(sub, "inspect", commands["inspect"])
-    inspect.add_argument("dump", help="dump root, step folder or step file")
+    inspect.add_argument("dump", help=_DUMP)
     _step_rank(inspect, "only this step (default: every step)")
     inspect.add_argument("--top", type=_count, default=5, metavar="N",
                          help="how many largest values to list (default 5)")
     show = _sub(sub, "show", commands["show"])
-    show.add_argument("dump", help="dump root, step folder or step file")
+    show.add_argument("dump", help=_DUMP)
     show.add_argument("entry", help="entry name, e.g. Functional.linear.0.forward or "
                       "Module.fc1.Linear.backward.0 (as compare and inspect name them)")
     _step_rank(show, "the step to read it from (default: the first step holding it)",
                "the rank to read it from (default: the first rank holding it)")
     compare = _sub(sub, "compare", commands["compare"])
-    compare.add_argument("baseline", help="baseline dump root, step folder or step file")
-    compare.add_argument("candidate", help="candidate dump root, step folder or step file")
+    compare.add_argument("baseline", help="baseline: " + _DUMP)
+    compare.add_argument("candidate", help="candidate: " + _DUMP)
     compare.add_argument("--json", metavar="F", help="write the full result as JSON")
     compare.add_argument("--csv", metavar="F", help="write every compared pair as CSV")
     compare.add_argument("--html", metavar="F", help="write a self-contained HTML report")
@@ -135,12 +138,12 @@ def build_parser(commands: Dict[str, Callable[[argparse.Namespace], int]]
     compare.add_argument("--map", metavar="YAML", default=None,
                          help="mapping file: modules/ops of the candidate -> the baseline's")
     check = _sub(sub, "check", commands["check"])
-    check.add_argument("a", help="first dump root, step folder or step file")
-    check.add_argument("b", help="second dump root, step folder or step file")
+    check.add_argument("a", help="first: " + _DUMP)
+    check.add_argument("b", help="second: " + _DUMP)
     check.add_argument("--json", metavar="F", help="write the findings as JSON")
     _step_rank(check, "step to check (default: the first step in both dumps)")
     scan = _sub(sub, "scan", commands["scan"])
-    scan.add_argument("dump", help="dump root, step folder or step file")
+    scan.add_argument("dump", help=_DUMP)
     scan.add_argument("--json", metavar="F", help="write the anomalies found as JSON")
     _step_rank(scan, "only this step (default: every step)")
     weights = _sub(sub, "compare-weights", commands["compare-weights"])
