@@ -79,6 +79,7 @@ class _Parser(argparse.ArgumentParser):
 # what a DUMP argument may be
 _DUMP = "dump root, step folder or step file, or an msprobe dump folder"
 
+
 def _count(text: str) -> int:
     try:
         value = int(text)
