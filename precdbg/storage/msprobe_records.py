@@ -87,9 +87,13 @@ def _dtype_name(text: Any) -> str:
 
 
 def _number(value: Any) -> float:
-    if value is None or isinstance(value, str):
-        return float("nan")
-    return float(value)
+    """A statistic as a float; NaN where msprobe wrote none (null) or something else."""
+    if isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except OverflowError:
+            return float("inf") if value > 0 else float("-inf")
+    return float("nan")
 
 
 def _nonfinite(d: Dict[str, Any]) -> Tuple[int, int]:
@@ -175,14 +179,18 @@ class StepRecords:
         return (m.group("path") or "") if m else ""
 
     def build(self) -> Dict[str, np.ndarray]:
+        malformed: List[str] = []
         for entry, m, part in self._events():
-            value = self.entries[entry]
-            if m.re is _MODULE:
-                self._module_entry(entry, m, value, part)
-            else:
-                api = self.api_names.get(entry, m.group("api"))
-                self._call(entry, "api", m.group("prefix"), api, api, self._module_of(entry),
-                           int(m.group("index")), m.group("what"), value)
+            mark = (len(self.shapes), self.seq, self.order, len(self.step._files))
+            try:
+                self._entry(entry, m, part, self.entries[entry])
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+                self._undo(mark)        # an entry not in msprobe's format: none of its records
+                malformed.append(entry)
+        if malformed:
+            self.step._notes.append(f"{self.step.path}: {len(malformed)} entr"
+                                    f"{'y' if len(malformed) == 1 else 'ies'} not in msprobe's "
+                                    f"format (first: {malformed[0]}); read without them")
         if self.missing_files:
             self.step._notes.append(f"{self.tensor_dir}: {self.missing_files} tensor file(s) "
                                     "named in dump.json are absent; their statistics are read")
@@ -190,6 +198,22 @@ class StepRecords:
         self.step._unrecorded = frozenset(k for k in self.parents if k not in self.entries
                                           and (_API.match(k) or _MODULE.match(k)))
         return self._arrays()
+
+    def _entry(self, entry: str, m: "re.Match[str]", part: str, value: Dict[str, Any]) -> None:
+        if m.re is _MODULE:
+            self._module_entry(entry, m, value, part)
+        else:
+            api = self.api_names.get(entry, m.group("api"))
+            self._call(entry, "api", m.group("prefix"), api, api, self._module_of(entry),
+                       int(m.group("index")), m.group("what"), value)
+
+    def _undo(self, mark: Tuple[int, int, int, int]) -> None:
+        """Drop what an entry that failed to read had added (its records, files, counters)."""
+        count, self.seq, self.order, files = mark
+        for column in self.rows.values():
+            del column[count:]
+        del self.shapes[count:]
+        del self.step._files[files:]
 
     def _events(self) -> List[Tuple[str, "re.Match[str]", str]]:
         """(entry, name match, part) in the order precdbg records them: msprobe writes a
@@ -245,10 +269,10 @@ class StepRecords:
                 full, op = self._param_name(path, leaf)
                 if full in self.params_seen or not isinstance(t, dict) or "shape" not in t:
                     continue
-                self.params_seen.add(full)
                 self._record(f"Param.{full}", "param", "Param", full, op, path, "none",
                              "param", "setup", 0, leaf, 0, 0, -1, _Tensor(t))
                 self._alias(path, leaf)
+                self.params_seen.add(full)
 
     def _param_name(self, path: str, leaf: str) -> Tuple[str, str]:
         """(full name, op) of a parameter as precdbg records it: the framework's own name, and

@@ -203,3 +203,37 @@ def test_level_l1_against_mix_leaves_parameters_out(tmp_path):
     assert result["verdict"] == "match", result["first_divergence"]
     assert not [r for r in result["rows"] if r["kind"] in ("param", "param_grad", "module")]
     assert "msprobe_dumps" in [n["code"] for n in result["notes"]], result["notes"]
+
+
+def test_entries_not_in_msprobes_format_are_left_out_and_said(tmp_path):
+    # valid JSON, odd contents: a shape of text, an infinite dimension, arguments that are not
+    # lists, a parameters_grad of text, a name outside msprobe's forms; never a traceback
+    folder = tmp_path / "odd" / "step0" / "rank0"
+    folder.mkdir(parents=True)
+    tensor = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [3], "Max": 1,
+              "Min": 0, "Mean": 0.5, "Norm": 1}
+    data = {"task": "statistics", "level": "mix", "framework": "pytorch", "data": {
+        "Functional.linear.0.forward": {"input_args": [dict(tensor, shape=[2, "x"])],
+                                        "input_kwargs": [1], "output": {"a": 1}},
+        "Functional.relu.0.forward": {"input_args": "oops", "input_kwargs": None,
+                                      "output": [tensor]},
+        "Functional.relu.0.backward": {"input": tensor, "output": "x"},
+        "Module.a.Linear.parameters_grad.0": {"weight": "nope", "bias": [None]},
+        "Module.a.Linear.forward.0": {"input_args": [], "input_kwargs": {}, "output": [],
+                                      "parameters": {"weight": dict(tensor, shape=[1e400])}},
+        "garbage": [1, 2]}}
+    (folder / "dump.json").write_text(json.dumps(data), encoding="utf-8")
+    (folder / "construct.json").write_text(json.dumps({"Functional.relu.0.forward": [1]}),
+                                           encoding="utf-8")
+    (folder / "stack.json").write_text(json.dumps({"0": "bad", "1": [[1], "x"]}),
+                                       encoding="utf-8")
+    root = str(tmp_path / "odd")
+    with precdbg.open_dump(root) as dump:
+        t = dump.records(0, 0)
+        assert set(t["entry"].tolist()) == {"Functional.relu.0.forward",
+                                            "Functional.relu.0.backward"}
+        notes = dump.notes()
+    assert [n for n in notes if "2 entries" in n], notes
+    for args in (("inspect", root), ("scan", root), ("compare", root, root)):
+        proc = _cli(*args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
