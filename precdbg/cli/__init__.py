@@ -1,7 +1,8 @@
 """The `precdbg` command. Imports no framework: reading a dump needs only numpy and h5py.
 
 parser (the command line, each subcommand's help), commands (each subcommand's work), show
-(`precdbg show`), words (the closest names, a damaged file in the user's words)."""
+(`precdbg show`), words (the closest names, a damaged file in the user's words), safe_output
+(what a command prints cannot drive the terminal)."""
 from __future__ import annotations
 
 import re
@@ -12,6 +13,7 @@ from ..errors import PrecdbgError
 from .commands import (run_check, run_compare, run_inspect, run_scan, run_show,
                        run_weights)
 from .parser import COMMANDS, UsageError, build_parser
+from .safe_output import escaped_output
 from .words import closest, user_words
 
 __all__ = ["main"]
@@ -47,7 +49,13 @@ def _run(argv: List[str]) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the command; returns its exit code: 0 match, 1 diverged, 2 bad input."""
+    """Run the command; returns its exit code: 0 match, 1 diverged, 2 bad input. What it prints
+    cannot drive the terminal (control characters shown escaped: cli/safe_output.py)."""
+    with escaped_output():
+        return _main(argv)
+
+
+def _main(argv: Optional[List[str]]) -> int:
     try:
         return _run(list(sys.argv[1:] if argv is None else argv))
     except PrecdbgError as exc:    # one line, without a library's terminal colour codes

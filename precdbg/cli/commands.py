@@ -151,7 +151,8 @@ def run_compare(args: argparse.Namespace) -> int:
     from ..compare.report.formats import summary_text, write_csv, write_html, write_json
     _dumps(args.baseline, args.candidate)
     _check_outputs((args.baseline, args.candidate), (args.json, args.csv, args.html))
-    progress = TerminalProgress(sys.stderr)     # draws only on a terminal, after a while
+    # draws only on a terminal, after a while; on the stream underneath the escaping one
+    progress = TerminalProgress(getattr(sys.stderr, "raw", sys.stderr))
     try:
         result = compare_dumps(args.baseline, args.candidate, step=args.step, rank=args.rank,
                                mapping_file=args.map, progress=progress)

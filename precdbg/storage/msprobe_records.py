@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..records.arguments import call_arguments, tensor_results
+from ..records.controls import escape_column, escape_controls
 from ..records.naming import canonical_op, framework_table, torch_param_leaf, vocabulary
 from ..records.schema import (DTYPE_VALUE, MAX_NDIM, NO_PRODUCER, RECORD_COLUMNS, UNKNOWN_COUNT,
                               DtypeName, scalar_dtype)
@@ -168,7 +169,7 @@ class StepRecords:
                     lines.append(f"{m.group('file')}:{m.group('line')} in "
                                  f"{m.group('func').strip()}")
             sid = len(self.step._stacks)
-            self.step._stacks.append("\n".join(lines))
+            self.step._stacks.append(escape_controls("\n".join(lines), lines=True))
             for name in names if isinstance(names, list) else []:
                 self.stack_of[str(name)] = sid
 
@@ -400,7 +401,8 @@ class StepRecords:
             parts = path.split(".")
             for k in range(1, len(parts)):
                 tree.setdefault(".".join(parts[:k]), "")
-        return [(p, tree[p], p.rpartition(".")[0] if p else "") for p in
+        return [(escape_controls(p), escape_controls(tree[p]),
+                 escape_controls(p.rpartition(".")[0] if p else "")) for p in
                 sorted(tree, key=lambda p: (p.count("."), p))]
 
     def _arrays(self) -> Dict[str, np.ndarray]:
@@ -409,7 +411,8 @@ class StepRecords:
         for name, dtype in RECORD_COLUMNS:
             values = self.rows[name]
             out[name] = np.array(values, dtype=dtype) if dtype is not None else \
-                (np.array(values, dtype=str) if count else np.array([], dtype="<U1"))
+                (escape_column(np.array(values, dtype=str)) if count
+                 else np.array([], dtype="<U1"))
         shape = np.full((count, MAX_NDIM), -1, dtype=np.int64)
         for i, s in enumerate(self.shapes):
             shape[i, :len(s)] = s[:MAX_NDIM]

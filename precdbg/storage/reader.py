@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import DumpError
 from .layout import PARTIAL, parse_step_file, run_json_path, step_folders, step_of_folder
 from .msprobe_dump import MsprobeStep, msprobe_step_folders
+from ..records.controls import escape_column, escape_controls, has_controls_utf8
 from ..records.schema import ADDED_COLUMNS, READ_SCHEMA_VERSIONS, RECORD_COLUMNS, scalar_mask
 
 __all__ = ["open_dump", "Dump", "RecordTable"]
@@ -166,7 +167,10 @@ class _StepFile:
                 continue
             data = group[name][()]
             if name in _STRING_COLUMNS:
+                controls = data.size and has_controls_utf8(data.tobytes())
                 data = np.char.decode(data, "utf-8") if data.size else data.astype(str)
+                if controls:         # names that would drive a terminal: shown escaped
+                    data = escape_column(data)
             out[name] = data
         out["shape"] = group["shape"][()]
         out["ndim"] = group["ndim"][()]
@@ -211,8 +215,11 @@ class _StepFile:
     def strings(self, group: str, column: str) -> List[str]:
         if group not in self.file:
             return []
-        return [s.decode("utf-8") if isinstance(s, bytes) else s
-                for s in self.file[group][column][()]]
+        texts = [s.decode("utf-8") if isinstance(s, bytes) else s
+                 for s in self.file[group][column][()]]
+        if group == "stacks":       # call sites: lines of `file:line in function`
+            return [escape_controls(t, lines=True) for t in texts]
+        return [escape_controls(t) for t in texts]
 
     def close(self) -> None:
         if self._file is not None:

@@ -34,8 +34,17 @@ def _err(err: Any, tol: Any, inside: bool = False) -> str:
     return f"err {_fmt(err)}, tol {tol:.3g}" if inside else f"err {_fmt(err)} (tol {tol:.3g})"
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _csv_value(value: Any) -> Any:
-    return _fmt(value) if isinstance(value, float) and abs(value) >= 1e308 else value
+    """A CSV cell: ±Inf as text, and a text a spreadsheet would run as a formula (a name
+    starting with `=`, `+`, `-`, `@`) prefixed with `'`, so it stays text."""
+    if isinstance(value, float) and abs(value) >= 1e308:
+        return _fmt(value)
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
 
 
 def summary_text(result: Dict[str, Any]) -> str:
