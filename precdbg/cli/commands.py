@@ -155,7 +155,8 @@ def run_compare(args: argparse.Namespace) -> int:
     progress = TerminalProgress(getattr(sys.stderr, "raw", sys.stderr))
     try:
         result = compare_dumps(args.baseline, args.candidate, step=args.step, rank=args.rank,
-                               mapping_file=args.map, progress=progress)
+                               mapping_file=args.map, progress=progress,
+                               allow_missing=args.allow_missing)
     finally:
         progress.close()
     sys.stdout.write(summary_text(result))
@@ -173,7 +174,7 @@ def run_compare(args: argparse.Namespace) -> int:
                                 f"({exc.strerror or exc})") from None
     if args.html:
         sys.stdout.write(f"html report: {args.html}\n")
-    return 1 if result["first_divergence"] else 0
+    return 1 if result["first_divergence"] else (3 if result["verdict"] == "incomplete" else 0)
 
 
 def run_check(args: argparse.Namespace) -> int:

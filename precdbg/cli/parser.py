@@ -11,7 +11,9 @@ from ..errors import PrecdbgError
 __all__ = ["UsageError", "build_parser", "COMMANDS"]
 
 _EXITS = {"compare": "0 no divergence beyond tolerance, 1 diverged, 2 bad input (a missing or "
-                     "damaged dump, a bad option)",
+                     "damaged dump, a bad option), 3 incomplete: no divergence in what both "
+                     "dumps hold, but steps or ranks one lacks, or steps not whole "
+                     "(--allow-missing: 0)",
           "check": "0 no set-up finding, 1 findings, 2 bad input",
           "scan": "0 no anomaly, 1 anomalies found, 2 bad input",
           "compare-weights": "0 the checkpoints agree, 1 they differ, 2 bad input"}
@@ -64,7 +66,8 @@ example:
   precdbg compare dump_torch dump_ms --html report.html
 
 exit codes: 0 match, nothing found or shown; 1 diverged or findings (compare, check, scan,
-compare-weights); 2 bad input (see each command's --help)"""
+compare-weights); 2 bad input; 3 incomplete (compare: what both dumps hold matches, but they
+do not cover both runs) (see each command's --help)"""
 
 
 class UsageError(PrecdbgError):
@@ -136,6 +139,10 @@ def build_parser(commands: Dict[str, Callable[[argparse.Namespace], int]]
     compare.add_argument("--csv", metavar="F", help="write every compared pair as CSV")
     compare.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     _step_rank(compare, "only this step (default: every step both dumps hold)")
+    compare.add_argument("--allow-missing", action="store_true",
+                         help="a compare that finds no divergence but does not cover both runs "
+                              "(steps or ranks one dump lacks, steps not whole) is a match "
+                              "(exit 0) instead of incomplete (exit 3)")
     compare.add_argument("--map", metavar="YAML", default=None,
                          help="mapping file: modules/ops of the candidate -> the baseline's")
     check = _sub(sub, "check", commands["check"])

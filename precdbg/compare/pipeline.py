@@ -33,8 +33,9 @@ from .judge.judges import judge_pairs
 from .judge.metrics import tensor_metrics
 from .judge.pairs import PairTable, StepContext
 from .judge.multistep import NoisePolicy, optimizer_setup, other_setup
-from .report.notes import (level_note, note_extra_calls, note_loss_scale, other_causes, uncompared,
-                    unobserved_modules, unobserved_note, unused_mapping, weights_agree_after)
+from .report.notes import (incomplete_parts, level_note, note_extra_calls, note_loss_scale,
+                           other_causes, uncompared, unobserved_modules, unobserved_note,
+                           unused_mapping, weights_agree_after)
 from .report.progress import CompareProgress
 from .report.wording import write_words
 from .judge.rows import Note, NoteCode, Row
@@ -160,9 +161,12 @@ def _refuse_overflow_dumps(a: Dump, b: Dump, baseline: str, candidate: str) -> N
 
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
-                  progress: Progress = None) -> Dict[str, Any]:
+                  progress: Progress = None, allow_missing: bool = False) -> Dict[str, Any]:
     """Compare two dumps (roots, step folders or step files). Baseline is `a`. `progress`, when
-    given, is called with a CompareProgress as the compare goes (see compare/progress.py)."""
+    given, is called with a CompareProgress as the compare goes (see compare/progress.py).
+    Where no divergence is found but the compare does not cover both runs (`incomplete`: steps
+    or ranks one dump lacks, steps not whole), the verdict is "incomplete", not "match", unless
+    `allow_missing`."""
     mapping = load_mapping(mapping_file) if mapping_file else None
     a, b = open_dump(baseline), open_dump(candidate)
     try:
@@ -270,8 +274,11 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             note_loss_scale(first, setup["findings"])
         place_first(first, a, b)
         write_words(first, notes)       # every word of the verdict and the notes, here
+        incomplete = incomplete_parts(a, b, step, rank, pairs)
+        verdict = "diverged" if first else \
+            ("incomplete" if incomplete and not allow_missing else "match")
         return {"contract": CONTRACT_VERSION,
-                "verdict": "diverged" if first else "match",
+                "verdict": verdict, "incomplete": incomplete,
                 "first_divergence": first.as_json() if first is not None else None,
                 "consequences": consequences, "unmatched": unmatched[:1000],
                 "unmatched_count": len(unmatched),

@@ -47,6 +47,17 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
+_INCOMPLETE_WHY = {"only_here": "only in the {side} (the other dump has no such file)",
+                   "interrupted": "the {side}'s step is not whole (the process ended inside it)",
+                   "failures": "the {side}'s step lost records to failures inside precdbg",
+                   "partial": "the {side} has an incomplete file, skipped: {file}"}
+
+
+def _incomplete_text(part: Dict[str, Any]) -> str:
+    where = f"step {part['step']} rank {part['rank']}: " if part.get("step") is not None else ""
+    return where + _INCOMPLETE_WHY[part["why"]].format(**part)
+
+
 def summary_text(result: Dict[str, Any]) -> str:
     lines = []
     base, cand = result["baseline"], result["candidate"]
@@ -59,7 +70,13 @@ def summary_text(result: Dict[str, Any]) -> str:
     lines.append(f"{len(rows)} record pairs compared, {bad} beyond tolerance, "
                  f"{result['unmatched_count']} records without counterpart")
     first = result["first_divergence"]
-    if first is None:
+    if first is None and result.get("verdict") == "incomplete":
+        lines.append("verdict: INCOMPLETE — no divergence in what both dumps hold, but they do "
+                     "not cover both runs (--allow-missing: a match)")
+        lines.extend(f"  {_incomplete_text(part)}" for part in result["incomplete"][:10])
+        if len(result["incomplete"]) > 10:
+            lines.append(f"  ... and {len(result['incomplete']) - 10} more")
+    elif first is None:
         lines.append("verdict: MATCH — no divergence beyond tolerance")
     else:
         lines.append("verdict: DIVERGED")

@@ -200,8 +200,8 @@ def render_html(result: Dict[str, Any],
                 trees: Optional[Dict[str, Dict[Tuple[int, int], Tree]]] = None) -> str:
     """The whole page as a string."""
     first = result.get("first_divergence")
-    title = "MATCH" if not first else \
-        f"DIVERGED at {first.get('name_a') or first.get('name_b')}"
+    title = f"DIVERGED at {first.get('name_a') or first.get('name_b')}" if first else \
+        ("INCOMPLETE" if result.get("verdict") == "incomplete" else "MATCH")
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

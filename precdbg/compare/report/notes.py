@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ...errors import DumpError
 from ...storage.reader import Dump
 from ...records.schema import READ_ROLES, WRITE_ROLES, Direction, RecordKind, Role
 from ..judge.rows import Note, NoteCode, Row
@@ -13,7 +14,7 @@ from ..localize.step_causes import ENTERED_APART
 from ..localize.verdict import Annotation, Verdict
 from .wording import settings_text
 
-__all__ = ["unobserved_modules", "unobserved_note", "level_note", "uncompared",
+__all__ = ["incomplete_parts", "unobserved_modules", "unobserved_note", "level_note", "uncompared",
            "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes",
            "weights_agree_after"]
 
@@ -120,6 +121,37 @@ def uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
                               f"skipped (the run stopped while writing them): "
                               f"{', '.join(have.partial[:3])}"))
     return notes
+
+
+def incomplete_parts(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
+                     pairs: List[Tuple[int, int]]) -> List[Dict[str, Any]]:
+    """What keeps a compare from covering both runs (JSON `incomplete`): per side, the steps and
+    ranks (of those asked) that only it holds (`only_here`), its compared steps that are not
+    whole (`interrupted`: the process ended inside the step; `failures`: records lost inside
+    precdbg) and its incomplete files (`partial`)."""
+    chosen = set(pairs)
+    out: List[Dict[str, Any]] = []
+    for side, have in (("baseline", a), ("candidate", b)):
+        for s in have.steps:
+            for r in have.ranks:
+                if not have.files(s, r) or (step is not None and s != step) or \
+                        (rank is not None and r != rank):
+                    continue
+                if (s, r) not in chosen:
+                    out.append({"side": side, "step": s, "rank": r, "why": "only_here"})
+                    continue
+                for sf in have.files(s, r):
+                    try:
+                        attrs = sf.attrs
+                    except DumpError:
+                        continue
+                    if attrs.get("interrupted"):
+                        out.append({"side": side, "step": s, "rank": r, "why": "interrupted"})
+                    elif int(attrs.get("failures", 0) or 0):
+                        out.append({"side": side, "step": s, "rank": r, "why": "failures"})
+        out.extend({"side": side, "step": None, "rank": None, "why": "partial", "file": path}
+                   for path in have.partial)
+    return out
 
 
 def note_loss_scale(first: Verdict, findings: List[Dict[str, Any]]) -> None:

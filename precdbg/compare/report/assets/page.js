@@ -30,11 +30,11 @@
   }
   function page() {
     var app = document.getElementById('app');
-    var verdict = D.verdict === 'diverged' ? 'DIVERGED' : 'MATCH';
+    var verdict = D.verdict === 'diverged' ? 'DIVERGED' : D.verdict === 'incomplete' ? 'INCOMPLETE' : 'MATCH';
     var nbad = 0;
     for (var k = 0; k < R.count; k++) if (s(R, 'status', k) === 'diverged') nbad++;
     app.appendChild(el('header', {}, [
-      el('h1', {}, [el('span', { cls: 'verdict ' + (D.verdict === 'diverged' ? 'diverged' : 'match'), text: verdict }),
+      el('h1', {}, [el('span', { cls: 'verdict ' + (D.verdict === 'diverged' ? 'diverged' : D.verdict === 'incomplete' ? 'incomplete' : 'match'), text: verdict }),
         'precdbg compare' + (F ? ': first divergence at ' + (F.name_a || F.name_b) : '')]),
       el('div', { cls: 'runs', text: 'baseline ' + D.baseline.path + ' (' + (D.baseline.framework || '?') + ')   \u2194   candidate ' +
         D.candidate.path + ' (' + (D.candidate.framework || '?') + ')' }),
