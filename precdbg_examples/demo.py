@@ -123,7 +123,7 @@ def run_mindspore(out: str, initial: dict, batches: list, torch_dump: str) -> in
     report = os.path.join(out, "report.html")
     print(f"\n$ precdbg compare {torch_dump} {dump_ms} --html {report}", flush=True)
     code = precdbg.cli.main(["compare", torch_dump, dump_ms, "--html", report])
-    print(f"\n(exit code {code}: 0 match, 1 divergence found, 2 unusable input)")
+    print(f"\n(exit code {code}: 0 match, 1 divergence found, 2 unusable input, 3 incomplete)")
     return 0 if code in (0, 1) else code
 
 
