@@ -225,3 +225,13 @@ def test_integers_stay_divergences_where_a_float_differs_too():
     a = [{}, {"dtype": "int64", "role": "input", "mean": 3.0}]
     t = _judge(a, [{"mean": 1.0}, {"dtype": "int64", "role": "input", "mean": 4.0}])
     assert _verdicts(t) == [("diverged", "statistics"), ("diverged", "statistics")]
+
+
+def test_checksums_without_statistics_decide_both_ways():
+    # msprobe's summary_mode xor: no statistics on either side, a checksum on both
+    none = {"min": float("nan"), "max": float("nan"), "mean": float("nan"),
+            "norm": float("nan")}
+    a = [dict(none, checksum="0x01"), dict(none, checksum="0x02"), dict(checksum="0x03")]
+    b = [dict(none, checksum="0x01"), dict(none, checksum="0x0f"), dict(checksum="0x0e")]
+    assert _verdicts(_judge(a, b)) == [("match", "checksum"), ("diverged", "checksum"),
+                                       ("match", "statistics")]
