@@ -49,12 +49,14 @@ def _dump(path: str, layers: int, defect: bool) -> None:
 
 def _more_ranks(root: str, ranks: int) -> None:
     import h5py
+    from precdbg.storage.step_checks import reseal
     for path in glob.glob(os.path.join(root, "step*", "rank0.h5")):
         for rank in range(1, ranks):
             copy = os.path.join(os.path.dirname(path), f"rank{rank}.h5")
             shutil.copyfile(path, copy)
             with h5py.File(copy, "r+") as handle:
                 handle.attrs["rank"] = rank
+            reseal(copy)                 # the rank rewritten on purpose: sealed again
 
 
 def main(argv: Optional[List[str]] = None) -> int:

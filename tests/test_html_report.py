@@ -27,6 +27,7 @@ import pytest
 import compare_support as cs
 from precdbg import open_dump
 from precdbg.compare.report.html import ROW_NUMBER_COLUMNS, ROW_STRING_COLUMNS
+from precdbg.storage.step_checks import reseal
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CULPRIT = "Functional.gelu.1.forward"    # the second GELU call: blocks.1
@@ -40,6 +41,7 @@ def _with_rank_1(root: str) -> str:
         shutil.copyfile(path, copy)
         with h5py.File(copy, "r+") as handle:
             handle.attrs["rank"] = 1
+        reseal(copy)                   # an edit on purpose: sealed again
     return root
 
 

@@ -206,7 +206,7 @@ def test_statistics_keys_include_the_order():
 
 
 def test_schema_has_the_column():
-    assert SCHEMA_VERSION == 4 and READ_SCHEMA_VERSIONS == (1, 2, 3, 4)
+    assert SCHEMA_VERSION >= 4 and 4 in READ_SCHEMA_VERSIONS
     assert "pos_mean" in dict(RECORD_COLUMNS)
     assert math.isnan(ADDED_COLUMNS["pos_mean"])
 
@@ -246,6 +246,7 @@ def _drop_column(dump: str) -> None:
                 with h5py.File(os.path.join(root, name), "r+") as f:
                     if "records" in f and "pos_mean" in f["records"]:
                         del f["records"]["pos_mean"]
+                        f.attrs["schema_version"] = 3      # as schema 3 wrote it (no seal)
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,10 @@ __all__ = [
     "is_scalar_dtype", "scalar_mask", "scalar_dtype", "DtypeName", "DTYPE_VALUE", "ENUM_COLUMNS",
 ]
 
-SCHEMA_VERSION = 4          # 2: `producer`, `storage` (dataflow provenance); 3: `precision`;
-                            # 4: `pos_mean` (order-sensitive statistic)
-READ_SCHEMA_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5          # 2: `producer`, `storage` (dataflow provenance); 3: `precision`;
+                            # 4: `pos_mean` (order-sensitive statistic); 5: the seal (attribute
+                            # `integrity`, precdbg.storage.step_checks)
+READ_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 NO_PRODUCER = -1            # `producer` of a tensor nothing captured in the step produced
 UNKNOWN_COUNT = -1          # `nan_count`/`inf_count`: some, how many not known (msprobe's dumps)
 MAX_NDIM = 8  # shapes are stored padded to this many dimensions (-1 = absent)

@@ -21,7 +21,6 @@ a `dump.json` that does not parse is one DumpError naming the file; a missing `c
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -29,6 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import DumpError
+from .json_reading import NotJson, read_json
+from .step_checks import regular_file
 from .msprobe_records import StepRecords
 
 __all__ = ["MsprobeStep", "msprobe_step_folders"]
@@ -53,7 +54,7 @@ def msprobe_step_folders(path: str) -> Optional[List[Tuple[int, int, str]]]:
         path = os.path.dirname(path)
     if not os.path.isdir(path):
         return None
-    if os.path.isfile(os.path.join(path, DUMP_JSON)):
+    if os.path.lexists(os.path.join(path, DUMP_JSON)):
         step = _STEP.match(os.path.basename(os.path.dirname(path)))
         rank = _RANK.match(os.path.basename(path))
         return [(int(step.group(1)) if step else 0,
@@ -68,7 +69,7 @@ def msprobe_step_folders(path: str) -> Optional[List[Tuple[int, int, str]]]:
         for d in _listdir(folder):
             m = _RANK.match(d)
             where = os.path.join(folder, d)
-            if not m or not os.path.isfile(os.path.join(where, DUMP_JSON)):
+            if not m or not os.path.lexists(os.path.join(where, DUMP_JSON)):
                 continue
             if m.group(1) == "rank":
                 found.append((step, int(m.group(2)), where))
@@ -114,19 +115,17 @@ class MsprobeStep:
         return self._data
 
     def _json(self, path: str, required: bool = False) -> Any:
-        try:
-            with open(path, "r", encoding="utf-8") as handle:
-                return json.load(handle)
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             if required:
-                raise DumpError(f"{path}: missing") from None
+                raise DumpError(f"{path}: missing")
             self._notes.append(f"{path}: missing; read without it")
-        except PermissionError:
-            raise DumpError(f"{path}: permission denied") from None
-        except (ValueError, UnicodeDecodeError) as exc:
+            return None
+        try:
+            return read_json(path, os.path.basename(path))   # bounded (json_reading)
+        except NotJson as exc:
             if required:
-                raise DumpError(f"{path}: cut short or not JSON ({exc})") from None
-            self._notes.append(f"{path}: cut short or not JSON ({exc}); read without it")
+                raise DumpError(f"{path}: cut short or not JSON ({exc.reason})") from None
+            self._notes.append(f"{path}: cut short or not JSON ({exc.reason}); read without it")
         return None
 
     @property
@@ -134,6 +133,7 @@ class MsprobeStep:
         """framework, task and level: from the head of dump.json (msprobe writes them before
         its data), so a file cut short further on still says what it is."""
         head: Dict[str, Any] = {}
+        regular_file(self.path)          # a FIFO would block the read below
         try:
             with open(self.path, "r", encoding="utf-8", errors="replace") as handle:
                 text = handle.read(4096)
@@ -187,7 +187,7 @@ class MsprobeStep:
         path = self._files[offset]
         if path.endswith(".npy"):
             try:
-                return np.load(path, allow_pickle=False)
+                return _load_npy(path)
             except FileNotFoundError:
                 raise DumpError(f"{path}: tensor file missing") from None
             except (OSError, ValueError) as exc:
@@ -197,3 +197,10 @@ class MsprobeStep:
 
     def close(self) -> None:
         pass
+
+
+def _load_npy(path: str) -> np.ndarray:
+    """A .npy tensor file, mapped first: a header declaring more than the file holds is refused
+    by the mapping before anything is allocated."""
+    regular_file(path)
+    return np.array(np.load(path, mmap_mode="r", allow_pickle=False))

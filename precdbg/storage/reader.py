@@ -2,14 +2,13 @@
 
 `open_dump(path)` takes a dump root (with run.json and step<S>/ folders), one step folder, or one
 step file; or an msprobe dump (its dump path, a step folder, a rank folder or its dump.json: read
-by `msprobe_dump`, `Dump.source` "msprobe"). Incomplete files (`*.partial`, left by a crash) are skipped and listed in `.partial`.
-A dump's step files are known by their names and opened when first read, so a damaged one stops
+by `msprobe_dump`, `Dump.source` "msprobe"). Incomplete files (`*.partial`, left by a crash)
+are skipped and listed in `.partial`. A dump's step files are known by their names and opened
+when first read (`step_reader.StepFile`, checked as `step_checks` says), so a damaged one stops
 only what reads it (one line naming it), never a command asked for another step.
 """
 from __future__ import annotations
 
-import bisect
-import functools
 import json
 import os
 from typing import Any, Collection, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -19,28 +18,12 @@ import numpy as np
 from ..errors import DumpError
 from .layout import PARTIAL, parse_step_file, run_json_path, step_folders, step_of_folder
 from .msprobe_dump import MsprobeStep, msprobe_step_folders
-from ..records.controls import escape_column, escape_controls, has_controls_utf8
-from ..records.schema import ADDED_COLUMNS, READ_SCHEMA_VERSIONS, RECORD_COLUMNS, scalar_mask
+from ..records.schema import scalar_mask
+from .json_reading import check_run_json, read_json
+from .step_checks import regular_file
+from .step_reader import StepFile
 
 __all__ = ["open_dump", "Dump", "RecordTable"]
-
-_STRING_COLUMNS = {name for name, dtype in RECORD_COLUMNS if dtype is None}
-# what h5py raises for a damaged file: a failed read (OSError), an object whose metadata does
-# not check out (KeyError, RuntimeError), a dataset of the wrong kind (ValueError, TypeError)
-_DAMAGED = (OSError, KeyError, RuntimeError, ValueError, TypeError)
-
-
-def _readable(method: Any) -> Any:
-    """A step-file method whose h5py failures become one DumpError naming the file."""
-    @functools.wraps(method)
-    def reading(self: "_StepFile", *args: Any) -> Any:
-        try:
-            return method(self, *args)
-        except DumpError:
-            raise
-        except _DAMAGED as exc:
-            raise DumpError(f"{self.path}: not a readable HDF5 step file ({exc})") from None
-    return reading
 
 
 class RecordTable:
@@ -95,146 +78,6 @@ def _concat(tables: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
     return {name: np.concatenate([t[name] for t in tables]) for name in tables[0]}
 
 
-class _StepFile:
-    """One step file, opened when first read: a dump's files are known by their names
-    (`step<S>/rank<R>[.part<K>].h5`), so a damaged file stops only what reads it (a command
-    asked for another step never opens it). A file outside that layout is opened at once and
-    known by what it holds."""
-
-    def __init__(self, path: str, step: Optional[int] = None, rank: Optional[int] = None,
-                 part: int = 0) -> None:
-        self.path = path
-        self._file: Any = None
-        self._attrs: Optional[Dict[str, Any]] = None
-        self._blobs: Optional[List[Tuple[int, Any]]] = None
-        self.step, self.rank, self.part = step if step is not None else -1, rank or 0, part
-        self._named = step is not None and rank is not None
-        if not self._named:
-            self._open()
-
-    @property
-    def file(self) -> Any:
-        if self._file is None:
-            self._open()
-        return self._file
-
-    @property
-    def attrs(self) -> Dict[str, Any]:
-        if self._attrs is None:
-            self._open()
-        return self._attrs  # type: ignore[return-value]
-
-    def _open(self) -> None:
-        import h5py
-        try:
-            handle = h5py.File(self.path, "r")
-        except PermissionError:
-            raise DumpError(f"{self.path}: permission denied") from None
-        except OSError as exc:
-            raise DumpError(f"{self.path}: not a readable HDF5 step file ({exc})") from None
-        try:
-            self._read_attrs(handle)
-        except BaseException:
-            handle.close()
-            raise
-        self._file = handle
-
-    @_readable
-    def _read_attrs(self, handle: Any) -> None:
-        attrs = handle.attrs
-        if "schema_version" not in attrs or "records" not in handle:
-            raise DumpError(f"{self.path}: an HDF5 file, but not a precdbg step file")
-        version = int(attrs["schema_version"])
-        if version not in READ_SCHEMA_VERSIONS:
-            raise DumpError(f"{self.path}: schema version {version}, this precdbg reads "
-                            f"{', '.join(map(str, READ_SCHEMA_VERSIONS))}")
-        held = (int(attrs["step"]), int(attrs["rank"]), int(attrs.get("part", 0)))
-        if self._named and held != (self.step, self.rank, self.part):
-            raise DumpError(f"{self.path}: holds step {held[0]} rank {held[1]} part {held[2]}, "
-                            "not the step, rank and part its name says")
-        self.step, self.rank, self.part = held
-        self._attrs = {k: (v.item() if isinstance(v, np.generic) else v)
-                       for k, v in attrs.items()}
-
-    @_readable
-    def columns(self) -> Dict[str, np.ndarray]:
-        group = self.file["records"]
-        out: Dict[str, np.ndarray] = {}
-        count = int(group["entry"].shape[0])
-        for name, dtype in RECORD_COLUMNS:
-            if name not in group and name in ADDED_COLUMNS:   # an older schema version
-                out[name] = np.full(count, ADDED_COLUMNS[name], dtype=dtype)
-                continue
-            data = group[name][()]
-            if name in _STRING_COLUMNS:
-                controls = data.size and has_controls_utf8(data.tobytes())
-                data = np.char.decode(data, "utf-8") if data.size else data.astype(str)
-                if controls:         # names that would drive a terminal: shown escaped
-                    data = escape_column(data)
-            out[name] = data
-        out["shape"] = group["shape"][()]
-        out["ndim"] = group["ndim"][()]
-        out["step"] = np.full(count, self.step, dtype=np.int64)
-        out["rank"] = np.full(count, self.rank, dtype=np.int64)
-        out["part"] = np.full(count, self.part, dtype=np.int32)
-        return out
-
-    @_readable
-    def read_bytes(self, offset: int, nbytes: int) -> np.ndarray:
-        """Bytes [offset, offset + nbytes) of the step's tensor byte space."""
-        if self._blobs is None:
-            blobs = [(int(ds.attrs["start"]), ds) for ds in self.file["data"].values()] \
-                if "data" in self.file else []
-            self._blobs = sorted(blobs, key=lambda b: b[0])
-        starts = [start for start, _ in self._blobs]
-        k = bisect.bisect_right(starts, offset) - 1
-        if k < 0:
-            raise DumpError(f"{self.path}: no tensor bytes at offset {offset}")
-        start, ds = self._blobs[k]
-        return ds[offset - start:offset - start + nbytes]
-
-    def tensor(self, row: Dict[str, Any]) -> np.ndarray:
-        """The stored tensor of a record of this file (a row of `columns()`)."""
-        if row["data_offset"] < 0:
-            raise DumpError(f"{self.path}: {row['entry']} {row['role']} {row['arg_index']} has "
-                            "statistics only (dump with task 'tensor' to keep tensors)")
-        raw = self.read_bytes(row["data_offset"], row["data_nbytes"])
-        return _as_array(raw, row["dtype"], row["shape"])
-
-    def notes(self) -> List[str]:
-        return []
-
-    def unrecorded(self) -> frozenset:
-        return frozenset()
-
-    @_readable
-    def has(self, group: str, column: str) -> bool:
-        return group in self.file and column in self.file[group]
-
-    @_readable
-    def strings(self, group: str, column: str) -> List[str]:
-        if group not in self.file:
-            return []
-        texts = [s.decode("utf-8") if isinstance(s, bytes) else s
-                 for s in self.file[group][column][()]]
-        if group == "stacks":       # call sites: lines of `file:line in function`
-            return [escape_controls(t, lines=True) for t in texts]
-        return [escape_controls(t) for t in texts]
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-
-
-def _as_array(raw: np.ndarray, dtype: str, shape: Tuple[int, ...]) -> np.ndarray:
-    if dtype == "bfloat16" or dtype.startswith("float8"):
-        import ml_dtypes
-        np_dtype = np.dtype(getattr(ml_dtypes, dtype))
-    else:
-        np_dtype = np.dtype(dtype)
-    return raw.view(np_dtype).reshape(shape)
-
-
 class Dump:
     """A dump on disk: `run`, `steps`, `ranks`, `records()`, `tensor()`, `modules()`."""
 
@@ -242,7 +85,7 @@ class Dump:
         self.path = path
         self.run: Dict[str, Any] = {}
         self.partial: List[str] = []
-        self._files: Dict[Tuple[int, int], List[Any]] = {}    # _StepFile or MsprobeStep
+        self._files: Dict[Tuple[int, int], List[Any]] = {}    # StepFile or MsprobeStep
         self.source = "precdbg"          # or "msprobe": a dump msprobe wrote
         msprobe = msprobe_step_folders(path) if os.path.exists(path) else None
         if msprobe:
@@ -255,9 +98,9 @@ class Dump:
             step = step_of_folder(os.path.basename(os.path.dirname(file_path)))
             name = parse_step_file(os.path.basename(file_path))
             if len(paths) > 1 and step is not None and name is not None and not name.partial:
-                sf = _StepFile(file_path, step, name.rank, name.part)
+                sf = StepFile(file_path, step, name.rank, name.part)
             else:                     # one file, or a name outside the layout: opened now
-                sf = _StepFile(file_path)
+                sf = StepFile(file_path)
             self._files.setdefault((sf.step, sf.rank), []).append(sf)
         for parts in self._files.values():
             parts.sort(key=lambda f: f.part)
@@ -270,7 +113,8 @@ class Dump:
             raise DumpError(f"{path}: no such dump")
         if not os.access(path, os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
             raise DumpError(f"{path}: permission denied")
-        if os.path.isfile(path):
+        if not os.path.isdir(path):
+            regular_file(path)              # a FIFO or a device is never opened
             if path.endswith(PARTIAL):
                 raise DumpError(f"{path}: incomplete step file (the run stopped while writing it)")
             self._load_run(os.path.dirname(os.path.dirname(os.path.abspath(path))))
@@ -291,16 +135,8 @@ class Dump:
 
     def _load_run(self, root: str) -> None:
         run_json = run_json_path(root)
-        if os.path.isfile(run_json):
-            try:
-                with open(run_json, "r", encoding="utf-8") as handle:
-                    run = json.load(handle)
-            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise DumpError(f"{run_json}: unreadable ({exc})") from None
-            if not isinstance(run, dict):
-                raise DumpError(f"{run_json}: not a precdbg manifest (a JSON object is expected,"
-                                f" found {type(run).__name__})")
-            self.run = run
+        if os.path.lexists(run_json):
+            self.run = check_run_json(read_json(run_json, "run.json"), run_json)
 
     def relabel(self, step: int, rank: int) -> None:
         """Read the one step and rank this dump holds as `step`, `rank` (two named files of

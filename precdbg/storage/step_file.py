@@ -10,6 +10,8 @@ Inside a step file:
   modules/path, modules/cls, modules/parent   the module tree
   modules/settings  each module's numeric layer settings, JSON text ('' none; precdbg.records.layers)
   stacks/text     de-duplicated call stacks (records hold stack_id)
+  attrs/integrity the seal: a checksum of each of the above and of the attributes, written when
+                  the step closes and checked when read (precdbg.storage.step_checks)
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 from .json_files import fsync_dir
 from .layout import partial_path
 from .disk_room import check_room, free_space, margin_for, reserve, trim_to_hdf5_end
+from .step_checks import column_digest, seal_parts, strings_digest
 from ..records.schema import ENUM_COLUMNS, MAX_NDIM, RECORD_COLUMNS, Record
 
 __all__ = ["Payload", "OpenStep", "free_space"]
@@ -182,22 +185,29 @@ class OpenStep:
         self.check_room(len(records) * _RECORD_BYTES + sum(len(t) for t in stacks))
         group = self.file.create_group("records")
         group.attrs["count"] = len(records)
+        seal: Dict[str, str] = {}       # each part's checksum (precdbg.storage.step_checks)
         for (column, dtype), values in zip(RECORD_COLUMNS, _columns(records)):
             if column in ENUM_COLUMNS and values:
                 values = _enum_text(values)
-            group.create_dataset(column, data=_text_column(values) if dtype is None
-                                 else np.fromiter(values, dtype=dtype, count=len(values)))
+            array = _text_column(values) if dtype is None \
+                else np.fromiter(values, dtype=dtype, count=len(values))
+            group.create_dataset(column, data=array)
+            seal[f"records/{column}"] = column_digest(array)
         shapes, ndims = _shape_columns([rec.shape for rec in records])
         group.create_dataset("shape", data=shapes)
         group.create_dataset("ndim", data=ndims)
+        seal["records/shape"], seal["records/ndim"] = column_digest(shapes), column_digest(ndims)
         mod = self.file.create_group("modules")
         str_dt = h5py.string_dtype("utf-8")
         for i, column in enumerate(("path", "cls", "parent", "settings")):
-            mod.create_dataset(column, data=np.array([m[i] if len(m) > i else "" for m in modules],
-                                                     dtype=object), dtype=str_dt)
+            texts = [m[i] if len(m) > i else "" for m in modules]
+            mod.create_dataset(column, data=np.array(texts, dtype=object), dtype=str_dt)
+            seal[f"modules/{column}"] = strings_digest(texts)
         self.file.create_group("stacks").create_dataset(
             "text", data=np.array(list(stacks), dtype=object), dtype=str_dt)
+        seal["stacks/text"] = strings_digest(list(stacks))
         self.file.attrs["complete"] = True
+        seal_parts(self.file, seal)       # last: it covers the attributes and the blob list
         self.file.flush()
         fd = self.file.id.get_vfd_handle()
         os.fsync(fd)

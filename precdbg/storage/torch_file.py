@@ -18,6 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ..errors import DumpError
+from .step_checks import regular_file
 
 __all__ = ["load_torch_tensor"]
 
@@ -65,9 +66,10 @@ def _rebuild_tensor(storage: np.ndarray, offset: int, size: Tuple[int, ...],
 
 class _Unpickler(pickle.Unpickler):
     def __init__(self, data: io.BytesIO, archive: zipfile.ZipFile, prefix: str,
-                 little: bool) -> None:
+                 little: bool, size: int) -> None:
         super().__init__(data)
         self._archive, self._prefix, self._little = archive, prefix, little
+        self._size = size               # the file's: no member unpacks beyond what it backs
         self._storages: Dict[str, np.ndarray] = {}
 
     def find_class(self, module: str, name: str) -> Any:
@@ -85,16 +87,28 @@ class _Unpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
         key = str(pid[2])
         if key not in self._storages:
-            raw = self._archive.read(f"{self._prefix}data/{key}")
+            raw = _member(self._archive, f"{self._prefix}data/{key}", self._size)
             dtype = _numpy_dtype(pid[1].dtype)
             array = np.frombuffer(raw, dtype=dtype.newbyteorder("<" if self._little else ">"))
             self._storages[key] = array.astype(dtype, copy=False)
         return self._storages[key]
 
 
+def _member(archive: zipfile.ZipFile, name: str, size: int) -> bytes:
+    """A member's bytes, refused before they are read when what it declares unpacked cannot
+    come from the file (torch.save stores members uncompressed; deflate stays within ~1,032:1)."""
+    info = archive.getinfo(name)
+    packed = min(info.compress_size, size)
+    if info.file_size > (packed if info.compress_type == zipfile.ZIP_STORED else packed * 1100):
+        raise ValueError(f"member {name} declares {info.file_size} bytes; the file holds "
+                         f"{packed} for it")
+    return archive.read(name)
+
+
 def load_torch_tensor(path: str) -> np.ndarray:
     """The tensor in a `torch.save` file as a numpy array (bfloat16 as ml_dtypes.bfloat16); a
     DumpError naming the file when it is no such file."""
+    size = regular_file(path)            # a FIFO is never opened
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -104,8 +118,8 @@ def load_torch_tensor(path: str) -> np.ndarray:
             prefix = pickled[:-len("data.pkl")]
             order = f"{prefix}byteorder"
             little = order not in names or archive.read(order).strip() != b"big"
-            loaded = _Unpickler(io.BytesIO(archive.read(pickled)), archive, prefix,
-                                little).load()
+            loaded = _Unpickler(io.BytesIO(_member(archive, pickled, size)), archive, prefix,
+                                little, size).load()
     except DumpError:
         raise
     except FileNotFoundError:

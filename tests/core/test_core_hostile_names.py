@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 import synthetic as S
+from precdbg.storage.step_checks import reseal
 
 HOSTILE = "fc1\x1b]0;pwned\x07\x1b[2J\nprecdbg: verdict: MATCH\u202e"
 FORMULA = "=HYPERLINK(\"http://x\")"
@@ -39,6 +40,7 @@ def _rename_module(path: str, old: str, new: str) -> None:
             data = np.array([(new if v == old else v).encode() for v in values])
             del handle[group][column]
             handle[group].create_dataset(column, data=data)
+    reseal(path)                       # an edit on purpose: sealed again
 
 
 def test_hostile_names_in_a_step_file_are_shown_escaped(tmp_path):

@@ -1,0 +1,242 @@
+"""One precdbg step file read: its attributes, record columns, strings and tensor bytes.
+
+Everything is checked before it is read and against the step's seal once read
+(`precdbg.storage.step_checks`): a crafted or damaged file gets one `DumpError` naming it and what
+is wrong, and never allocates more than the file can back.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import DumpError
+from ..records.controls import escape_column, escape_controls, has_controls_utf8
+from ..records.schema import ADDED_COLUMNS, MAX_NDIM, READ_SCHEMA_VERSIONS, RECORD_COLUMNS
+from .step_checks import (bounded, check_seal, column_digest, int_attribute, read_seal,
+                          regular_file, strings_digest)
+
+__all__ = ["StepFile", "as_array"]
+
+_STRING_COLUMNS = {name for name, dtype in RECORD_COLUMNS if dtype is None}
+# what h5py raises for a damaged file: a failed read (OSError), an object whose metadata does
+# not check out (KeyError, RuntimeError), a dataset of the wrong kind (ValueError, TypeError),
+# a count HDF5 cannot hold (OverflowError)
+_DAMAGED = (OSError, KeyError, RuntimeError, ValueError, TypeError, OverflowError)
+_KINDS = {"i": "iu", "u": "iu", "f": "f", "b": "b"}   # the dtype kinds read for each written
+_MAX_DIM = 64                      # more dimensions than any framework's tensor has
+
+
+def _readable(method: Any) -> Any:
+    """A step-file method whose h5py failures become one DumpError naming the file."""
+    @functools.wraps(method)
+    def reading(self: "StepFile", *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except DumpError:
+            raise
+        except MemoryError:
+            raise DumpError(f"{self.path}: too large to read in this machine's memory") \
+                from None
+        except _DAMAGED as exc:
+            raise DumpError(f"{self.path}: not a readable HDF5 step file ({exc})") from None
+    return reading
+
+
+class StepFile:
+    """One step file, opened when first read: a dump's files are known by their names
+    (`step<S>/rank<R>[.part<K>].h5`), so a damaged file stops only what reads it (a command
+    asked for another step never opens it). A file outside that layout is opened at once and
+    known by what it holds."""
+
+    def __init__(self, path: str, step: Optional[int] = None, rank: Optional[int] = None,
+                 part: int = 0) -> None:
+        self.path = path
+        self._file: Any = None
+        self._size = 0
+        self._attrs: Optional[Dict[str, Any]] = None
+        self._seal: Optional[Dict[str, str]] = None
+        self._blobs: Optional[List[Tuple[int, int, Any]]] = None
+        self.step, self.rank, self.part = step if step is not None else -1, rank or 0, part
+        self._named = step is not None and rank is not None
+        if not self._named:
+            self._open()
+
+    @property
+    def file(self) -> Any:
+        if self._file is None:
+            self._open()
+        return self._file
+
+    @property
+    def attrs(self) -> Dict[str, Any]:
+        if self._attrs is None:
+            self._open()
+        return self._attrs  # type: ignore[return-value]
+
+    def _open(self) -> None:
+        import h5py
+        self._size = regular_file(self.path)
+        try:
+            handle = h5py.File(self.path, "r")
+        except PermissionError:
+            raise DumpError(f"{self.path}: permission denied") from None
+        except OSError as exc:
+            raise DumpError(f"{self.path}: not a readable HDF5 step file ({exc})") from None
+        try:
+            self._read_attrs(handle)
+        except BaseException:
+            handle.close()
+            raise
+        self._file = handle
+
+    @_readable
+    def _read_attrs(self, handle: Any) -> None:
+        attrs = handle.attrs
+        if "schema_version" not in attrs or "records" not in handle:
+            raise DumpError(f"{self.path}: an HDF5 file, but not a precdbg step file")
+        version = int_attribute(attrs, "schema_version", self.path)
+        if version not in READ_SCHEMA_VERSIONS:
+            raise DumpError(f"{self.path}: schema version {version}, this precdbg reads "
+                            f"{', '.join(map(str, READ_SCHEMA_VERSIONS))}")
+        held = (int_attribute(attrs, "step", self.path), int_attribute(attrs, "rank", self.path),
+                int_attribute(attrs, "part", self.path, default=0))
+        plain = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
+        self._seal = read_seal(plain, self.path, version)
+        if self._named and held != (self.step, self.rank, self.part):
+            raise DumpError(f"{self.path}: holds step {held[0]} rank {held[1]} part {held[2]}, "
+                            "not the step, rank and part its name says")
+        self.step, self.rank, self.part = held
+        self._attrs = plain
+
+    def _column(self, group: Any, name: str, rows: int, kinds: str,
+                width: Optional[int] = None) -> np.ndarray:
+        """One record column, bounded before it is read and checked against the seal."""
+        where = f"records/{name}"
+        bounded(group[name], self.path, where, self._size, rows=rows, kinds=kinds, width=width)
+        data = group[name][()]
+        check_seal(self._seal, where, lambda: column_digest(data), self.path)
+        return data
+
+    @_readable
+    def columns(self) -> Dict[str, np.ndarray]:
+        group = self.file["records"]
+        out: Dict[str, np.ndarray] = {}
+        if "entry" not in group:
+            raise DumpError(f"{self.path}: damaged: records/entry is missing")
+        count = group["entry"].shape[0] if group["entry"].shape else -1
+        if "count" in group.attrs:
+            count = int_attribute(group.attrs, "count", self.path, high=1 << 31)
+        for name, dtype in RECORD_COLUMNS:
+            if name not in group:
+                if name in ADDED_COLUMNS and self._seal is None:   # an older schema version
+                    out[name] = np.full(count, ADDED_COLUMNS[name], dtype=dtype)
+                    continue
+                raise DumpError(f"{self.path}: damaged: records/{name} is missing")
+            if name in _STRING_COLUMNS:
+                data = self._column(group, name, count, "S")
+                controls = data.size and has_controls_utf8(data.tobytes())
+                data = np.char.decode(data, "utf-8") if data.size else data.astype(str)
+                if controls:         # names that would drive a terminal: shown escaped
+                    data = escape_column(data)
+            else:
+                data = self._column(group, name, count, _KINDS[dtype.kind])
+            out[name] = data
+        shape = self._column(group, "shape", count, "iu", width=group["shape"].shape[1]
+                             if len(group["shape"].shape or ()) == 2 else MAX_NDIM)
+        ndim = self._column(group, "ndim", count, "iu")
+        if shape.shape[1] > _MAX_DIM or (ndim.size and (ndim.min() < 0 or ndim.max() > _MAX_DIM)):
+            raise DumpError(f"{self.path}: damaged: records/shape or records/ndim holds more "
+                            f"than {_MAX_DIM} dimensions")
+        out["shape"], out["ndim"] = shape, ndim
+        out["step"] = np.full(count, self.step, dtype=np.int64)
+        out["rank"] = np.full(count, self.rank, dtype=np.int64)
+        out["part"] = np.full(count, self.part, dtype=np.int32)
+        return out
+
+    def _listed_blobs(self) -> List[Tuple[int, int, Any]]:
+        """The tensor blobs: (start, size, dataset), bounded and checked against the seal."""
+        if self._blobs is None:
+            blobs: List[Tuple[int, int, Any]] = []
+            named: List[Tuple[str, int, int]] = []
+            for name, ds in (self.file["data"].items() if "data" in self.file else ()):
+                bounded(ds, self.path, f"data/{name}", self._size, kinds="u")
+                start = int_attribute(ds.attrs, "start", self.path, high=(1 << 62))
+                blobs.append((start, int(ds.shape[0]), ds))
+                named.append((name, start, int(ds.shape[0])))
+            from .step_checks import blobs_digest
+            check_seal(self._seal, "data", lambda: blobs_digest(named), self.path)
+            self._blobs = sorted(blobs, key=lambda b: b[0])
+        return self._blobs
+
+    @_readable
+    def read_bytes(self, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes [offset, offset + nbytes) of the step's tensor byte space."""
+        blobs = self._listed_blobs()
+        k = bisect.bisect_right([start for start, _, _ in blobs], offset) - 1
+        if k < 0 or nbytes < 0 or offset - blobs[k][0] + nbytes > blobs[k][1]:
+            raise DumpError(f"{self.path}: damaged: no tensor bytes at {offset}..."
+                            f"{offset + nbytes}")
+        start, _, ds = blobs[k]
+        return ds[offset - start:offset - start + nbytes]
+
+    def tensor(self, row: Dict[str, Any]) -> np.ndarray:
+        """The stored tensor of a record of this file (a row of `columns()`)."""
+        if row["data_offset"] < 0:
+            raise DumpError(f"{self.path}: {row['entry']} {row['role']} {row['arg_index']} has "
+                            "statistics only (dump with task 'tensor' to keep tensors)")
+        try:
+            itemsize = _dtype_of(row["dtype"]).itemsize
+        except (TypeError, ValueError, AttributeError):
+            raise DumpError(f"{self.path}: {row['entry']}: unknown dtype "
+                            f"{row['dtype']!r}") from None
+        if int(np.prod(row["shape"], dtype=np.float64)) * itemsize != row["data_nbytes"]:
+            raise DumpError(f"{self.path}: damaged: {row['entry']} {row['role']} "
+                            f"{row['arg_index']}: {row['data_nbytes']} bytes stored for shape "
+                            f"{tuple(row['shape'])} of {row['dtype']}")
+        raw = self.read_bytes(row["data_offset"], row["data_nbytes"])
+        return as_array(raw, row["dtype"], row["shape"])
+
+    def notes(self) -> List[str]:
+        return []
+
+    def unrecorded(self) -> frozenset:
+        return frozenset()
+
+    @_readable
+    def has(self, group: str, column: str) -> bool:
+        return group in self.file and column in self.file[group]
+
+    @_readable
+    def strings(self, group: str, column: str) -> List[str]:
+        if group not in self.file:
+            if self._seal is not None:
+                raise DumpError(f"{self.path}: damaged: {group} is missing")
+            return []
+        where = f"{group}/{column}"
+        ds = self.file[group][column]
+        bounded(ds, self.path, where, self._size, kinds="OS")
+        raw = ds[()].tolist()
+        check_seal(self._seal, where, lambda: strings_digest(raw), self.path)
+        texts = [s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s) for s in raw]
+        if group == "stacks":       # call sites: lines of `file:line in function`
+            return [escape_controls(t, lines=True) for t in texts]
+        return [escape_controls(t) for t in texts]
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def _dtype_of(dtype: str) -> np.dtype:
+    if dtype == "bfloat16" or dtype.startswith("float8"):
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, dtype))
+    return np.dtype(dtype)
+
+
+def as_array(raw: np.ndarray, dtype: str, shape: Tuple[int, ...]) -> np.ndarray:
+    """Stored bytes as the tensor they hold (bf16 and float8 through ml_dtypes)."""
+    return raw.view(_dtype_of(dtype)).reshape(shape)
