@@ -1,6 +1,6 @@
 """SIGTERM (or MindSpore's Ctrl-C, which its runtime turns into SIGTERM) while a stopped step is
-still being written: the step is finished first, then the process ends by SIGTERM with the
-status it would have had without precdbg. A second SIGTERM, or a writer that makes no progress,
+still being written: training stops, the step is finished first, then the process ends by
+SIGTERM with the status it would have had without precdbg. A second SIGTERM, or a writer that makes no progress,
 ends it at once; a handler of the script's own and forked children are left alone. Real
 processes, real signals, real step files (tests/sigterm_guide.py)."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ from conftest import PYTHON, REPO, beyond_dumping_to
 
 GUIDE = os.path.join(REPO, "tests", "sigterm_guide.py")
 TIMEOUT = 240
-WAITING = "precdbg: SIGTERM: writing the stopped step"
+WAITING = "precdbg: SIGTERM: training does not go on; writing the stopped steps"
 GAVE_UP = "precdbg: SIGTERM: the writer made no progress"
 
 pytestmark = pytest.mark.skipif(lifetime._termguard is None or not hasattr(signal, "SIGTERM"),
@@ -149,11 +149,14 @@ def test_a_forked_child_takes_sigterm_as_default(tmp_path):
 
 
 def test_sigterm_inside_a_capture_window_says_that_step_is_not_written(tmp_path):
-    """A SIGTERM between start() and stop() ends the process at once (nothing stopped waits;
-    Python does not run to stop the capture): one line says that step is not written."""
+    """A SIGTERM between start() and stop() parks training inside the capture and ends the
+    process (nothing stopped waits; nothing runs to stop the capture): one line says that
+    step is not written. (Every stage boundary, every way to end: tests/test_kill_stages.py.)"""
     run = _run(tmp_path, "torch", "inside")
     assert run.returncode == -signal.SIGTERM, run.stderr[-2000:]
     said = [line for line in beyond_dumping_to(run.stderr).splitlines()
             if line.startswith("precdbg:")]
-    assert said == ["precdbg: SIGTERM while a step was being captured (start() ran, stop() "
-                    "had not): that step is not written; steps stopped before it are"], said
+    assert said == ["precdbg: SIGTERM while step 0 was being captured (start() ran, stop() "
+                    "had not): it is not written (what was written of it stays a .partial, "
+                    "which is never read as a step); the steps stopped before it are "
+                    "written"], said

@@ -92,6 +92,10 @@ class Session:
         self.rank, self.world_size = self.adapter.rank_and_world()
         if not self.selection.selects(self.current_step, self.rank, self.world_size):
             return False
+        with process_exit.no_park():     # a SIGTERM parks training once the window is open
+            return self._open_window(model)
+
+    def _open_window(self, model: Any) -> bool:
         if not self.run.ready(self.writer, self.adapter, self.rank, self.world_size,
                               self.current_step):
             return False
@@ -100,7 +104,7 @@ class Session:
             "level": self.config.level.value, "world_size": self.world_size,
             "precdbg_version": __version__})
         window = self.window = CaptureWindow(self, self.step_state, model, self._stacks.window())
-        process_exit.capturing(+1)
+        process_exit.capturing(+1, self.current_step)
         self.collector.begin()
         try:
             self.adapter.install(window, model)
@@ -141,18 +145,35 @@ class Session:
         exception, sys.exit or Ctrl-C in the step): write what was captured, marked interrupted."""
         if self.window is None or self.forked:
             return
+        step = self.current_step
         log.warning("precdbg: step %d was still being captured when the process ended (stop() "
-                    "did not run); what was captured is written, marked interrupted",
-                    self.current_step)
-        self.stop(interrupted=True)
+                    "did not run); writing what was captured, marked interrupted", step)
+        # said again only once the file is renamed and fsynced (a SIGKILL may come first)
+        self.stop(interrupted=True, written=lambda path: log.warning(
+            "precdbg: step %d (interrupted) is written: %s", step, path))
 
-    def stop(self, interrupted: bool = False) -> None:
-        """Remove every hook, flush statistics, close the step file; repeat calls are no-ops."""
-        window = self.window
-        if window is None:
+    def stop(self, interrupted: bool = False, written: Any = None) -> None:
+        """Remove every hook, flush statistics, close the step file; repeat calls are no-ops.
+        `written(path)` runs once the step file is renamed and fsynced."""
+        if self.window is None:
             return
-        self.window = None
-        process_exit.capturing(-1)
+        # one hand-over: the step counts as handed to the writer before it stops counting as
+        # captured, and a SIGTERM meanwhile waits for it (then stops training where it ends)
+        with process_exit.handing_over():
+            window, closed = self.window, self.writer.closed_steps
+            self.window = None
+            try:
+                self._hand_over(window, interrupted, written)
+            except BaseException:       # a Ctrl-C inside stop()
+                if self.writer.closed_steps == closed:
+                    self.window = window    # not handed over: the exit writes it, interrupted
+                else:
+                    process_exit.capturing(-1)
+                raise
+            process_exit.capturing(-1)  # only now: it counts as handed over already
+            self._after_hand_over(window)
+
+    def _hand_over(self, window: CaptureWindow, interrupted: bool, written: Any) -> None:
         if window.calls.calls_seen == 0 and not interrupted and (self.config.keeps_apis
                                                                  or self.config.keeps_modules):
             log.warning("precdbg: step %d: no API or module call ran between start() and "
@@ -169,8 +190,10 @@ class Session:
         self._guarded(window, window.flush_batch, "stop(): flushing statistics")
         self._guarded(window, lambda: self.writer.close_step(
             window.modules, window.stacks.texts,
-            self._step_attributes(window, interrupted)),
+            self._step_attributes(window, interrupted), written),
             "stop(): closing the step file")
+
+    def _after_hand_over(self, window: CaptureWindow) -> None:
         self._guarded(window, lambda: self._note_first_batch(window.first_batch_parts),
                       "stop(): recording the first batch")
         window.release()

@@ -18,11 +18,15 @@ alive; the hook waits for them as long as they make progress and gives up only a
 `_STALL_SECONDS` without any. `os._exit(n)` (distributed scripts call it to skip a teardown that
 may hang) runs no shutdown hook: while a writer thread runs, `os._exit` is wrapped so that it
 drains the writers first, then exits with `n`; the wrapper is removed once no writer runs.
-SIGTERM (a scheduler's first word, `timeout`, torchrun ending the other ranks) while a stopped
-step is being written waits for that step (`_termguard`, a handler in C and a watcher thread that
-needs no GIL): the process then ends by SIGTERM's default action, with the same status as without
-precdbg. A second SIGTERM, or `_SIGTERM_STALL_SECONDS` without any progress of the writers, ends
-it at once. SIGKILL ends the process without anything running: every step already renamed from
+SIGTERM (a scheduler's first word, `timeout`, torchrun ending the other ranks) stops training at
+once and waits for the stopped steps being written (`_termguard`, a handler in C and a watcher
+thread that needs no GIL): the main thread is parked at its next bytecode boundary (no user code
+runs on), the writers finish every step handed to them, and the process ends by SIGTERM's
+default action, with the same status as without precdbg. A second SIGTERM, or
+`_SIGTERM_STALL_SECONDS` without any progress of the writers, ends it at once. The main thread
+is never parked inside precdbg's own code that holds a lock the writer needs (`no_park`), nor
+while a stop() hands its step to a writer (`handing_over`: the step counts as handed over before
+it stops counting as captured, and a SIGTERM meanwhile waits for it). SIGKILL ends the process without anything running: every step already renamed from
 `.partial` was fsynced first, and the reader never takes a `.partial` for a step.
 """
 from __future__ import annotations
@@ -33,7 +37,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Set
+from typing import Any, Callable, Optional, Set
 
 from .rank_lock import release_all
 from .step_file import disown_after_fork
@@ -44,7 +48,8 @@ except ImportError:                 # built without a C compiler: SIGTERM acts a
     _termguard = None  # type: ignore[assignment]
 
 __all__ = ["track_writer", "untrack_writer", "track_session", "shutting_down",
-           "drain_at_exit", "step_queued", "step_finished", "wrote_something", "capturing"]
+           "drain_at_exit", "step_queued", "step_finished", "wrote_something", "capturing",
+           "no_park", "handing_over"]
 
 log = logging.getLogger("precdbg")
 
@@ -119,12 +124,12 @@ def step_finished() -> None:
         _termguard.note_finished()
 
 
-def capturing(delta: int) -> None:
-    """A capture window opened (+1) or closed (-1): a SIGTERM inside one says that step is
-    not written (the process ends without running Python, so nothing can stop it)."""
+def capturing(delta: int, step: int = -1) -> None:
+    """A capture window of `step` opened (+1) or closed (-1): a SIGTERM inside one says that
+    step is not written (training is parked inside it, so nothing can stop the capture)."""
     note = getattr(_termguard, "note_capturing", None)   # None: not built, or built before it
     if note is not None:
-        note(delta)
+        note(delta, step)
 
 
 def wrote_something() -> None:
@@ -133,12 +138,48 @@ def wrote_something() -> None:
         _termguard.note_progress()
 
 
+class _Section:
+    """`with`: a section of precdbg's own code in which a SIGTERM does not park the main
+    thread; a park asked for inside happens where the outermost section ends."""
+    __slots__ = ("_note",)
+
+    def __init__(self, note: Optional[Callable[[int], None]]) -> None:
+        self._note = note
+
+    def __enter__(self) -> None:
+        if self._note is not None:
+            self._note(1)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._note is not None:
+            self._note(-1)          # may park the main thread here, for good
+
+
+_NO_PARK = _Section(getattr(_termguard, "hold", None))   # None: not built, or built before it
+_HANDING_OVER = _Section(getattr(_termguard, "hand_over", None))
+
+
+def no_park() -> _Section:
+    """Main-thread code that holds a lock the writer needs (the writer's queue): a SIGTERM
+    parks the main thread only once it is out."""
+    return _NO_PARK
+
+
+def handing_over() -> _Section:
+    """A stop() handing its step to a writer: a SIGTERM meanwhile waits until the step is
+    handed over, then for that step too (and parks the main thread once it is out)."""
+    return _HANDING_OVER
+
+
 def _guard_sigterm() -> None:
     """Defer SIGTERM while stopped steps are written, where SIGTERM has its default action
     (a handler of the user's, a framework's or a scheduler wrapper's is left alone)."""
     if _termguard is not None:
         try:
-            _termguard.install(_SIGTERM_STALL_SECONDS)
+            if hasattr(_termguard, "hold"):
+                _termguard.install(_SIGTERM_STALL_SECONDS, threading.main_thread().ident or 0)
+            else:                   # built before parking: defers, does not park
+                _termguard.install(_SIGTERM_STALL_SECONDS)
         except Exception:  # noqa: BLE001 - without the guard SIGTERM acts at once, as before
             pass
 
@@ -186,12 +227,13 @@ def drain_at_exit() -> None:
     global _shutting_down
     _shutting_down = True
     try:
-        for session in list(_sessions):
-            try:
-                session.stop_at_exit()
-            except BaseException as exc:  # noqa: BLE001 - never break the interpreter's exit
-                log.warning("precdbg: stopping the capture at exit failed (%s: %s)",
-                            type(exc).__name__, exc)
+        with handing_over():        # a SIGTERM now waits for these steps too
+            for session in list(_sessions):
+                try:
+                    session.stop_at_exit()
+                except BaseException as exc:  # noqa: BLE001 - never break the exit
+                    log.warning("precdbg: stopping the capture at exit failed (%s: %s)",
+                                type(exc).__name__, exc)
         with _lock:
             writers = list(_writers)
         for writer in writers:

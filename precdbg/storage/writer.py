@@ -16,7 +16,7 @@ import errno
 import os
 import threading
 import time
-from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -69,6 +69,7 @@ class DumpWriter:
         self.errors = 0
         self.last_error = ""
         self.written: List[str] = []
+        self.closed_steps = 0             # steps whose end is queued (or written inline)
         self._parts: Dict[Tuple[int, int], int] = {}
 
     # -- producer side (training thread) ----------------------------------------------------
@@ -88,9 +89,10 @@ class DumpWriter:
         return True
 
     def _put(self, kind: str, item: Any, nbytes: int = 0) -> None:
-        with self._cond:
+        with process_exit.no_park(), self._cond:    # never parked holding the writer's lock
             if not self._ensure_thread():
                 # after the shutdown hook (a user's own atexit handler): write inline
+                self.closed_steps += kind == "close"
                 self._handle_guarded(kind, item)
                 return
             while self._pending_bytes and self._pending_bytes + nbytes > self.queue_bytes:
@@ -99,6 +101,8 @@ class DumpWriter:
                     break
             self._pending_bytes += nbytes
             self._items.append((kind, item, nbytes))
+            if kind == "close":
+                self.closed_steps += 1      # handed over (stop() tells by this count)
             self._cond.notify_all()
 
     def existing_files(self, rank: int) -> List[str]:
@@ -142,10 +146,13 @@ class DumpWriter:
         self._put("batch", (records, payloads), nbytes)
 
     def close_step(self, modules: Sequence[Tuple[str, ...]], stacks: Sequence[str],
-                   attrs: Optional[Dict[str, Any]] = None) -> None:
+                   attrs: Optional[Dict[str, Any]] = None,
+                   written: Optional[Callable[[str], None]] = None) -> None:
+        """Queue the end of the open step; `written(path)` runs on the writer's thread once
+        the file is renamed from `.partial` and fsynced (not when the step is dropped)."""
         process_exit.step_queued()          # a SIGTERM from now on waits for this step
         try:
-            self._put("close", (list(modules), list(stacks), dict(attrs or {})))
+            self._put("close", (list(modules), list(stacks), dict(attrs or {}), written))
         except BaseException:           # (a Ctrl-C while the queue was full): never queued
             process_exit.step_finished()
             raise
@@ -315,7 +322,7 @@ class DumpWriter:
             self._finish(*item)
 
     def _finish(self, modules: Sequence[Tuple[str, ...]], stacks: Sequence[str],
-                attrs: Dict[str, Any]) -> None:
+                attrs: Dict[str, Any], written: Optional[Callable[[str], None]] = None) -> None:
         step = self._open
         if step is None:
             return
@@ -323,5 +330,10 @@ class DumpWriter:
         path = step.finish(modules, stacks, attrs)     # on failure, _fail drops the step
         self._open = None
         self.written.append(path)
+        if written is not None:             # renamed and fsynced: now it may be said
+            try:
+                written(path)
+            except Exception:  # noqa: BLE001 - the step is written whatever its line does
+                log.debug("precdbg: announcing %s failed", path, exc_info=True)
         log.debug("precdbg: wrote %s (%d records) in %.3fs", path, len(step.records),
                   time.perf_counter() - started)
