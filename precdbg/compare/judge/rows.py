@@ -29,7 +29,7 @@ def finite_or_none(value: float) -> Optional[float]:
                                           (1e308 if value > 0 else -1e308))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)      # some fifty fields, a row per record pair: no __dict__
 class Row:
     """One aligned record pair and how far apart its two tensors (or values) are."""
     step: int
@@ -90,8 +90,7 @@ class Row:
         return self.status == "diverged"
 
     def as_json(self) -> Dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name != "tensor"}
+        out = {name: getattr(self, name) for name in _ROW_KEYS}
         if self.tensor is not None:
             out.update(self.tensor)
         return out
@@ -108,6 +107,9 @@ class Row:
     def metrics(self) -> Dict[str, Any]:
         merged = {**self.as_json()}
         return {k: merged[k] for k in EVIDENCE_METRICS if k in merged}
+
+
+_ROW_KEYS = tuple(f.name for f in dataclasses.fields(Row) if f.name != "tensor")
 
 
 class Source(str, enum.Enum):

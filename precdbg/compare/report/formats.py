@@ -144,8 +144,9 @@ def summary_text(result: Dict[str, Any]) -> str:
 
 
 def write_json(result: Dict[str, Any], path: str) -> None:
+    from .json_out import write_indent1
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=1, default=str)
+        write_indent1(result, handle)     # json.dump(result, handle, indent=1, default=str)
 
 
 def write_csv(result: Dict[str, Any], path: str) -> None:

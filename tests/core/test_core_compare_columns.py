@@ -1,0 +1,101 @@
+"""The compare's column paths (issue 50) give what the row-by-row paths gave: the rows of a
+judged step made from its columns at once (`judge.row_columns.pair_rows`) equal
+`entries.pair_row` pair by pair, and the JSON file written by `report.json_out` has the bytes of
+`json.dump(result, handle, indent=1, default=str)`."""
+from __future__ import annotations
+
+import enum
+import io
+import json
+
+import numpy as np
+import pytest
+
+import synthetic as S
+from precdbg.compare import compare_dumps
+from precdbg.compare.align.alignment import align
+from precdbg.compare.judge.entries import pair_row
+from precdbg.compare.judge.judges import judge_pairs
+from precdbg.compare.judge.metrics import tensor_metrics
+from precdbg.compare.judge.multistep import NoisePolicy
+from precdbg.compare.judge.pairs import PairTable, StepContext
+from precdbg.compare.judge.row_columns import finite_list, pair_rows
+from precdbg.compare.judge.rows import finite_or_none
+from precdbg.compare.report.formats import write_json
+from precdbg.compare.report.json_out import dumps_indent1, write_indent1
+from precdbg.storage.reader import open_dump
+
+VARIANTS = {
+    "gelu": dict(gelu_scale=1.01),
+    "nan": dict(nan_in_gelu=True),
+    "tensor": dict(task="tensor", gelu_grad_scale=1.001),
+    "checksum": dict(checksum=True, gelu_swap=True),
+    "bf16": dict(dtype="bfloat16", gelu_ulps=2),
+    "steps": dict(steps=(0, 1), dw_scale=1.01),
+}
+
+
+def _tables(a_root: str, b_root: str, step: int):
+    a, b = open_dump(a_root), open_dump(b_root)
+    ta, tb = a.records(step, 0), b.records(step, 0)
+    al = align(ta, tb, True, None)
+    table = PairTable(ta, tb, al.pairs_a, al.pairs_b)
+    stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
+    for p, (i, j) in enumerate(zip(al.pairs_a.tolist(), al.pairs_b.tolist())):
+        if stored[p]:
+            table.tensors[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
+    judge_pairs(table, StepContext(step, 0, NoisePolicy(alike=True)))
+    return a, b, table
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_rows_from_columns_equal_row_by_row(tmp_path, name):
+    changes = VARIANTS[name]
+    base = {k: v for k, v in changes.items() if k in ("task", "checksum", "dtype", "steps")}
+    a_root = S.write_dump(tmp_path / "a", **base)
+    b_root = S.write_dump(tmp_path / "b", **changes)
+    for step in base.get("steps", (0,)):
+        a, b, table = _tables(a_root, b_root, step)
+        try:
+            rows = pair_rows(table)
+            assert len(rows) == len(table) > 0
+            assert rows == [pair_row(table, p) for p in range(len(table))]
+            assert [r.as_json() for r in rows] == \
+                [pair_row(table, p).as_json() for p in range(len(table))]
+        finally:
+            a.close()
+            b.close()
+
+
+def test_finite_list_is_finite_or_none():
+    values = np.array([0.0, -1.5, np.nan, np.inf, -np.inf, 1e-320, 3.0], dtype=np.float64)
+    assert finite_list(values) == [finite_or_none(v) for v in values]
+    assert finite_list(values.astype(np.float32)) == \
+        [finite_or_none(v) for v in values.astype(np.float32)]
+
+
+class _Word(str, enum.Enum):
+    X = "x"
+
+
+ODD = {"a": [1, 2.5, float("nan"), float("inf"), -float("inf"), None, True, False, (1, 2), [],
+             {}, "\u00e9\n\"\x1b", _Word.X, np.float64(1.5), np.int64(3), object.__new__(object)
+             .__class__.__name__, {1: 2, 2.5: 3, True: 4, None: 5}],
+       "rows": [{"x": [1, [2, {}]], "y": -0.0}], "c": {}, "d": [{"x": []}], "e": 1e308}
+
+
+@pytest.mark.parametrize("value", [ODD, [], {}, "s", 1, [1, [2, [3]]], {"rows": []}])
+def test_json_bytes_as_json_dump(value):
+    expected = json.dumps(value, indent=1, default=str)
+    assert dumps_indent1(value) == expected
+    out = io.StringIO()
+    write_indent1(value, out)
+    assert out.getvalue() == expected
+
+
+def test_compare_json_file_as_json_dump(tmp_path):
+    result = compare_dumps(S.write_dump(tmp_path / "a"), S.write_dump(tmp_path / "b",
+                                                                      gelu_scale=1.01))
+    path = tmp_path / "r.json"
+    write_json(result, str(path))
+    assert path.read_text(encoding="utf-8") == json.dumps(result, indent=1, default=str)
