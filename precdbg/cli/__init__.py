@@ -64,6 +64,9 @@ def _main(argv: Optional[List[str]]) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:      # Ctrl-C: worker processes already stopped (compare --jobs)
+        sys.stderr.write("precdbg: interrupted\n")
+        return 130
     except OSError as exc:
         sys.stderr.write(f"precdbg: {exc.filename or ''}: {exc.strerror or exc}\n")
         return 2

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import DumpError, PrecdbgError
+from ..errors import ConfigError, DumpError, PrecdbgError
 from ..storage.layout import dump_root, run_json_path, step_of_folder, would_overwrite_dump
 from .show import asked_step_rank, show_main
 from .words import existing_dump, same_dump, user_words
@@ -145,6 +145,25 @@ def run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare_jobs(args: argparse.Namespace) -> int:
+    """--jobs N, or the cores available."""
+    from ..compare.parallel import available_cores
+    jobs = getattr(args, "jobs", None)
+    return jobs if jobs else available_cores()
+
+
+def _compare_engine(args: argparse.Namespace) -> Optional[Tuple[str, Optional[str]]]:
+    """--engine ENGINE [ADDRESS]: checked before anything is read."""
+    words = getattr(args, "engine", None)
+    if not words:
+        return None
+    if len(words) > 2:
+        raise ConfigError(f"--engine {' '.join(words)}: give ENGINE and at most one ADDRESS")
+    from ..compare.engine import engine_address
+    engine_address(words[0], words[1] if len(words) > 1 else None)
+    return words[0], (words[1] if len(words) > 1 else None)
+
+
 def run_compare(args: argparse.Namespace) -> int:
     from ..compare import compare_dumps
     from ..compare.report.progress import TerminalProgress
@@ -156,7 +175,8 @@ def run_compare(args: argparse.Namespace) -> int:
     try:
         result = compare_dumps(args.baseline, args.candidate, step=args.step, rank=args.rank,
                                mapping_file=args.map, progress=progress,
-                               allow_missing=args.allow_missing)
+                               allow_missing=args.allow_missing, jobs=_compare_jobs(args),
+                               engine=_compare_engine(args))
     finally:
         progress.close()
     sys.stdout.write(summary_text(result))

@@ -112,6 +112,17 @@ def _sub(sub: Any, name: str, func: Callable[[argparse.Namespace], int]
     return parser
 
 
+def _jobs(text: str) -> int:
+    """--jobs N: a whole number of worker processes, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of worker processes, 1 or more")
+    return value
+
+
 def build_parser(commands: Dict[str, Callable[[argparse.Namespace], int]]
                  ) -> argparse.ArgumentParser:
     """The parser; `commands`: the function each subcommand runs."""
@@ -145,6 +156,13 @@ def build_parser(commands: Dict[str, Callable[[argparse.Namespace], int]]
                               "(exit 0) instead of incomplete (exit 3)")
     compare.add_argument("--map", metavar="YAML", default=None,
                          help="mapping file: modules/ops of the candidate -> the baseline's")
+    compare.add_argument("--jobs", metavar="N", type=_jobs, default=None,
+                         help="compare ranks in N worker processes (default: the cores "
+                              "available; 1: in this process)")
+    compare.add_argument("--engine", metavar=("ENGINE", "ADDRESS"), nargs="+", default=None,
+                         help="compare ranks on a distributed engine's workers, which read the "
+                              "dumps at the same paths: dask ADDRESS (the scheduler's, or "
+                              "DASK_SCHEDULER_ADDRESS)")
     check = _sub(sub, "check", commands["check"])
     check.add_argument("a", help="first: " + _DUMP)
     check.add_argument("b", help="second: " + _DUMP)

@@ -14,6 +14,7 @@ configured alike.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import DumpError
@@ -23,7 +24,10 @@ from ..records.naming import vocabulary
 from ..records.schema import RecordKind, Role, Task
 from .align.alignment import align, load_mapping, rename_module
 from .localize.callsite import place_first
-from .judge.entries import Entry, StepCompare, StepEntries, pair_row
+from .judge.entries import Entry, StepCompare, StepEntries
+from .judge.row_columns import pair_rows
+from .engine import run_on_engine
+from .parallel import RankFound, RankTask, compare_ranks, worth_parallel
 from .localize.locate import contains, locate
 from .localize.verdict import CONTRACT_VERSION, Verdict
 from .judge.calls_underneath import causal_one_run_calls, split_underneath
@@ -96,10 +100,8 @@ def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: A
             report(p, total, "comparing")
     judge_pairs(table, StepContext(step, rank, noise, shim_pair))
     sc = StepCompare(ta, tb, al)
-    step_rows: List[Row] = []
-    for p, (i, j) in enumerate(pairs):
-        row = pair_row(table, p)
-        step_rows.append(row)
+    step_rows = pair_rows(table)      # the rows made from the columns at once
+    for row, (i, j) in zip(step_rows, pairs):
         sc.add(row, i, j)
     noise.remember(step, rank, table)
     for side, records, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
@@ -161,12 +163,17 @@ def _refuse_overflow_dumps(a: Dump, b: Dump, baseline: str, candidate: str) -> N
 
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
-                  progress: Progress = None, allow_missing: bool = False) -> Dict[str, Any]:
+                  progress: Progress = None, allow_missing: bool = False,
+                  jobs: int = 1, engine: Optional[Tuple[str, Optional[str]]] = None
+                  ) -> Dict[str, Any]:
     """Compare two dumps (roots, step folders or step files). Baseline is `a`. `progress`, when
     given, is called with a CompareProgress as the compare goes (see compare/progress.py).
     Where no divergence is found but the compare does not cover both runs (`incomplete`: steps
     or ranks one dump lacks, steps not whole), the verdict is "incomplete", not "match", unless
-    `allow_missing`."""
+    `allow_missing`. `jobs` > 1 compares ranks in that many worker processes (parallel.py),
+    where the dumps hold two ranks or more and enough to compare; `engine` ("dask", ADDRESS)
+    on a distributed engine's workers (engine.py), one task per rank, against dumps every
+    worker reads at the same paths; the result is the same."""
     mapping = load_mapping(mapping_file) if mapping_file else None
     a, b = open_dump(baseline), open_dump(candidate)
     try:
@@ -192,7 +199,17 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         updates = _optimizer_by_step(a, b, pairs, setup["findings"])
         before: Dict[Tuple[int, int], bool] = {}   # a step before --step S: whether it agrees
         unread: List[Note] = []       # such a step that cannot be read: --step S goes on
-        for s, r in _previous_steps(a, b, pairs):     # what --step S is judged against
+        relabelled = own_b != pairs and len(own_b) == 1 and len(pairs) == 1
+        parallel = not relabelled and (engine is not None or worth_parallel(
+            jobs, pairs, lambda: _step_bytes(a, pairs)))
+        if parallel:
+            run = (lambda tasks, done: compare_ranks(tasks, jobs, done)) if engine is None \
+                else (lambda tasks, done: run_on_engine(engine[0], engine[1], tasks, done))
+            _compare_parallel(baseline, candidate, a, b, pairs, run, same, shim_pair, mapping,
+                              noise, progress, before, unread, rows, unmatched, structural,
+                              unfinished, per_step)
+            s, r = pairs[-1]
+        for s, r in _previous_steps(a, b, pairs) if not parallel else ():
             try:
                 found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise,
                                       [], shim_pair=shim_pair)
@@ -202,7 +219,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                 continue
             noise.settle(r, found)
             before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
-        for k, (s, r) in enumerate(pairs):
+        for k, (s, r) in enumerate(pairs if not parallel else ()):
             found = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
                                   (k, len(pairs)), noise, structural, unfinished,
                                   shim_pair=shim_pair)
@@ -294,6 +311,60 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     finally:
         a.close()
         b.close()
+
+
+def _step_bytes(a: Dump, pairs: List[Tuple[int, int]]) -> int:
+    """The size of the baseline's step files of the compared pairs."""
+    total = 0
+    for s, r in pairs:
+        for f in a.files(s, r):
+            try:
+                total += os.path.getsize(f.path)
+            except (OSError, AttributeError):
+                pass
+    return total
+
+
+def _compare_parallel(baseline: str, candidate: str, a: Dump, b: Dump,
+                      pairs: List[Tuple[int, int]], run: Callable[..., List[RankFound]],
+                      same: bool, shim_pair: bool,
+                      mapping: Any, noise: NoisePolicy, progress: Progress,
+                      before: Dict[Tuple[int, int], bool], unread: List[Note], rows: List[Row],
+                      unmatched: List[Dict[str, Any]], structural: List[StructuralDiff],
+                      unfinished: List[UnfinishedStep], per_step: Dict[int, List[Entry]]
+                      ) -> None:
+    """compare_dumps's loops over (step, rank) on worker processes, one rank each
+    (parallel.py, or an engine's workers: engine.py); what they find is merged in the order
+    the loops would have made it."""
+    previous = _previous_steps(a, b, pairs)
+    ranks = sorted({r for _, r in pairs})
+    baseline, candidate = os.path.abspath(baseline), os.path.abspath(candidate)
+    tasks = [RankTask(baseline, candidate, r, [s for s, q in pairs if q == r],
+                      [s for s, q in previous if q == r], same, shim_pair, mapping, noise.alike,
+                      noise.unknown, noise.conventions) for r in ranks]
+    done = None
+    if progress is not None:
+        files = [0]
+
+        def done(found: RankFound, count: int) -> None:     # a rank's steps all compared
+            files[0] += len(found.steps)
+            last = found.steps[-1].step if found.steps else 0
+            progress(CompareProgress(files[0], len(pairs), last, found.rank, 0, 0, "comparing"))
+    results = run(tasks, done)
+    for key, note in sorted((u for f in results for u in f.unread), key=lambda u: u[0]):
+        unread.append(note)
+    for key in sorted(k for f in results for k in f.before):
+        before[key] = next(f.before[key] for f in results if key in f.before)
+    for f in results:
+        noise.merge(f.noise)
+    found_at = {(st.step, st.rank): st for f in results for st in f.steps}
+    for s, r in pairs:
+        st = found_at[(s, r)]
+        rows.extend(st.rows)
+        unmatched.extend(st.unmatched)
+        structural.extend(st.structural)
+        unfinished.extend(st.unfinished)
+        per_step.setdefault(s, []).extend(st.entries)
 
 
 def _one_run_calls(unmatched: List[Dict[str, Any]], rows: List[Row], same: bool

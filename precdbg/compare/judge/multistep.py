@@ -108,6 +108,15 @@ class NoisePolicy:
         if any(e.diverged or e.trainable_differs for e in entries):
             self._last.pop(rank, None)
 
+    def merge(self, other: "NoisePolicy") -> None:
+        """Add what `other` (the same policy carried over other ranks, in a worker process of
+        `compare --jobs`) judged: parameters judged by their update and those updated from
+        rounding. Merged in ascending rank order, the notes read as one process's."""
+        for step, count in other._judged.items():
+            self._judged[step] = self._judged.get(step, 0) + count
+        for step, names in other._rounding.items():
+            self._rounding.setdefault(step, []).extend(names)
+
     def notes(self) -> List[Note]:
         """Its notes, as codes and facts (report/note_words.py `note_text` writes them)."""
         out = []

@@ -1,0 +1,66 @@
+"""`compare --jobs N` (issue 50): ranks compared in worker processes give the result of one
+process, byte for byte in JSON: multi-rank dumps that match, that diverge, over several steps,
+and `--step S` judged against step S-1; Ctrl-C (a KeyboardInterrupt in the main process)
+leaves no worker behind; `--jobs 0` is refused."""
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+
+import synthetic as S
+from precdbg.cli import main
+from precdbg.compare import compare_dumps, parallel
+from precdbg.compare.report.json_out import dumps_indent1
+
+RANKS = (0, 1, 2)
+
+
+@pytest.fixture(autouse=True)
+def small_dumps_in_parallel(monkeypatch):
+    """The synthetic dumps are tiny: workers start whatever their size."""
+    monkeypatch.setattr(parallel, "_MIN_PARALLEL_BYTES", 0)
+
+
+def _same(a: str, b: str, **kwargs) -> dict:
+    one = compare_dumps(a, b, jobs=1, **kwargs)
+    two = compare_dumps(a, b, jobs=2, **kwargs)
+    assert dumps_indent1(two) == dumps_indent1(one)
+    return one
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(gelu_scale=1.01), dict(dw_scale=1.01),
+                                     dict(input_scale=1.001)])
+def test_jobs_give_one_process_result(tmp_path, changes):
+    base = dict(ranks=RANKS, steps=(0, 1))
+    result = _same(S.write_dump(tmp_path / "a", **base),
+                   S.write_dump(tmp_path / "b", **dict(base, **changes)))
+    assert {row["rank"] for row in result["rows"]} == set(RANKS)
+    assert result["verdict"] == ("diverged" if changes else "match")
+
+
+def test_jobs_with_step_judged_against_the_step_before(tmp_path):
+    base = dict(ranks=RANKS, steps=(0, 1, 2))
+    a = S.write_dump(tmp_path / "a", **base)
+    b = S.write_dump(tmp_path / "b", **dict(base, lr=0.1001))
+    result = _same(a, b, step=2)
+    assert {row["step"] for row in result["rows"]} == {2}
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    base = dict(ranks=RANKS)
+    a, b = S.write_dump(tmp_path / "a", **base), S.write_dump(tmp_path / "b", **base)
+    tasks = [parallel.RankTask(a, b, r, [0], [], True, False, None, True, [], []) for r in RANKS]
+
+    def interrupted(found, count):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        parallel.compare_ranks(tasks, 2, interrupted)
+    assert multiprocessing.active_children() == []
+
+
+def test_jobs_zero_is_refused(tmp_path, capsys):
+    a = S.write_dump(tmp_path / "a")
+    assert main(["compare", a, a, "--jobs", "0"]) == 2
+    assert "--jobs" in capsys.readouterr().err
