@@ -307,10 +307,21 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                 "setup_notes": setup["notes"], "setup_unchecked": setup["unchecked"],
                 "baseline": {"path": baseline, "framework": fa},
                 "candidate": {"path": candidate, "framework": fb},
-                "rows": [row.as_json() for row in rows]}
+                "rows": _rows_json(rows)}
     finally:
         a.close()
         b.close()
+
+
+def _rows_json(rows: List[Optional[Row]]) -> List[Dict[str, Any]]:
+    """Each row as JSON, the row let go of as it is written: a compare of many ranks holds its
+    rows once, not twice. `rows` is emptied."""
+    out = []
+    for k, row in enumerate(rows):
+        out.append(row.as_json())      # type: ignore[union-attr]
+        rows[k] = None
+    rows.clear()
+    return out
 
 
 def _step_bytes(a: Dump, pairs: List[Tuple[int, int]]) -> int:
