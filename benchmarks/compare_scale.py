@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Dict, List, Optional
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,9 +158,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 subprocess.run([sys.executable, "-m", "cProfile", "-o", args.profile, "-m",
                                 "precdbg", "compare", base, cand, "--json", report] + extra,
                                env=_env(), capture_output=True)
-            began = time.perf_counter()
             r = measure(base, cand, report, extra)
-            del began
             print(f"| {ranks} | {r['pairs']:,} | {r['verdict']} | {r['wall']:.1f} | "
                   f"{r['pairs'] / r['wall']:,.0f} | {r['peak_gb']:.2f} |", flush=True)
             for path in (base, cand, report):
