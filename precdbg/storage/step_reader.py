@@ -114,9 +114,9 @@ class StepFile:
     def _column(self, group: Any, name: str, rows: int, kinds: str,
                 width: Optional[int] = None) -> np.ndarray:
         """One record column, bounded before it is read and checked against the seal."""
-        where = f"records/{name}"
-        bounded(group[name], self.path, where, self._size, rows=rows, kinds=kinds, width=width)
-        data = group[name][()]
+        where, ds = f"records/{name}", group[name]
+        bounded(ds, self.path, where, self._size, rows=rows, kinds=kinds, width=width)
+        data = ds[()]
         check_seal(self._seal, where, lambda: column_digest(data), self.path)
         return data
 
@@ -129,18 +129,15 @@ class StepFile:
         count = group["entry"].shape[0] if group["entry"].shape else -1
         if "count" in group.attrs:
             count = int_attribute(group.attrs, "count", self.path, high=1 << 31)
+        present = set(group)
         for name, dtype in RECORD_COLUMNS:
-            if name not in group:
+            if name not in present:
                 if name in ADDED_COLUMNS and self._seal is None:   # an older schema version
                     out[name] = np.full(count, ADDED_COLUMNS[name], dtype=dtype)
                     continue
                 raise DumpError(f"{self.path}: damaged: records/{name} is missing")
             if name in _STRING_COLUMNS:
-                data = self._column(group, name, count, "S")
-                controls = data.size and has_controls_utf8(data.tobytes())
-                data = np.char.decode(data, "utf-8") if data.size else data.astype(str)
-                if controls:         # names that would drive a terminal: shown escaped
-                    data = escape_column(data)
+                data = _text(self._column(group, name, count, "S"))
             else:
                 data = self._column(group, name, count, _KINDS[dtype.kind])
             out[name] = data
@@ -228,6 +225,20 @@ class StepFile:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+
+def _text(data: np.ndarray) -> np.ndarray:
+    """A fixed-width UTF-8 column as str, names that would drive a terminal shown escaped. ASCII
+    (nearly every name) is decoded and checked by numpy in C; other text string by string."""
+    if not data.size:
+        return data.astype(str)
+    raw = data.view(np.uint8)
+    if int(raw.max()) < 0x7f:                     # ASCII: a control is a byte 1..31
+        text = data.astype(str)
+        return escape_column(text) if bool(((raw - np.uint8(1)) < 0x1f).any()) else text
+    controls = has_controls_utf8(data.tobytes())
+    text = np.char.decode(data, "utf-8")
+    return escape_column(text) if controls else text
 
 
 def _dtype_of(dtype: str) -> np.dtype:
