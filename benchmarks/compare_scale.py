@@ -97,6 +97,7 @@ def synthetic_ranks(source: str, root: str, ranks: int) -> None:
     """An N-rank dump at `root` made of copies of the step file `source` (rank attribute and
     file name rewritten; run.json's world_size and rank set for N ranks)."""
     import h5py
+    from precdbg.storage.step_checks import reseal
     shutil.rmtree(root, ignore_errors=True)
     step_dir = os.path.join(root, os.path.basename(os.path.dirname(source)))
     os.makedirs(step_dir)
@@ -111,6 +112,7 @@ def synthetic_ranks(source: str, root: str, ranks: int) -> None:
         if rank:
             with h5py.File(copy, "r+") as handle:
                 handle.attrs["rank"] = rank
+            reseal(copy)               # the rank rewritten on purpose: sealed again
 
 
 def measure(base: str, cand: str, report: str, extra: List[str]) -> Dict[str, object]:
