@@ -65,8 +65,9 @@ def after_stop() -> None:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(120)
     elif VARIANT == "hog":
+        hog = re.compile(r"(a+)+$")     # compiled first: the Python code of re runs before
         print("stopped", flush=True)
-        re.match(r"(a+)+$", "a" * 64 + "b")
+        hog.match("a" * 64 + "b")
     elif VARIANT == "handler":
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(120)

@@ -19,10 +19,13 @@ STAGE, in iteration 1 (step 1):
   renaming    the writer's thread, the step file renamed, its folder not yet fsynced
               (at both, iteration 2's capture window waits in the user's code until then)
   after_step  right after step() returned
+  queue       inside the writer's queue lock, as iteration 1's records are queued (the main
+              thread must not be parked holding it: the writer could never finish)
 Each line on stdout is one event: `iter I`, `optimizer I` (after the optimizer's step),
 `stopped I` (after stop() and step()), `fired STAGE` (just before the stage's event).
 """
 import _thread
+import collections
 import os
 import signal
 import sys
@@ -94,6 +97,20 @@ def patch_stages() -> None:
             if STAGE == "renaming" and os.path.basename(os.path.dirname(dst)) == f"step{AT}":
                 fire("renaming", in_writer=True)
 
+    class FiringQueue(collections.deque):
+        """The writer's queue: fires as a batch of step AT goes in, under the queue's lock."""
+        def append(self, item):
+            super().append(item)
+            if STAGE == "queue" and item[0] == "batch":
+                fire("queue")
+
+    real_init = writer.DumpWriter.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._items = FiringQueue()
+
+    writer.DumpWriter.__init__ = init
     writer.DumpWriter.open_step, writer.DumpWriter.close_step = open_step, close_step
     step_file.OpenStep.finish = finish
     step_file.os = ReplaceThenFire()

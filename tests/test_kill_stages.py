@@ -36,23 +36,23 @@ def _check(tmp_path, kind: str, stage: str) -> None:
 
 @pytest.mark.skipif(process_exit._termguard is None or not hasattr(signal, "SIGTERM"),
                     reason="precdbg.storage._termguard is not built here")
-@pytest.mark.parametrize("stage", stage_support.STAGES)
+@pytest.mark.parametrize("stage", stage_support.STAGES + stage_support.LOCKED_STAGES)
 def test_sigterm_at_every_stage(tmp_path, stage):
     _check(tmp_path, "sigterm", stage)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
-@pytest.mark.parametrize("stage", stage_support.STAGES)
+@pytest.mark.parametrize("stage", stage_support.STAGES + stage_support.LOCKED_STAGES)
 def test_sigkill_at_every_stage(tmp_path, stage):
     _check(tmp_path, "sigkill", stage)
 
 
-@pytest.mark.parametrize("stage", stage_support.STAGES)
+@pytest.mark.parametrize("stage", stage_support.STAGES + stage_support.LOCKED_STAGES)
 def test_exception_at_every_stage(tmp_path, stage):
     _check(tmp_path, "exception", stage)
 
 
-@pytest.mark.parametrize("stage", stage_support.STAGES)
+@pytest.mark.parametrize("stage", stage_support.STAGES + stage_support.LOCKED_STAGES)
 def test_peer_rank_killed_at_every_stage(tmp_path, stage):
     pytest.importorskip("torch.distributed")
     _check(tmp_path, "peer", stage)

@@ -88,6 +88,9 @@ def _start_hog(tmp_path, stall: Optional[float] = None) -> subprocess.Popen:
                             env=_env(**extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     assert proc.stdout.readline().strip() == "stopped", proc.stderr.read()
+    # into the regex first: a SIGTERM while Python still runs parks the main thread, and the
+    # writer then finishes the step (what the other tests check)
+    time.sleep(0.3)
     return proc
 
 

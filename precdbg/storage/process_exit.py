@@ -26,8 +26,9 @@ default action, with the same status as without precdbg. A second SIGTERM, or
 `_SIGTERM_STALL_SECONDS` without any progress of the writers, ends it at once. The main thread
 is never parked inside precdbg's own code that holds a lock the writer needs (`no_park`), nor
 while a stop() hands its step to a writer (`handing_over`: the step counts as handed over before
-it stops counting as captured, and a SIGTERM meanwhile waits for it). SIGKILL ends the process without anything running: every step already renamed from
-`.partial` was fsynced first, and the reader never takes a `.partial` for a step.
+it stops counting as captured, and a SIGTERM meanwhile waits for it). SIGKILL ends the process
+without anything running: every step already renamed from `.partial` was fsynced first, and the
+reader never takes a `.partial` for a step.
 """
 from __future__ import annotations
 
