@@ -26,9 +26,17 @@ RANKS = (0, 1, 2, 3)
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as local:
-        yield local.scheduler_address
+    # Dask's nanny writes its workers' environment into this process's (OMP_NUM_THREADS=1,
+    # MKL_NUM_THREADS=1, ...): every later test's subprocess would train on one thread, and
+    # the tests that compare a dump with one made in-process on two threads see float noise
+    environ = dict(os.environ)
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                      dashboard_address=None) as local:
+            yield local.scheduler_address
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 @pytest.fixture(scope="module")
