@@ -1,8 +1,10 @@
-"""`compare --engine dask ADDRESS` (issue 50): a local Dask cluster of worker processes on this
-machine compares the ranks of synthetic multi-rank dumps, one task per rank, and the result is
-the one-process result byte for byte in JSON; the command line gives the same verdict and exit
-code, with the address given or in DASK_SCHEDULER_ADDRESS. Skipped without dask's distributed
-(the optional extra `precdbg[dask]`)."""
+"""`compare --engine dask|ray ADDRESS` (issue 50): a local cluster of each engine on this machine
+(Dask's worker processes; Ray's, started in this process with `ray.init`) compares the ranks of
+synthetic multi-rank dumps, one task per rank, and the result is the one-process result byte
+for byte in JSON; the command line gives the same verdict and exit code, with the address given
+or in the engine's variable (DASK_SCHEDULER_ADDRESS, RAY_ADDRESS), and says in one line what is
+missing: an address, the engine's package, a cluster at the address. Each engine's tests are
+skipped without its package (the optional extras `precdbg[dask]`, `precdbg[ray]`)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +14,6 @@ import sys
 
 import pytest
 
-distributed = pytest.importorskip("distributed")
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "core"))
 import synthetic as S  # noqa: E402
 
@@ -22,10 +22,12 @@ from precdbg.compare.report.json_out import dumps_indent1  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANKS = (0, 1, 2, 3)
+VARIABLE = {"dask": "DASK_SCHEDULER_ADDRESS", "ray": "RAY_ADDRESS"}
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
     # Dask's nanny writes its workers' environment into this process's (OMP_NUM_THREADS=1,
     # MKL_NUM_THREADS=1, ...): every later test's subprocess would train on one thread, and
     # the tests that compare a dump with one made in-process on two threads see float noise
@@ -40,6 +42,30 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    # a RAY_ADDRESS of the caller's would connect instead of starting a cluster; and Ray, like
+    # Dask's nanny, may write into this process's environment: put it back afterwards
+    environ = dict(os.environ)
+    os.environ.pop("RAY_ADDRESS", None)
+    try:
+        context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                           object_store_memory=100 << 20)
+        # the command line's process connects to this cluster as a second driver
+        yield context.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+@pytest.fixture(params=["dask", "ray"])
+def engine(request):
+    """(engine, the address of a local cluster of it)."""
+    return request.param, request.getfixturevalue(f"{request.param}_cluster")
+
+
+@pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     root = tmp_path_factory.mktemp("engine")
     base = dict(ranks=RANKS, steps=(0, 1))
@@ -48,34 +74,86 @@ def dumps(tmp_path_factory):
             S.write_dump(root / "c", **base))
 
 
+def _compare(a, b, extra, env, timeout=300):
+    return subprocess.run([sys.executable, "-m", "precdbg", "compare", a, b] + extra,
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _without_addresses(**more):
+    env = {k: v for k, v in os.environ.items() if k not in VARIABLE.values()}
+    env["PYTHONPATH"] = ROOT
+    env.update(more)
+    return env
+
+
 @pytest.mark.parametrize("other", [1, 2])
-def test_engine_gives_one_process_result(cluster, dumps, other):
+def test_engine_gives_one_process_result(engine, dumps, other):
     a, b = dumps[0], dumps[other]
     one = compare_dumps(a, b, jobs=1)
-    on_engine = compare_dumps(a, b, engine=("dask", cluster))
+    on_engine = compare_dumps(a, b, engine=engine)
     assert dumps_indent1(on_engine) == dumps_indent1(one)
     assert one["verdict"] == ("diverged" if other == 1 else "match")
 
 
-def test_engine_on_the_command_line(cluster, dumps, tmp_path):
+def test_engine_on_the_command_line(engine, dumps, tmp_path):
+    name, address = engine
     a, b = dumps[0], dumps[1]
-    env = dict(os.environ, PYTHONPATH=ROOT, DASK_SCHEDULER_ADDRESS=cluster)
+    env = _without_addresses(**{VARIABLE[name]: address})
     outs = []
-    for extra in (["--jobs", "1"], ["--engine", "dask"], ["--engine", "dask", cluster]):
+    for extra in (["--jobs", "1"], ["--engine", name], ["--engine", name, address]):
         out = tmp_path / f"r{len(outs)}.json"
-        proc = subprocess.run([sys.executable, "-m", "precdbg", "compare", a, b, "--json",
-                               str(out)] + extra, capture_output=True, text=True, env=env,
-                              timeout=300)
+        proc = _compare(a, b, ["--json", str(out)] + extra, env)
         assert proc.returncode == 1, proc.stderr
         outs.append(json.loads(out.read_text()))
     assert outs[1] == outs[0] and outs[2] == outs[0]
 
 
-def test_engine_without_address_is_one_line(dumps):
-    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
-    env["PYTHONPATH"] = ROOT
-    proc = subprocess.run([sys.executable, "-m", "precdbg", "compare", dumps[0], dumps[1],
-                           "--engine", "dask"], capture_output=True, text=True, env=env,
-                          timeout=120)
+@pytest.mark.parametrize("name,says", [
+    ("dask", "give the scheduler's address (--engine dask tcp://HOST:8786) or set "
+             "DASK_SCHEDULER_ADDRESS"),
+    ("ray", "give the cluster's address (--engine ray HOST:6379, or auto) or set RAY_ADDRESS")])
+def test_engine_without_address_is_one_line(dumps, name, says):
+    proc = _compare(dumps[0], dumps[1], ["--engine", name], _without_addresses(), timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("precdbg: --engine dask: give the scheduler's address")
+    assert proc.stderr == f"precdbg: --engine {name}: {says}\n"
+
+
+def test_ray_not_installed_is_one_line(dumps, tmp_path):
+    # a `ray` package that cannot be imported, first on the path: as if none were installed
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
+    env = _without_addresses(PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    proc = _compare(dumps[0], dumps[1], ["--engine", "ray", "127.0.0.1:6379"], env,
+                    timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == ("precdbg: --engine ray: ray is not installed "
+                           "(pip install \"precdbg[ray]\")\n")
+
+
+def test_ray_unreachable_is_one_line(dumps):
+    pytest.importorskip("ray")
+    proc = _compare(dumps[0], dumps[1], ["--engine", "ray", "127.0.0.1:1"],
+                    _without_addresses(), timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("precdbg: --engine ray: cannot reach the cluster at "
+                                  "127.0.0.1:1 (")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_engine_error_cancels_every_task(engine, monkeypatch):
+    # tasks a worker cannot run: the first error reaches the caller, after every task was
+    # cancelled (the same path as Ctrl-C's KeyboardInterrupt)
+    from precdbg.compare import engine as engines
+    name, address = engine
+    runner = engines._ENGINES[name]
+    cancelled = []
+
+    def cancel(self, handles):
+        cancelled.append(len(handles))
+        original(self, handles)
+    original = runner.cancel
+    monkeypatch.setattr(runner, "cancel", cancel)
+    arrived = []
+    with pytest.raises(AttributeError):
+        engines.run_on_engine(name, address, [None] * 4, lambda found, count: arrived.append(1))
+    assert cancelled == [4] and arrived == []
