@@ -50,14 +50,36 @@ class RecordTable:
     def row(self, i: int) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
         for name, column in self.columns.items():
-            value = column[i]
             if name == "shape":
                 ndim = int(self.columns["ndim"][i])
-                value = tuple(int(d) for d in value[:ndim])
-            elif isinstance(value, np.generic):
-                value = value.item()
+                value = tuple(int(d) for d in column[i][:ndim])
+            elif isinstance(column, np.ndarray) and column.ndim == 1:
+                value = column.item(i)         # the Python value, as column[i].item() gives
+            else:
+                value = column[i]
+                if isinstance(value, np.generic):
+                    value = value.item()
             out[name] = value
         return out
+
+    def rows_of(self, indices: Any) -> List[Dict[str, Any]]:
+        """`[self.row(i) for i in indices]`, each column read once for all of them."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(idx):
+            return []
+        names = list(self.columns)
+        values: List[List[Any]] = []
+        for name in names:
+            column = self.columns[name]
+            if name == "shape":
+                ndims = self.columns["ndim"][idx].tolist()
+                values.append([tuple(int(d) for d in dims[:ndim]) for dims, ndim
+                               in zip(column[idx].tolist(), ndims)])
+            elif isinstance(column, np.ndarray) and column.ndim == 1:
+                values.append(column[idx].tolist())
+            else:
+                values.append([self.row(int(i))[name] for i in idx.tolist()])
+        return [dict(zip(names, found)) for found in zip(*values)]
 
     def rows(self) -> Iterator[Dict[str, Any]]:
         for i in range(len(self)):
