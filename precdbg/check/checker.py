@@ -114,8 +114,7 @@ class Checker:
             if not len(t):
                 return {}
             out = {}
-            for i in np.nonzero(t["kind"] == RecordKind.SAVED)[0]:
-                row = t.row(int(i))
+            for row in t.rows_of(np.nonzero(t["kind"] == RecordKind.SAVED)[0]):
                 out.setdefault((row["api"], row["call_index"], row["arg_index"]), row)
             return out
         sa, sb = saved(self.a), saved(self.b)

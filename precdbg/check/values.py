@@ -74,6 +74,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+_EXACT = (str, int, float)       # types whose equal values _same finds the same at once
+
+
 def _number(value: Any) -> Optional[float]:
     if isinstance(value, (bool, int, float)):
         return float(value)
@@ -81,6 +84,9 @@ def _number(value: Any) -> Optional[float]:
 
 
 def _same(va: Any, vb: Any) -> bool:
+    kind = type(va)
+    if kind is type(vb) and kind in _EXACT and va == vb and (kind is not float or va - va == 0.0):
+        return True          # equal text, integers or finite floats: what follows finds so too
     na, nb = _number(va), _number(vb)
     if na is not None and nb is not None:
         if math.isnan(na) or math.isnan(nb):
@@ -197,8 +203,7 @@ class _Run:
         if not len(t):
             return out
         mask = (t["kind"] == RecordKind.PARAM) & (t["direction"] == Direction.NONE)
-        for i in np.nonzero(mask)[0][np.argsort(t["seq"][mask], kind="stable")]:
-            row = t.row(int(i))
+        for row in t.rows_of(np.nonzero(mask)[0][np.argsort(t["seq"][mask], kind="stable")]):
             name = row["alias"] if self.framework == "mindspore" and row["alias"] else row["api"]
             out.setdefault(str(name), row)
         return out
@@ -276,7 +281,7 @@ def _first_inputs(t: RecordTable) -> Tuple[List[Dict[str, Any]], str]:
     root = mask & (t["module"] == "")
     use = np.nonzero(root if root.any() else mask)[0]
     first = t["order"][use].min()
-    rows = [t.row(int(i)) for i in use if t["order"][i] == first]
+    rows = t.rows_of(use[t["order"][use] == first])
     rows.sort(key=lambda r: r["arg_index"])
     module = rows[0]["module"]
     return rows, (f"module '{module}'" if module else f"the root module {rows[0]['api']}")

@@ -94,8 +94,20 @@ def is_scalar_dtype(dtype: str) -> bool:
     return dtype.startswith(_SCALAR_PREFIX)
 
 
+_PREFIX_CODES = np.array([ord(c) for c in _SCALAR_PREFIX], dtype=np.uint32)
+
+
 def scalar_mask(dtypes: np.ndarray) -> np.ndarray:
-    """`is_scalar_dtype` over a column of dtypes."""
+    """`is_scalar_dtype` over a column of dtypes. A column of str (every table's) is read by
+    its first code points in C; anything else as np.char reads it."""
+    column = np.asarray(dtypes)
+    if column.ndim == 1 and column.dtype.kind == "U" and column.dtype.isnative \
+            and column.flags.c_contiguous:
+        width = column.dtype.itemsize // 4
+        if width < len(_SCALAR_PREFIX) or not len(column):
+            return np.zeros(len(column), dtype=bool)
+        codes = column.view(np.uint32).reshape(len(column), width)[:, :len(_SCALAR_PREFIX)]
+        return (codes == _PREFIX_CODES).all(axis=1)
     return np.char.startswith(dtypes, _SCALAR_PREFIX)
 
 
