@@ -79,7 +79,7 @@ def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapp
     module = table["module"].tolist()
     kind = table["kind"].tolist()
     if by_name:
-        op = np.char.add(np.char.add(table["prefix"], "."), table["api"]).tolist()
+        op = [f"{p}.{a}" for p, a in zip(table["prefix"].tolist(), table["api"].tolist())]
     else:
         op = table["op"].tolist()
         # a leaf module's functional op belongs to the module that called the leaf: it pairs
@@ -101,8 +101,7 @@ def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapp
         op = [ops.get(o, o) for o in op]
     direction = table["direction"].tolist()
     role, arg = table["role"].tolist(), table["arg_index"].tolist()
-    return [(kind[i], direction[i], module[i], within[i], op[i], role[i], arg[i])
-            for i in range(n)]
+    return list(zip(kind, direction, module, within, op, role, arg))
 
 
 _OUTSIDE = -2        # _module_call_of: an API call of a module's path outside its calls
@@ -113,24 +112,26 @@ def _module_call_of(table: RecordTable, module: List[str]) -> List[int]:
     -1 before the first, for backward records, and where no module call was recorded): an
     extra call inside one call of a module (a gradient accumulation's micro-batch) shifts the
     pairs of that call only."""
-    kind, direction, seq = table["kind"].tolist(), table["direction"].tolist(), \
-        table["seq"].tolist()
+    kind, forward = table["kind"], table["direction"] == _FORWARD
+    seq = table["seq"].tolist()
     begun: Dict[str, Dict[str, List[int]]] = {}      # path -> entry -> [first, last] seq
-    entries = table["entry"].tolist()
-    for i, k in enumerate(kind):
-        if k == _MODULE and direction[i] == _FORWARD:
-            span = begun.setdefault(module[i], {}).setdefault(entries[i], [seq[i], seq[i]])
-            span[0], span[1] = min(span[0], seq[i]), max(span[1], seq[i])
+    entries = table["entry"]
+    module_rows = np.nonzero(forward & (kind == _MODULE))[0]
+    for i, entry in zip(module_rows.tolist(), entries[module_rows].tolist()):
+        span = begun.setdefault(module[i], {}).setdefault(entry, [seq[i], seq[i]])
+        span[0], span[1] = min(span[0], seq[i]), max(span[1], seq[i])
     spans = {path: sorted(calls.values()) for path, calls in begun.items()}
     starts = {path: [lo for lo, _ in found] for path, found in spans.items()}
-    out = []
-    for i, path in enumerate(module):
+    out = [-1] * len(module)          # backward records and others: in no call
+    for i in np.nonzero(forward & (kind == _API))[0].tolist():
+        path = module[i]
         found = starts.get(path)
-        at = bisect.bisect_right(found, seq[i]) - 1 \
-            if found and direction[i] == _FORWARD and kind[i] == _API else -1
+        if not found:
+            continue
+        at = bisect.bisect_right(found, seq[i]) - 1
         # after its module's call returned: the root's path also owns what runs outside the
         # model (the loss, clipping), which pairs by its occurrence outside every call
-        out.append(_OUTSIDE if at >= 0 and seq[i] > spans[path][at][1] else at)
+        out[i] = _OUTSIDE if at >= 0 and seq[i] > spans[path][at][1] else at
     return out
 
 
@@ -269,8 +270,9 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
         pa, pb, oa, ob = pa + fa, pb + fb, oa + foa, ob + fob
     # the calls whose forward records paired (the first pair of a call, in a's order, decides)
     seq_a = a["seq"]
+    seqs_a = seq_a.tolist()
     call_of: Dict[Tuple, Tuple] = {}
-    for i, j in sorted(zip(pa, pb), key=lambda pair: seq_a[pair[0]]):
+    for i, j in sorted(zip(pa, pb), key=lambda pair: seqs_a[pair[0]]):
         call_of.setdefault(calls_a[i], calls_b[j])
     role_a, arg_a = a["role"].tolist(), a["arg_index"].tolist()
     role_b, arg_b = b["role"].tolist(), b["arg_index"].tolist()

@@ -154,8 +154,8 @@ class StepCompare:
         self.entries: Dict[Tuple[str, str], Entry] = {}
         self.entry_of_a: Dict[int, Entry] = {}
         self.entry_of_b: Dict[int, Entry] = {}
-        self.row_of_seq = ({s: i for i, s in enumerate(ta["seq"].tolist())},
-                           {s: i for i, s in enumerate(tb["seq"].tolist())})
+        self.row_of_seq = (dict(zip(ta["seq"].tolist(), range(len(ta["seq"])))),
+                           dict(zip(tb["seq"].tolist(), range(len(tb["seq"])))))
         self.unpaired = (set(al.only_a.tolist()), set(al.only_b.tolist()))
         self.reads: List[Tuple[Evidence, int, int]] = []
 
@@ -213,11 +213,15 @@ class StepCompare:
 
     def producer_names(self, rows: List[Row]) -> None:
         for side, table, pairs in ((0, self.ta, self.al.pairs_a), (1, self.tb, self.al.pairs_b)):
-            entry = table["entry"]
-            for row, i in zip(rows, pairs.tolist()):
-                k = self._producer_row(side, i)
+            if not rows or not len(pairs):
+                continue
+            entry, row_of = table["entry"], self.row_of_seq[side]
+            attr = "producer_a" if side == 0 else "producer_b"
+            # what _producer_row finds, the producer column read once for every pair
+            for row, seq in zip(rows, table["producer"][pairs].tolist()):
+                k = None if seq == NO_PRODUCER else row_of.get(seq)
                 if k is not None:
-                    setattr(row, "producer_a" if side == 0 else "producer_b", str(entry[k]))
+                    setattr(row, attr, str(entry[k]))
 
     def _writers(self) -> Dict[int, List[Tuple[int, int]]]:
         """Per storage of the baseline: (seq, row) of the paired records that wrote into it."""

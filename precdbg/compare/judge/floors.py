@@ -111,46 +111,80 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
     floor = np.zeros(n, dtype=np.float64)
     if n == 0:
         return floor
-    own = np.fmax(_norms(a, ia), _norms(b, ib))
+    own_column = np.fmax(_norms(a, ia), _norms(b, ib))
+    own = own_column.tolist()
     roles = a["role"][ia].tolist()
     seqs = a["seq"][ia].tolist()
     producers = a["producer"][ia].tolist() if "producer" in a else [NO_PRODUCER] * n
     tensors = a["tensor_id"][ia].tolist()
-    shapes = [tuple(row[:nd]) for row, nd in zip(a["shape"][ia].tolist(), a["ndim"][ia].tolist())]
     ops = a["op"][ia].tolist()
-    scalar = scalar_mask(b["dtype"][ib])
+    shape_column, ndim_column = a["shape"], a["ndim"]
+    shapes: Dict[int, Tuple[int, ...]] = {}
+
+    def shape(p: int) -> Tuple[int, ...]:          # the record's dimensions, when asked
+        found = shapes.get(p)
+        if found is None:
+            i = int(ia[p])
+            found = shapes[p] = tuple(shape_column[i][:int(ndim_column[i])].tolist())
+        return found
+    scalar = scalar_mask(b["dtype"][ib]).tolist()
     calls: Dict[Tuple[str, str], List[int]] = {}
+    first: Dict[Tuple[str, str], int] = {}          # a call's first seq: the order visited
     for p, key in enumerate(zip(a["direction"][ia].tolist(), a["entry"][ia].tolist())):
-        if not scalar[p]:
-            calls.setdefault(key, []).append(p)
+        if scalar[p]:
+            continue
+        members = calls.get(key)
+        if members is None:
+            calls[key], first[key] = [p], seqs[p]
+        else:
+            members.append(p)
+            if seqs[p] < first[key]:
+                first[key] = seqs[p]
     by_seq: Dict[int, float] = {}
     by_tensor: Dict[int, float] = {}
-    for members in sorted(calls.values(), key=lambda m: min(seqs[p] for p in m)):
+    floors = [0.0] * n
+    for key in sorted(calls, key=first.__getitem__):
         carried: List[Tuple[float, float]] = []      # (floor, norm) of the reads with one
         dys: List[int] = []
-        for p in members:
+        writes: List[int] = []
+        for p in calls[key]:
             role = roles[p]
             if role not in READ_ROLES:
+                writes.append(p)
                 continue
             f = max(by_seq.get(producers[p], 0.0), by_tensor.get(tensors[p], 0.0))
-            floor[p] = f
+            floors[p] = f
             if f > 0.0:
                 carried.append((f, own[p]))
             if role == _GRAD_OUTPUT:
                 dys.append(p)
-        for p in members:
-            if roles[p] in READ_ROLES:
-                continue
-            f = sum(fr * (min(1.0, own[p] / nr) if nr > 0.0 else 1.0) for fr, nr in carried)
-            if roles[p] == _GRAD_INPUT:      # summed from dy: its rounding scales with dy
-                f = max([f] + [own[q] for q in dys
-                                 if _summed_from(ops[p], shapes[p], shapes[q])])
-            f = max(f, by_tensor.get(tensors[p], 0.0))
-            floor[p] = f
+        sums = _carried_sums(carried, [own[p] for p in writes]) if carried and writes else None
+        for w, p in enumerate(writes):
+            f = sums[w] if sums is not None else 0.0
+            if dys and roles[p] == _GRAD_INPUT:      # summed from dy: its rounding scales with dy
+                f = max([f] + [own[q] for q in dys if _summed_from(ops[p], shape(p), shape(q))])
+            t = tensors[p]
+            f = max(f, by_tensor.get(t, 0.0))
+            floors[p] = f
             if f > 0.0:
                 by_seq[seqs[p]] = f
-                by_tensor[tensors[p]] = max(f, by_tensor.get(tensors[p], 0.0))
-    return np.where(floor > own, floor, 0.0)
+                by_tensor[t] = max(f, by_tensor.get(t, 0.0))
+    floor[:] = floors
+    return np.where(floor > own_column, floor, 0.0)
+
+
+def _carried_sums(carried: List[Tuple[float, float]], norms: List[float]) -> List[float]:
+    """Per written value of norm `o` (`norms`), the floors its call's reads carry in, each
+    scaled by the call's gain capped at 1: sum over the reads (floor f, norm nr) of
+    f * min(1, o / nr) (f where nr is 0), added in the reads' order as Python's sum adds (an
+    accumulate, not numpy's pairwise sum: the same float to the last bit)."""
+    fr = np.array([f for f, _ in carried], dtype=np.float64)
+    nr = np.array([n for _, n in carried], dtype=np.float64)
+    o = np.array(norms, dtype=np.float64)[:, None]
+    positive = nr > 0.0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        gain = np.where(positive, np.minimum(1.0, o / np.where(positive, nr, 1.0)), 1.0)
+    return np.add.accumulate(fr * gain, axis=1)[:, -1].tolist()
 
 
 def apply_floors(t: PairTable) -> None:

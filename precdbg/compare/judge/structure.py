@@ -122,14 +122,20 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
         table["order"]
     found: Dict[str, Dict[str, _Module]] = {}             # path -> entry -> its call
     spans: Dict[str, Dict[str, List[int]]] = {}          # path -> entry -> [first, last] seq
-    for i in idx[kind[idx] == _MODULE].tolist():
-        path, entry, seq = path_of(str(module_col[i])), str(entry_col[i]), int(seq_col[i])
+    # the columns of the calls as Python values, by position in idx
+    kinds, entries, modules_of = kind[idx].tolist(), entry_col[idx].tolist(), \
+        module_col[idx].tolist()
+    ops, apis, prefixes = op_col[idx].tolist(), api_col[idx].tolist(), prefix_col[idx].tolist()
+    seqs, orders = seq_col[idx].tolist(), order_col[idx].tolist()
+    for k, kind_k in enumerate(kinds):
+        if kind_k != _MODULE:
+            continue
+        path, entry, seq = path_of(modules_of[k]), entries[k], seqs[k]
         span = spans.setdefault(path, {}).setdefault(entry, [seq, seq])
         span[0], span[1] = min(span[0], seq), max(span[1], seq)
         calls = found.setdefault(path, {})
         if entry not in calls:
-            calls[entry] = _Module(entry, str(api_col[i]), str(op_col[i]), seq,
-                                   int(order_col[i]))
+            calls[entry] = _Module(entry, apis[k], ops[k], seq, orders[k])
     if api_level:
         _api_level_calls(table, idx, path_of, found, spans)
     if interrupted and len(idx):
@@ -151,23 +157,21 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
         return found[path][best] if best is not None else None
 
     seen_entries = set()
-    for i in idx.tolist():
-        entry = str(entry_col[i])
+    for k, entry in enumerate(entries):
         if entry in seen_entries:
             continue
         seen_entries.add(entry)
-        path, seq = path_of(str(module_col[i])), int(seq_col[i])
-        if kind[i] == _MODULE:
+        path, seq = path_of(modules_of[k]), seqs[k]
+        if kinds[k] == _MODULE:
             caller = running(path.rpartition(".")[0], seq) if path else None
             if caller is not None:
-                caller.calls.append((seq, f"{path.rpartition('.')[2]}:{api_col[i]}"))
-        elif str(op_col[i]) not in _NOT_STRUCTURE and (int(order_col[i]) not in inert
-                                                        or op_col[i] == _CAST):
+                caller.calls.append((seq, f"{path.rpartition('.')[2]}:{apis[k]}"))
+        elif ops[k] not in _NOT_STRUCTURE and (orders[k] not in inert or ops[k] == _CAST):
             caller = running(path, seq)
             if caller is not None:
-                label = f"{prefix_col[i]}.{api_col[i]}" if by_name else str(op_col[i])
+                label = f"{prefixes[k]}.{apis[k]}" if by_name else ops[k]
                 caller.calls.append((seq, label))
-                if int(order_col[i]) in inert:   # changes no number: its input returned,
+                if orders[k] in inert:           # changes no number: its input returned,
                     caller.no_op_casts.add(seq)     # an integer result, or one nothing reads
     return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
 
