@@ -192,8 +192,9 @@ class _Run:
 
     @functools.cached_property
     def table(self) -> RecordTable:
-        """The checked step's records (read when a check first asks)."""
-        return self.dump.records(self.step, self.rank)
+        """The checked step's records (read when a check first asks; kept by the files for
+        a compare, which reads them next)."""
+        return self.dump.records(self.step, self.rank, keep=True)
 
     @functools.cached_property
     def inventory(self) -> Dict[str, Dict[str, Any]]:

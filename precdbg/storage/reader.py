@@ -243,9 +243,14 @@ class Dump:
                             f"ranks {self.ranks})")
         return files
 
-    def records(self, step: Optional[int] = None, rank: Optional[int] = None) -> RecordTable:
+    def records(self, step: Optional[int] = None, rank: Optional[int] = None,
+                keep: bool = False) -> RecordTable:
+        """The records of a step and rank (every step and rank when None). `keep`: the step
+        files keep a copy of what they read for the next read of them, which takes it
+        (step_reader; the check, read again by the compare)."""
         files = self._asked(step, rank)
-        return RecordTable(_concat([f.columns() for f in files]))
+        return RecordTable(_concat([f.columns(keep=True) if keep and isinstance(f, StepFile)
+                                    else f.columns() for f in files]))
 
     def tensor(self, key: str, step: Optional[int] = None, rank: Optional[int] = None
                ) -> np.ndarray:
@@ -342,6 +347,16 @@ class Dump:
             if sf.part == part:
                 return sf.strings("stacks", "text")
         return []
+
+    def release_kept(self) -> None:
+        """Let go of the record columns the step files keep for their next read
+        (step_reader.StepFile.columns): for a caller that will not read them again in this
+        process (the compare's ranks read in worker processes)."""
+        for parts in self._files.values():
+            for sf in parts:
+                release = getattr(sf, "release_kept", None)
+                if release is not None:
+                    release()
 
     def close(self) -> None:
         for parts in self._files.values():

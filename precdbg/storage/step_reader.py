@@ -4,12 +4,14 @@ Everything is checked before it is read and against the step's seal once read
 (`precdbg.storage.step_checks`): a crafted or damaged file gets one `DumpError` naming it and what
 is wrong, and never allocates more than the file can back.
 
-A file's record columns are read whole, and a private copy of them is kept on the open file
-until the next read of its columns takes it (`StepFile.columns`): `precdbg compare` runs the
-check first, which reads every rank's table, then reads each again to compare it; the second
-read is the first one's copy. What is kept is bounded by `KEEP_BYTES` for the whole process
-(beyond it a file is read again, as before), let go of when the file closes, and never shared
-between two `StepFile`s: it is the bytes this open handle read, sealed and checked as then.
+A file's record columns are read whole. A reader that knows another will follow asks that a
+private copy of them be kept on the open file until the next read of its columns takes it
+(`StepFile.columns(keep=True)`): `precdbg compare` runs the check first, which reads every
+rank's table so, then reads each again to compare it; the second read is the first one's copy.
+What is kept is bounded by `KEEP_BYTES` for the whole process (beyond it a file is read again,
+as before), let go of when the file closes (or by `release_kept`), and never shared between two
+`StepFile`s: it is the bytes this open handle read, sealed and checked as then. Other reads
+(the compare's own, in worker processes too) keep nothing.
 The module tree and stack strings (`strings`) are kept the same way, a fresh list handed out
 each time.
 """
@@ -141,19 +143,25 @@ class StepFile:
         check_seal(self._seal, where, lambda: column_digest(data), self.path)
         return data
 
-    def columns(self) -> Dict[str, np.ndarray]:
-        """The record columns, plus `step`, `rank` and `part` of the file. A copy of what is
-        read is kept for the next call (the module's docstring), which takes it."""
+    def columns(self, keep: bool = False) -> Dict[str, np.ndarray]:
+        """The record columns, plus `step`, `rank` and `part` of the file: what an earlier
+        call with `keep` kept, or read now, a copy then kept for the next call when `keep`
+        (the module's docstring)."""
         own = self._take_kept()
         if own is None:
             own = self._read_columns()
-            self._keep(own)
+            if keep:
+                self._keep(own)
         out = dict(own)
         count = len(own["entry"])
         out["step"] = np.full(count, self.step, dtype=np.int64)
         out["rank"] = np.full(count, self.rank, dtype=np.int64)
         out["part"] = np.full(count, self.part, dtype=np.int32)
         return out
+
+    def release_kept(self) -> None:
+        """Let go of the columns kept for the next read (that read reads the file again)."""
+        self._take_kept()
 
     def _take_kept(self) -> Optional[Dict[str, np.ndarray]]:
         with _keeping_lock:

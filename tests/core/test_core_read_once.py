@@ -27,7 +27,9 @@ def test_a_second_read_of_the_columns_is_the_first_ones_and_a_private_copy(tmp_p
     dump = open_dump(root)
     try:
         sf = dump.files(0, 0)[0]
-        first = sf.columns()
+        sf.columns()
+        assert sf._kept is None                # nothing kept unless asked
+        first = sf.columns(keep=True)
         assert sf._kept is not None            # kept for the next read
         again = sf.columns()
         assert sf._kept is None                # taken by it
@@ -38,12 +40,13 @@ def test_a_second_read_of_the_columns_is_the_first_ones_and_a_private_copy(tmp_p
         # what one reader does with its arrays never reaches the next one
         first["seq"][:] = -7
         first["entry"][:] = "x"
-        third = sf.columns()                   # read again from the file
+        third = sf.columns(keep=True)          # read again from the file
         fourth = sf.columns()                  # the third's copy
         for name in again:
             assert _equal(again[name], third[name]), name
             assert _equal(again[name], fourth[name]), name
         # step, rank and part follow the file as it is known at each read
+        sf.columns(keep=True)
         sf.step = 9
         assert set(sf.columns()["step"].tolist()) == {9}
     finally:
@@ -58,11 +61,20 @@ def test_the_kept_columns_stay_within_their_budget(tmp_path, monkeypatch):
         files = dump.files()
         size = sum(v.nbytes for k, v in files[0].columns().items()
                    if k not in ("step", "rank", "part"))
-        files[0].columns()                     # takes it back
         monkeypatch.setattr(step_reader, "KEEP_BYTES", size)
-        files[0].columns()
-        files[1].columns()
+        files[0].columns(keep=True)
+        files[1].columns(keep=True)
         assert files[0]._kept is not None and files[1]._kept is None
+        dump.release_kept()
+        assert files[0]._kept is None
+        files[1].columns(keep=True)            # the budget is free again
+        assert files[1]._kept is not None
+        # the check's reads keep, and the compare's next read of the same file takes them
+        dump.release_kept()
+        dump.records(files[0].step, files[0].rank, keep=True)
+        assert files[0]._kept is not None
+        dump.records(files[0].step, files[0].rank)
+        assert files[0]._kept is None
     finally:
         dump.close()
 

@@ -204,6 +204,10 @@ def _pair_groups(ga: Dict[Tuple, List[int]], gb: Dict[Tuple, List[int]],
     pa, pb, oa, ob = [], [], [], []
     for key, rows_a in ga.items():
         rows_b = gb.get(key, [])
+        if by_name and len(rows_a) == 1 and len(rows_b) == 1:    # nearly every key: one pair
+            pa.append(rows_a[0])
+            pb.append(rows_b[0])
+            continue
         if not by_name:
             rows_a = [r for r in rows_a if tensor_a[r]]
             rows_b = [r for r in rows_b if tensor_b[r]]
