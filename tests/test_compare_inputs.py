@@ -126,7 +126,13 @@ def test_a_damaged_step_file_leaves_the_other_steps_to_commands_asked_for_them(b
         assert result.returncode in (0, 1), (command, result.stderr)
         assert "Traceback" not in result.stderr and target not in result.stderr, command
     assert "verdict: MATCH" in run_cli("compare", base, damaged, "--step", "0").stdout
-    _one_line_error(run_cli("compare", base, damaged), target, "truncated")
+    # the whole dump: step 0 compared, step 1 named as unreadable, incomplete (exit 3); step 1
+    # alone has nothing to compare (exit 2)
+    whole = run_cli("compare", base, damaged)
+    assert whole.returncode == 3 and "Traceback" not in whole.stderr, whole.stderr
+    named = [line for line in whole.stdout.splitlines() if target in line]
+    assert named and all("truncated" in line for line in named), whole.stdout
+    _one_line_error(run_cli("compare", base, damaged, "--step", "1"), target, "truncated")
     _one_line_error(run_cli("inspect", damaged, "--step", "1"), target)
 
 

@@ -106,14 +106,32 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
         raise
     try:
         sa, sb, ra, rb, notes = _choose(da, db, step, rank, labels)
-        run_a, run_b = _Run(da, labels[0], sa, ra), _Run(db, labels[1], sb, rb)
-        checker = Checker(run_a, run_b)
-        checker.run()
         ranks = [ra] + (_other_ranks(da, db, sa, ra) if rank is None and (sa, ra) == (sb, rb)
                         else [])
-        for other in ranks[1:]:        # what differs on another rank only (its batch, a layer)
-            _merge_rank(checker, Checker(_Run(da, labels[0], sa, other),
-                                          _Run(db, labels[1], sb, other)), other)
+        unread: List[str] = []
+        for k, first in enumerate(ranks):   # a rank whose file cannot be read: the next one
+            try:
+                run_a, run_b = _Run(da, labels[0], sa, first), \
+                    _Run(db, labels[1], sb, first if k else rb)
+                checker = Checker(run_a, run_b)
+                checker.run()
+                break
+            except DumpError as exc:
+                if k == len(ranks) - 1:
+                    raise
+                unread.append(f"step {sa} rank {first} not checked: {exc}")
+        ra, rb = first, (first if k else rb)
+        for other in ranks[k + 1:]:    # what differs on another rank only (its batch, a layer)
+            try:
+                _merge_rank(checker, Checker(_Run(da, labels[0], sa, other),
+                                              _Run(db, labels[1], sb, other)), other)
+            except DumpError as exc:
+                unread.append(f"step {sa} rank {other} not checked: {exc}")
+            finally:    # the files of many ranks are not held open (those keeping a copy are)
+                da.release(sa, other, unless_kept=True)
+                db.release(sb, other, unless_kept=True)
+        checker.notes.extend(unread)    # a compare names them itself (step_unread)
+        ranks = ranks[k:]
         checker.findings.extend(incomplete_findings(
             ((labels[0], da, {(sa, r) for r in ranks} | {(sa, ra)}),
              (labels[1], db, {(sb, r) for r in ranks} | {(sb, rb)}))))

@@ -176,10 +176,11 @@ def run_compare(args: argparse.Namespace) -> int:
         result = compare_dumps(args.baseline, args.candidate, step=args.step, rank=args.rank,
                                mapping_file=args.map, progress=progress,
                                allow_missing=args.allow_missing, jobs=_compare_jobs(args),
-                               engine=_compare_engine(args))
+                               engine=_compare_engine(args),
+                               spool_rows=True)    # rows on disk: memory bounded per rank
     finally:
         progress.close()
-    sys.stdout.write(summary_text(result))
+    sys.stdout.write(user_words(summary_text(result)))     # a damaged file in the user's words
     one = same_dump((args.baseline, args.candidate))
     if one is not None:         # said, the verdict kept: a dump matches itself by construction
         sys.stdout.write(f"note: baseline and candidate are one dump ({one}): they match by "

@@ -162,7 +162,8 @@ def build_parser(commands: Dict[str, Callable[[argparse.Namespace], int]]
     compare.add_argument("--engine", metavar=("ENGINE", "ADDRESS"), nargs="+", default=None,
                          help="compare ranks on a distributed engine's workers, which read the "
                               "dumps at the same paths: dask ADDRESS (the scheduler's, or "
-                              "DASK_SCHEDULER_ADDRESS)")
+                              "DASK_SCHEDULER_ADDRESS) or ray ADDRESS (HOST:6379, auto, or "
+                              "RAY_ADDRESS)")
     check = _sub(sub, "check", commands["check"])
     check.add_argument("a", help="first: " + _DUMP)
     check.add_argument("b", help="second: " + _DUMP)

@@ -18,31 +18,29 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import DumpError
-from ..storage.common_records import LIMITS, MINDSPORE_API_CALLS, common_records
+from ..storage.common_records import LIMITS, MINDSPORE_API_CALLS
 from ..storage.reader import Dump, open_dump
 from ..records.naming import vocabulary
-from ..records.schema import RecordKind, Role, Task
-from .align.alignment import align, load_mapping, rename_module
+from ..records.schema import RecordKind, Task
+from .align.alignment import load_mapping
 from .localize.callsite import place_first
-from .judge.entries import Entry, StepCompare, StepEntries
-from .judge.row_columns import pair_rows
+from .judge.entries import Entry, StepEntries
 from .engine import run_on_engine
-from .parallel import RankFound, RankTask, compare_ranks, worth_parallel
+from .parallel import compare_ranks, worth_parallel
+from .rank_compare import RankFound, RankTask, StepFound, StepUnread, compare_rank
+from .report.row_store import RowChunk, RowStore
 from .localize.locate import contains, locate
 from .localize.verdict import CONTRACT_VERSION, Verdict
 from .judge.calls_underneath import causal_one_run_calls, split_underneath
-from .judge.structure import StructuralDiff, structural_differences
-from .judge.unfinished import UnfinishedStep, unfinished_step
-from .judge.judges import judge_pairs
-from .judge.metrics import tensor_metrics
-from .judge.pairs import PairTable, StepContext
+from .judge.structure import StructuralDiff
+from .judge.unfinished import UnfinishedStep
 from .judge.multistep import NoisePolicy, optimizer_setup, other_setup
 from .report.notes import (incomplete_parts, level_note, note_extra_calls, note_loss_scale,
-                           other_causes, uncompared, unobserved_modules, unobserved_note,
-                           unused_mapping, weights_agree_after)
+                           other_causes, uncompared, unobserved_note, unused_mapping,
+                           weights_agree_after)
 from .report.progress import CompareProgress
 from .report.wording import write_words
-from .judge.rows import Note, NoteCode, Row
+from .judge.rows import Note, NoteCode
 
 __all__ = ["compare_dumps", "load_mapping", "CompareProgress"]
 
@@ -55,77 +53,6 @@ _STEP_KINDS = ("optimizer", "optimizer_groups")     # findings of the settings a
 
 def _framework(dump: Dump) -> str:
     return dump.setting("framework")
-
-
-def _interrupted(dump: Dump, step: int, rank: int) -> bool:
-    """Whether the process ended while this step was being captured (no stop() ran)."""
-    return any(f.attrs.get("interrupted") for f in dump.files(step, rank))
-
-
-def _compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
-                  rows: List[Row], unmatched: List[Dict[str, Any]],
-                  progress: Progress, files: Tuple[int, int], noise: NoisePolicy,
-                  structural: List[StructuralDiff],
-                  unfinished: Optional[List[UnfinishedStep]] = None,
-                  shim_pair: bool = False) -> List[Entry]:
-    def report(done: int, total: int, phase: str) -> None:
-        if progress is not None:
-            progress(CompareProgress(files[0], files[1], step, rank, done, total, phase))
-    # a precdbg dump against msprobe's: the records both tools write, compared on what both measure
-    ta, tb, _ = common_records(a, a.records(step, rank), b, b.records(step, rank), step, rank)
-    report(0, 0, "aligning")
-    al = align(ta, tb, same, mapping)
-    interrupted = (_interrupted(a, step, rank), _interrupted(b, step, rank))
-    modules = (mapping or {}).get("modules")
-    stop = unfinished_step(ta, tb, al.pairs_a, al.pairs_b, al.only_a, al.only_b, step, rank,
-                           interrupted, (lambda p: rename_module(p, modules)) if modules else None)
-    if stop is not None:
-        if unfinished is not None:
-            unfinished.append(stop)
-        # the run that stopped is compared as far as it got
-        interrupted = (interrupted[0] or stop.side == "baseline",
-                       interrupted[1] or stop.side == "candidate")
-    structural.extend(structural_differences(ta, tb, step, rank, same, mapping,
-                                             _setting_differences(a, b, step, rank, mapping),
-                                             unobserved_modules(a) + unobserved_modules(b),
-                                             interrupted))
-    table = PairTable(ta, tb, al.pairs_a, al.pairs_b)
-    stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
-    total = len(al.pairs_a)
-    pairs = list(zip(al.pairs_a.tolist(), al.pairs_b.tolist()))
-    for p, (i, j) in enumerate(pairs):
-        if stored[p]:
-            table.tensors[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
-        if p % 200 == 0:
-            report(p, total, "comparing")
-    judge_pairs(table, StepContext(step, rank, noise, shim_pair))
-    sc = StepCompare(ta, tb, al)
-    step_rows = pair_rows(table)      # the rows made from the columns at once
-    for row, (i, j) in zip(step_rows, pairs):
-        sc.add(row, i, j)
-    noise.remember(step, rank, table)
-    for side, records, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
-        for i in idx.tolist():
-            r = records.row(i)
-            unmatched.append({"side": side, "step": step, "rank": rank, "name": r["entry"],
-                              "kind": r["kind"], "module": r["module"], "op": r["op"],
-                              "role": r["role"], "arg_index": r["arg_index"]})
-            if r["kind"] == _PARAM and r["role"] == Role.PARAM:
-                sc.one_run_param(side, r, step, rank)
-    sc.producer_names(step_rows)
-    sc.resolve_reads()
-    rows.extend(step_rows)
-    return list(sc.entries.values())
-
-
-def _setting_differences(a: Dump, b: Dump, step: int, rank: int, mapping: Any
-                         ) -> List[Any]:
-    """Modules whose recorded numeric settings (eps, approximate, momentum, ...) differ."""
-    from ..records.layers import dump_setting_differences
-    modules = (mapping or {}).get("modules") or {}
-    paths = {p: rename_module(p, modules) for p in b.module_settings(step, rank)} \
-        if modules else None
-    return dump_setting_differences(a, b, step, rank, paths)
 
 
 def _pairs_of(a: Dump, b: Dump, step: Optional[int], rank: Optional[int]
@@ -164,8 +91,8 @@ def _refuse_overflow_dumps(a: Dump, b: Dump, baseline: str, candidate: str) -> N
 def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
                   progress: Progress = None, allow_missing: bool = False,
-                  jobs: int = 1, engine: Optional[Tuple[str, Optional[str]]] = None
-                  ) -> Dict[str, Any]:
+                  jobs: int = 1, engine: Optional[Tuple[str, Optional[str]]] = None,
+                  spool_rows: bool = False) -> Dict[str, Any]:
     """Compare two dumps (roots, step folders or step files). Baseline is `a`. `progress`, when
     given, is called with a CompareProgress as the compare goes (see compare/progress.py).
     Where no divergence is found but the compare does not cover both runs (`incomplete`: steps
@@ -173,7 +100,11 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     `allow_missing`. `jobs` > 1 compares ranks in that many worker processes (parallel.py),
     where the dumps hold two ranks or more and enough to compare; `engine` ("dask", ADDRESS)
     on a distributed engine's workers (engine.py), one task per rank, against dumps every
-    worker reads at the same paths; the result is the same."""
+    worker reads at the same paths; the result is the same. `spool_rows`: the result's "rows"
+    is a row_store.RowStore holding them on disk (iterable, `len`; report.formats writes it),
+    so the compare's memory does not grow with the ranks, instead of a list of dicts. A
+    (step, rank) whose files cannot be read is named (note `step_unread`, `incomplete` part
+    `unreadable`) and the others are compared."""
     mapping = load_mapping(mapping_file) if mapping_file else None
     a, b = open_dump(baseline), open_dump(candidate)
     try:
@@ -185,11 +116,8 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         fa, fb = _framework(a), _framework(b)
         same = bool(fa) and vocabulary(fa) == vocabulary(fb)   # one vocabulary of names
         shim_pair = same and fa != fb     # a torch shim's dump against PyTorch's
-        rows: List[Row] = []
-        unmatched: List[Dict[str, Any]] = []
-        per_step: Dict[int, List[Entry]] = {}
-        structural: List[StructuralDiff] = []
-        unfinished: List[UnfinishedStep] = []
+        store = RowStore(spool=spool_rows)
+        taken = _Taken(store)
         optimizer_differs = optimizer_setup(setup["findings"])
         strict = optimizer_setup(setup["findings"], conventions=False)
         noise = NoisePolicy(alike=not strict,
@@ -197,61 +125,71 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                                      if not setup[side]["manifest"]],
                             conventions=[m for m in optimizer_differs if m not in strict])
         updates = _optimizer_by_step(a, b, pairs, setup["findings"])
-        before: Dict[Tuple[int, int], bool] = {}   # a step before --step S: whether it agrees
-        unread: List[Note] = []       # such a step that cannot be read: --step S goes on
         relabelled = own_b != pairs and len(own_b) == 1 and len(pairs) == 1
         parallel = not relabelled and (engine is not None or worth_parallel(
             jobs, pairs, lambda: _step_bytes(a, pairs)))
-        if parallel:
-            run = (lambda tasks, done: compare_ranks(tasks, jobs, done)) if engine is None \
-                else (lambda tasks, done: run_on_engine(engine[0], engine[1], tasks, done))
-            _compare_parallel(baseline, candidate, a, b, pairs, run, same, shim_pair, mapping,
-                              noise, progress, before, unread, rows, unmatched, structural,
-                              unfinished, per_step)
-            s, r = pairs[-1]
-        for s, r in _previous_steps(a, b, pairs) if not parallel else ():
-            try:
-                found = _compare_step(a, b, s, r, same, mapping, [], [], None, (0, 0), noise,
-                                      [], shim_pair=shim_pair)
-            except DumpError as exc:
-                unread.append(Note(NoteCode.PREVIOUS_STEP_UNREAD,
-                                   facts={"step": s, "rank": r, "error": str(exc)}))
-                continue
-            noise.settle(r, found)
-            before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found)
-        for k, (s, r) in enumerate(pairs if not parallel else ()):
-            found = _compare_step(a, b, s, r, same, mapping, rows, unmatched, progress,
-                                  (k, len(pairs)), noise, structural, unfinished,
-                                  shim_pair=shim_pair)
-            noise.settle(r, found)
-            per_step.setdefault(s, []).extend(found)
+        previous = _previous_steps(a, b, pairs)
+        tasks = [RankTask(os.path.abspath(baseline), os.path.abspath(candidate), r,
+                          [s for s, q in pairs if q == r], [s for s, q in previous if q == r],
+                          same, shim_pair, mapping, noise.alike, noise.unknown,
+                          noise.conventions, spool=spool_rows)
+                 for r in sorted({r for _, r in pairs})]
+        done = _progress_of_ranks(progress, len(pairs), taken)
+        if parallel:        # the ranks are read again by the workers: the check's copies go
+            a.release_kept()
+            b.release_kept()
+        if parallel and engine is None:
+            compare_ranks(tasks, jobs, done)
+        elif parallel:
+            run_on_engine(engine[0], engine[1], tasks, done)
+        else:
+            started = [0]
+
+            def step_progress(s: int, r: int, done: int, total: int, phase: str) -> None:
+                if phase == "aligning":
+                    started[0] += 1
+                progress(CompareProgress(started[0] - 1, len(pairs), s, r, done, total,
+                                         phase))
+            for task in tasks:
+                taken.take(compare_rank(task, (a, b), step_progress if progress else None))
+        taken.finish(noise)
+        if taken.unreadable and not taken.per_step:      # nothing could be compared
+            raise DumpError(taken.unreadable[0].error)
+        rows_facts = store.facts()
+        unmatched, one_run = taken.unmatched, taken.one_run
+        structural, unfinished, before = taken.structural, taken.unfinished, taken.before
+        unread = taken.unread + [Note(NoteCode.STEP_UNREAD, facts={
+            "step": u.step, "rank": u.rank, "side": u.side, "error": u.error})
+            for u in taken.unreadable]
+        s, r = pairs[-1]
         if progress is not None:
             progress(CompareProgress(len(pairs), len(pairs), s, r, 0, 0, "localizing"))
-        stats_only = not any(row.tensor is not None or row.checksum_equal for row in rows)
+        stats_only = not rows_facts.measured
         # both dumps carry pos_mean (schema 4): a permutation shows in the statistics
-        ordered = any(row.pos_mean_a is not None for row in rows) and \
-            any(row.pos_mean_b is not None for row in rows)
-        steps = [StepEntries(s, per_step[s]) for s in sorted(per_step)]
+        ordered = rows_facts.pos_a and rows_facts.pos_b
+        steps = [StepEntries(s, entries, taken.ranks_of_step[s])
+                 for s, entries in sorted(taken.per_step.items())]
         # a torch shim's dump against PyTorch's: its code underneath the model is a note
         structural, underneath = split_underneath(structural, shim_pair)
         first, involved = locate(steps, optimizer_differs, structural,
                                  other_setup(setup["findings"], optimizer_differs), before,
                                  updates, unfinished,
-                                 causal_one_run_calls(_one_run_calls(unmatched, rows, same),
+                                 causal_one_run_calls(one_run if same else [],
                                                       shim_pair))
         notes = uncompared(a, b, step, rank, pairs) + level_note(a, b, unmatched) + \
             unobserved_note(a, b) + unused_mapping(mapping, a, b) + unread + \
-            other_causes(steps, structural, first) + weights_agree_after(steps, first)
+            other_causes(steps, structural, first) + weights_agree_after(taken.params_agree, first)
         if own_b != pairs and len(own_b) == 1 and len(pairs) == 1:
             notes.insert(0, Note(NoteCode.RELABELLED,
                                  facts={"a": list(pairs[0]), "b": list(own_b[0])}))
         msprobe = [label for label, d in (("baseline", a), ("candidate", b))
                    if d.source == "msprobe"]
         if msprobe:
-            kinds = {str(row.kind) for row in rows}
+            kinds = set(rows_facts.kinds)
             notes.append(Note(NoteCode.MSPROBE_DUMPS, facts={
                 "sides": msprobe, "files": a.notes(set(pairs)) + b.notes(set(pairs)),
-                "no_parameters": bool(rows) and not kinds & {_PARAM.value, RecordKind.PARAM_GRAD.value}}))
+                "no_parameters": bool(rows_facts.count)
+                and not kinds & {_PARAM.value, RecordKind.PARAM_GRAD.value}}))
         if a.source != b.source:     # precdbg's dump against msprobe's: what neither can see
             limits = list(LIMITS) + ([MINDSPORE_API_CALLS] if "mindspore" in (fa, fb) else [])
             notes.append(Note(NoteCode.TOOLS_DIFFER, facts={"a": a.source, "b": b.source,
@@ -262,24 +200,21 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             notes.append(Note(NoteCode.CALLS_UNDERNEATH, facts={
                 "a": fa, "b": fb, "modules": [d.module for d in underneath]}))
         notes.extend(noise.notes())
-        explained = [row for row in rows if row.status == "precision"]
-        if explained:
+        f = rows_facts
+        if f.explained:
             notes.append(Note(NoteCode.PRECISION_ARGUMENTS,
-                              facts={"count": len(explained), "first": explained[0].name_a}))
-        plumbing = [row for row in rows if row.status == "integer"]
-        if plumbing:
+                              facts={"count": f.explained, "first": f.explained_first}))
+        if f.plumbing and f.plumbing_first is not None:
+            name, role, arg_index = f.plumbing_first
             notes.append(Note(NoteCode.INTEGER_PLUMBING,
-                              facts={"count": len(plumbing), "first": plumbing[0].name_a,
-                                     "role": plumbing[0].role,
-                                     "arg_index": plumbing[0].arg_index}))
-        floored = [row for row in rows if row.floor is not None]
-        if floored:
+                              facts={"count": f.plumbing, "first": name, "role": role,
+                                     "arg_index": arg_index}))
+        if f.floored and f.floored_first is not None:
             # name where a floor starts (a gradient reduced from dy), not a value it reached
-            origin = next((row for row in floored if row.role == Role.GRAD_INPUT),
-                          floored[0])
+            name, role, arg_index = f.floored_grad_input or f.floored_first
             notes.append(Note(NoteCode.ROUNDING_FLOOR,
-                              facts={"count": len(floored), "first": origin.name_a,
-                                     "role": origin.role, "arg_index": origin.arg_index}))
+                              facts={"count": f.floored, "first": name, "role": role,
+                                     "arg_index": arg_index}))
         if stats_only and not ordered and first is None:
             # a match by statistics alone, in dumps without pos_mean (a divergence says where
             # its verdict bears on it: judge.unseen_inputs)
@@ -287,13 +222,17 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         consequences = _consequences(steps, first, involved)
         if first is not None and first.structure is None and first.unfinished is None \
                 and first.cause is None:
-            note_extra_calls(first, unmatched, rows)
+            note_extra_calls(first, one_run)
             note_loss_scale(first, setup["findings"])
         place_first(first, a, b)
         write_words(first, notes)       # every word of the verdict and the notes, here
         incomplete = incomplete_parts(a, b, step, rank, pairs)
+        # a file that cannot be read is damage, not a step one run lacks: never a match
+        unreadable = [{"side": u.side, "step": u.step, "rank": u.rank, "why": "unreadable",
+                       "error": u.error} for u in taken.unreadable]
+        incomplete = unreadable + incomplete
         verdict = "diverged" if first else \
-            ("incomplete" if incomplete and not allow_missing else "match")
+            ("incomplete" if unreadable or (incomplete and not allow_missing) else "match")
         return {"contract": CONTRACT_VERSION,
                 "verdict": verdict, "incomplete": incomplete,
                 "first_divergence": first.as_json() if first is not None else None,
@@ -307,21 +246,75 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                 "setup_notes": setup["notes"], "setup_unchecked": setup["unchecked"],
                 "baseline": {"path": baseline, "framework": fa},
                 "candidate": {"path": candidate, "framework": fb},
-                "rows": _rows_json(rows)}
+                "rows": store if spool_rows else store.as_list()}
     finally:
         a.close()
         b.close()
 
 
-def _rows_json(rows: List[Optional[Row]]) -> List[Dict[str, Any]]:
-    """Each row as JSON, the row let go of as it is written: a compare of many ranks holds its
-    rows once, not twice. `rows` is emptied."""
-    out = []
-    for k, row in enumerate(rows):
-        out.append(row.as_json())      # type: ignore[union-attr]
-        rows[k] = None
-    rows.clear()
-    return out
+class _Taken:
+    """What the ranks found, taken as each rank's result arrives (in any order) and handed
+    over in the order one process compares them: (step, rank)."""
+
+    def __init__(self, store: RowStore) -> None:
+        self.store = store
+        self._found: Dict[Tuple[int, int], StepFound] = {}
+        self._ranks: Dict[int, RankFound] = {}
+        self.before: Dict[Tuple[int, int], bool] = {}
+        self.unread: List[Note] = []
+        self.unreadable: List[StepUnread] = []
+        self.unmatched: List[Dict[str, Any]] = []
+        self.one_run: List[Dict[str, Any]] = []
+        self.structural: List[StructuralDiff] = []
+        self.unfinished: List[UnfinishedStep] = []
+        self.per_step: Dict[int, List[Entry]] = {}
+        self.ranks_of_step: Dict[int, List[int]] = {}
+        self.params_agree: Dict[Tuple[int, int], Optional[bool]] = {}
+
+    def take(self, found: RankFound) -> None:
+        for st in found.steps:
+            self.store.add(st.rows)
+            st.rows = RowChunk(st.step, st.rank, st.rows.facts)     # the rows are stored
+            self._found[(st.step, st.rank)] = st
+        found.steps = []
+        found.noise.forget_steps()      # the rank is done: kept until merged, without its state
+        self._ranks[found.rank] = found
+
+    def finish(self, noise: NoisePolicy) -> None:
+        """Merge in (step, rank) order; the ranks' noise policies into `noise`."""
+        ranks = [self._ranks[r] for r in sorted(self._ranks)]
+        for key, note in sorted((u for f in ranks for u in f.unread), key=lambda u: u[0]):
+            self.unread.append(note)
+        for key in sorted(k for f in ranks for k in f.before):
+            self.before[key] = next(f.before[key] for f in ranks if key in f.before)
+        self.unreadable = sorted((u for f in ranks for u in f.unreadable),
+                                 key=lambda u: (u.step, u.rank))
+        for f in ranks:
+            noise.merge(f.noise)
+        for (s, _), st in sorted(self._found.items()):
+            self.unmatched.extend(st.unmatched)
+            self.one_run.extend(st.one_run)
+            self.structural.extend(st.structural)
+            self.unfinished.extend(st.unfinished)
+            self.per_step.setdefault(s, []).extend(st.entries)
+            self.ranks_of_step.setdefault(s, []).append(st.rank)
+            self.params_agree[(s, st.rank)] = st.params_agree
+        self._found.clear()
+        self._ranks.clear()
+
+
+def _progress_of_ranks(progress: Progress, total: int, taken: _Taken
+                       ) -> Callable[[RankFound, int], None]:
+    """The runners' `done`: each rank's result taken; progress counted by (step, rank)."""
+    files = [0]
+
+    def done(found: RankFound, count: int) -> None:
+        files[0] += len(found.steps) + len(found.unreadable)
+        last = found.steps[-1].step if found.steps else 0
+        taken.take(found)
+        if progress is not None:
+            progress(CompareProgress(files[0], total, last, found.rank, 0, 0, "comparing"))
+    return done
 
 
 def _step_bytes(a: Dump, pairs: List[Tuple[int, int]]) -> int:
@@ -334,59 +327,6 @@ def _step_bytes(a: Dump, pairs: List[Tuple[int, int]]) -> int:
             except (OSError, AttributeError):
                 pass
     return total
-
-
-def _compare_parallel(baseline: str, candidate: str, a: Dump, b: Dump,
-                      pairs: List[Tuple[int, int]], run: Callable[..., List[RankFound]],
-                      same: bool, shim_pair: bool,
-                      mapping: Any, noise: NoisePolicy, progress: Progress,
-                      before: Dict[Tuple[int, int], bool], unread: List[Note], rows: List[Row],
-                      unmatched: List[Dict[str, Any]], structural: List[StructuralDiff],
-                      unfinished: List[UnfinishedStep], per_step: Dict[int, List[Entry]]
-                      ) -> None:
-    """compare_dumps's loops over (step, rank) on worker processes, one rank each
-    (parallel.py, or an engine's workers: engine.py); what they find is merged in the order
-    the loops would have made it."""
-    previous = _previous_steps(a, b, pairs)
-    ranks = sorted({r for _, r in pairs})
-    baseline, candidate = os.path.abspath(baseline), os.path.abspath(candidate)
-    tasks = [RankTask(baseline, candidate, r, [s for s, q in pairs if q == r],
-                      [s for s, q in previous if q == r], same, shim_pair, mapping, noise.alike,
-                      noise.unknown, noise.conventions) for r in ranks]
-    done = None
-    if progress is not None:
-        files = [0]
-
-        def done(found: RankFound, count: int) -> None:     # a rank's steps all compared
-            files[0] += len(found.steps)
-            last = found.steps[-1].step if found.steps else 0
-            progress(CompareProgress(files[0], len(pairs), last, found.rank, 0, 0, "comparing"))
-    results = run(tasks, done)
-    for key, note in sorted((u for f in results for u in f.unread), key=lambda u: u[0]):
-        unread.append(note)
-    for key in sorted(k for f in results for k in f.before):
-        before[key] = next(f.before[key] for f in results if key in f.before)
-    for f in results:
-        noise.merge(f.noise)
-    found_at = {(st.step, st.rank): st for f in results for st in f.steps}
-    for s, r in pairs:
-        st = found_at[(s, r)]
-        rows.extend(st.rows)
-        unmatched.extend(st.unmatched)
-        structural.extend(st.structural)
-        unfinished.extend(st.unfinished)
-        per_step.setdefault(s, []).extend(st.entries)
-
-
-def _one_run_calls(unmatched: List[Dict[str, Any]], rows: List[Row], same: bool
-                   ) -> List[Dict[str, Any]]:
-    """The records of calls only one run made (not a call with a counterpart one of whose
-    records the other run lacks); across frameworks none (their calls differ by design)."""
-    if not same:
-        return []
-    paired = {("a", row.step, row.rank, row.name_a) for row in rows} | \
-        {("b", row.step, row.rank, row.name_b) for row in rows}
-    return [u for u in unmatched if (u["side"], u["step"], u["rank"], u["name"]) not in paired]
 
 
 def _optimizer_by_step(a: Dump, b: Dump, pairs: List[Tuple[int, int]],
@@ -407,6 +347,9 @@ def _optimizer_by_step(a: Dump, b: Dump, pairs: List[Tuple[int, int]],
             found = step_optimizer_findings(a, b, s, r, ("baseline", "candidate"))
         except DumpError:       # what compares the step says why it cannot be read
             continue
+        finally:                # not every rank's files held open at once
+            a.release(s, r, unless_kept=True)
+            b.release(s, r, unless_kept=True)
         if found is not None:
             out[(s, r)] = optimizer_setup(found) + every_step
     return out

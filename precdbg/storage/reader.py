@@ -167,7 +167,10 @@ class Dump:
             raise DumpError(f"{self.path}: holds {len(self._files)} steps/ranks, not one")
         parts = next(iter(self._files.values()))
         for sf in parts:
-            sf.step, sf.rank = step, rank
+            if isinstance(sf, StepFile):
+                sf.relabel(step, rank)
+            else:
+                sf.step, sf.rank = step, rank
         self._files = {(step, rank): parts}
 
     def setting(self, key: str) -> str:
@@ -357,6 +360,14 @@ class Dump:
                 release = getattr(sf, "release_kept", None)
                 if release is not None:
                     release()
+
+    def release(self, step: int, rank: int, unless_kept: bool = False) -> None:
+        """Close the step files of (step, rank) once read (a compare goes on with other ranks:
+        one (step, rank) open at a time); reading them again opens them again. `unless_kept`:
+        not those keeping a copy of their columns for the next read."""
+        for sf in self._files.get((step, rank), []):
+            if isinstance(sf, StepFile) and not (unless_kept and sf.keeps_columns):
+                sf.close()
 
     def close(self) -> None:
         for parts in self._files.values():

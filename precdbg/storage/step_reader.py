@@ -40,7 +40,9 @@ _STRING_COLUMNS = {name for name, dtype in RECORD_COLUMNS if dtype is None}
 _DAMAGED = (OSError, KeyError, RuntimeError, ValueError, TypeError, OverflowError)
 _KINDS = {"i": "iu", "u": "iu", "f": "f", "b": "b"}   # the dtype kinds read for each written
 _MAX_DIM = 64                      # more dimensions than any framework's tensor has
-KEEP_BYTES = 128 << 20             # record columns kept for a next read, all open files together
+# record columns kept for a next read, all open files together: at most what a few ranks' files
+# hold, so a compare's memory does not grow with the ranks it checks before comparing them
+KEEP_BYTES = 32 << 20
 _keeping: "weakref.WeakSet[StepFile]" = weakref.WeakSet()    # files holding a kept copy
 _keeping_lock = threading.Lock()
 
@@ -84,6 +86,7 @@ class StepFile:
         self._strings: Dict[Tuple[str, str], List[str]] = {}
         self.step, self.rank, self.part = step if step is not None else -1, rank or 0, part
         self._named = step is not None and rank is not None
+        self._label: Optional[Tuple[int, int]] = None
         if not self._named:
             self._open()
 
@@ -132,6 +135,8 @@ class StepFile:
             raise DumpError(f"{self.path}: holds step {held[0]} rank {held[1]} part {held[2]}, "
                             "not the step, rank and part its name says")
         self.step, self.rank, self.part = held
+        if self._label is not None:       # relabelled: read under the other run's numbers
+            self.step, self.rank = self._label
         self._attrs = plain
 
     def _column(self, group: Any, name: str, rows: int, kinds: str,
@@ -158,6 +163,11 @@ class StepFile:
         out["rank"] = np.full(count, self.rank, dtype=np.int64)
         out["part"] = np.full(count, self.part, dtype=np.int32)
         return out
+
+    @property
+    def keeps_columns(self) -> bool:
+        """Whether a copy of its columns is kept for the next read."""
+        return self._kept is not None
 
     def release_kept(self) -> None:
         """Let go of the columns kept for the next read (that read reads the file again)."""
@@ -285,11 +295,20 @@ class StepFile:
             return [escape_controls(t, lines=True) for t in texts]
         return [escape_controls(t) for t in texts]
 
+    def relabel(self, step: int, rank: int) -> None:
+        """Read it as `step`, `rank` (compared with another run's other step or rank): opened
+        again, it is checked against what it holds, not against its name."""
+        self.step, self.rank, self._named, self._label = step, rank, False, (step, rank)
+
     def close(self) -> None:
+        """Close the file and let go of what was read of it (its attributes stay known); a
+        later read opens it again."""
         self._take_kept()
         self._strings.clear()
+        self._blobs = None              # its datasets belong to the handle closed here
         if self._file is not None:
             self._file.close()
+            self._file = None
 
 
 def _text(data: np.ndarray) -> np.ndarray:

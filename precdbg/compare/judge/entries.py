@@ -5,7 +5,7 @@ captured). `localize.py` walks them to the first divergence."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -84,12 +84,14 @@ def all_zero_side(e: Entry) -> str:
 
 @dataclasses.dataclass
 class StepEntries:
-    """Every entry of one step, all ranks."""
+    """Every entry of one step, all ranks. `compared`: the ranks compared at this step, those
+    whose entries were let go of because nothing of them differs included."""
     step: int
     entries: List[Entry]
+    compared: Sequence[int] = ()
 
     def __post_init__(self) -> None:
-        self._ranks = sorted({e.rank for e in self.entries})
+        self._ranks = sorted({e.rank for e in self.entries} | set(self.compared))
         self._forward = {(e.rank, e.kind, e.order): e for e in self.entries
                          if e.direction == Direction.FORWARD and e.order > 0}
 

@@ -117,6 +117,11 @@ class NoisePolicy:
         for step, names in other._rounding.items():
             self._rounding.setdefault(step, []).extend(names)
 
+    def forget_steps(self) -> None:
+        """Let go of what the next steps would be judged against (a rank whose steps are all
+        compared): what `merge` takes, the judged counts and names, stays."""
+        self._last.clear()
+
     def notes(self) -> List[Note]:
         """Its notes, as codes and facts (report/note_words.py `note_text` writes them)."""
         out = []
@@ -233,7 +238,8 @@ class NoisePolicy:
         rounding: Dict[Key, bool] = {}
         for p in range(len(ia)):
             if kind[p] == _PARAM and role[p] == Role.PARAM:
-                stats[keys[p]] = (now_a[p], now_b[p])
+                # copies: a view would keep the step's whole statistics table alive per rank
+                stats[keys[p]] = (now_a[p].copy(), now_b[p].copy())
             elif kind[p] == _PARAM_GRAD:
                 dw[keys[p]] = dw.get(keys[p], True) and not bool(diverged[p])
                 # rounding of the sum is at least a tenth of the gradient: noise, not signal

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
@@ -90,7 +91,7 @@ class Row:
         return self.status == "diverged"
 
     def as_json(self) -> Dict[str, Any]:
-        out = {name: getattr(self, name) for name in _ROW_KEYS}
+        out = dict(zip(_ROW_KEYS, _row_values(self)))
         if self.tensor is not None:
             out.update(self.tensor)
         return out
@@ -110,6 +111,7 @@ class Row:
 
 
 _ROW_KEYS = tuple(f.name for f in dataclasses.fields(Row) if f.name != "tensor")
+_row_values = operator.attrgetter(*_ROW_KEYS)      # every value at once, in C
 
 
 class Source(str, enum.Enum):
@@ -186,6 +188,7 @@ class NoteCode(str, enum.Enum):
     UNOBSERVED = "unobserved_modules"          # modules that ran compiled
     MAPPING_UNUSED = "mapping_unused"          # mapping entries that name no module
     PREVIOUS_STEP_UNREAD = "previous_step_unread"   # the step before --step S is unreadable
+    STEP_UNREAD = "step_unread"                # a compared step and rank cannot be read
     OTHER_CAUSES = "other_causes"              # what else differs where weights entered apart
     WEIGHTS_AGREE_AFTER = "weights_agree_after"     # every later step's parameters agree
     RELABELLED = "relabelled"                  # one step/rank each, compared with each other

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import json
 from typing import Any, Dict
 
 from ...records.schema import Role
@@ -48,6 +47,7 @@ def _csv_value(value: Any) -> Any:
 
 
 _INCOMPLETE_WHY = {"only_here": "only in the {side} (the other dump has no such file)",
+                   "unreadable": "not compared, a file cannot be read: {error}",
                    "interrupted": "the {side}'s step is not whole (the process ended inside it)",
                    "failures": "the {side}'s step lost records to failures inside precdbg",
                    "partial": "the {side} has an incomplete file, skipped: {file}"}
@@ -65,9 +65,9 @@ def summary_text(result: Dict[str, Any]) -> str:
     lines.append(f"candidate {cand['path']} ({cand['framework'] or '?'})")
     for setup in result.get("setup", []) or []:
         lines.append(f"setup: [{setup['severity']}] {setup['message']}")
-    rows = result["rows"]
-    bad = sum(1 for r in rows if r["status"] == "diverged")
-    lines.append(f"{len(rows)} record pairs compared, {bad} beyond tolerance, "
+    from .row_store import row_counts      # a list of dicts, or the CLI's RowStore
+    count, bad = row_counts(result["rows"])
+    lines.append(f"{count} record pairs compared, {bad} beyond tolerance, "
                  f"{result['unmatched_count']} records without counterpart")
     first = result["first_divergence"]
     if first is None and result.get("verdict") == "incomplete":

@@ -106,6 +106,8 @@ def _string_value(item: Dict[str, Any], column: str) -> str:
 def _columns(items: Sequence[Dict[str, Any]], strings: _Strings, string_columns: Sequence[str],
              number_columns: Sequence[str]) -> Dict[str, Any]:
     """Columns of `items`; a column holding one value throughout is stored as that value."""
+    if not isinstance(items, list):     # a compare's RowStore: read from its file once
+        items = list(items)
     out: Dict[str, Any] = {"count": len(items)}
     texts = {column: [_string_value(item, column) for item in items] for column in string_columns}
     # columns of few distinct values first: their strings get the short (small) indices

@@ -14,7 +14,7 @@ try:                                    # the C escaper json.dump uses
 except ImportError:                     # pragma: no cover - CPython always has it
     from json.encoder import py_encode_basestring_ascii as _escape
 
-__all__ = ["dumps_indent1", "write_indent1"]
+__all__ = ["dumps_indent1", "write_indent1", "encode_rows"]
 
 _INF = float("inf")
 
@@ -155,7 +155,10 @@ def write_indent1(value: Any, handle: Any, chunk: int = 256) -> None:
             handle.write(",\n ")
         first = False
         handle.write(_key(key) + ": ")
-        if type(item) is list and item:
+        texts = getattr(item, "texts", None)      # a compare's RowStore: its rows' text
+        if texts is not None:
+            _write_texts(texts(), handle)
+        elif type(item) is list and item:
             handle.write("[\n  ")
             out: List[str] = []
             for n, element in enumerate(item):
@@ -169,6 +172,27 @@ def write_indent1(value: Any, handle: Any, chunk: int = 256) -> None:
         else:
             handle.write(dumps_indent1_at(item, 1))
     handle.write("\n}")
+
+
+def encode_rows(rows: Any, level: int) -> str:
+    """The elements of a list at nesting `level` - 1 (a top-level key's list: 2) as
+    write_indent1 writes them between its brackets."""
+    out: List[str] = []
+    separator = ",\n" + " " * level
+    for n, row in enumerate(rows):
+        if n:
+            out.append(separator)
+        _encode(row, level, out)
+    return "".join(out)
+
+
+def _write_texts(texts: Any, handle: Any) -> None:
+    """A list given as pieces of encode_rows(.., 2) text."""
+    first = True
+    for text in texts:
+        handle.write(("[\n  " if first else ",\n  ") + text)
+        first = False
+    handle.write("[]" if first else "\n ]")
 
 
 def dumps_indent1_at(value: Any, level: int) -> str:

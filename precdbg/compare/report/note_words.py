@@ -46,6 +46,10 @@ _PIPELINE_NOTES = {
     NoteCode.PREVIOUS_STEP_UNREAD: lambda f: (
         f"step {f['step']} rank {f['rank']}, the step before the one compared, could not be "
         f"read to judge it ({f['error']})"),
+    NoteCode.STEP_UNREAD: lambda f: (
+        f"step {f['step']} rank {f['rank']} not compared: "
+        + (f"the {f['side']}'s file cannot be read" if f['side'] else "it cannot be read")
+        + f" ({f['error']}); the other steps and ranks are compared"),
     NoteCode.RELABELLED: lambda f: (
         f"compared the baseline's step {f['a'][0]} rank {f['a'][1]} with the candidate's step "
         f"{f['b'][0]} rank {f['b'][1]} (the one step and rank each holds); results name the "

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...errors import DumpError
 from ...storage.reader import Dump
 from ...records.schema import READ_ROLES, WRITE_ROLES, Direction, RecordKind, Role
-from ..judge.rows import Note, NoteCode, Row
+from ..judge.rows import Note, NoteCode
 from ..localize.step_causes import ENTERED_APART
 from ..localize.verdict import Annotation, Verdict
 from .wording import settings_text
@@ -165,17 +165,12 @@ def note_loss_scale(first: Verdict, findings: List[Dict[str, Any]]) -> None:
 _GRADIENT_STOPS = frozenset({"detach", "stop_gradient"})
 
 
-def note_extra_calls(first: Verdict, unmatched: List[Dict[str, Any]],
-                      rows: List[Row]) -> None:
-    """Calls inside the culprit's module that only one run made are part of the evidence (not
-    a call with a counterpart, one of whose records the other run lacks: a gradient that never
-    arrived)."""
+def note_extra_calls(first: Verdict, unmatched: List[Dict[str, Any]]) -> None:
+    """Calls inside the culprit's module that only one run made are part of the evidence:
+    `unmatched`, the records without counterpart that are no paired call's missing record (a
+    gradient that never arrived is not another call; rank_compare.StepFound.one_run)."""
     if first.kind not in (RecordKind.MODULE, RecordKind.API):
         return
-    paired = {("a", row.step, row.rank, row.name_a) for row in rows} | \
-        {("b", row.step, row.rank, row.name_b) for row in rows}
-    unmatched = [u for u in unmatched
-                 if (u["side"], u["step"], u["rank"], u["name"]) not in paired]
     inside = lambda m: first.module == "" or m == first.module or \
         m.startswith(first.module + ".")  # noqa: E731
     # a forward verdict: the calls made in one run only (their forward records); a backward
@@ -241,21 +236,22 @@ def other_causes(steps: Sequence[Any], structural: Sequence[Any],
                  "numbers: " + "; ".join(found[:_OTHER_CAUSES_SHOWN]) + more)]
 
 
-def weights_agree_after(steps: Sequence[Any], first: Optional[Verdict]) -> List[Note]:
+def weights_agree_after(params_agree: Dict[Tuple[int, int], Optional[bool]],
+                        first: Optional[Verdict]) -> List[Note]:
     """When every parameter agrees at the start of each compared step after the verdict's step
     (on its rank): what differs there did not reach the weights beyond tolerance (micro-batches
-    against one batch, a clipping bound neither run reached, an equivalent computation)."""
+    against one batch, a clipping bound neither run reached, an equivalent computation).
+    `params_agree`: per compared (step, rank), whether its parameters all agree (None: it has
+    none; rank_compare.params_agree)."""
     if first is None:
         return []
     later = []
-    for step in steps:
-        if step.step <= first.step:
+    for step in sorted({s for s, _ in params_agree}):
+        if step <= first.step:
             continue
-        params = [e for e in step.entries if e.kind == RecordKind.PARAM and e.direction == Direction.NONE
-                  and e.rank == first.rank]
-        if not params or any(e.diverged or e.trainable_differs for e in params):
+        if not params_agree.get((step, first.rank)):
             return []
-        later.append(step.step)
+        later.append(step)
     if not later:
         return []
     return [Note(NoteCode.WEIGHTS_AGREE_AFTER,

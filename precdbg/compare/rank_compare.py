@@ -1,0 +1,243 @@
+"""One rank's share of a compare (issue 50): its steps aligned, judged and turned into what the
+localizer needs, one (step, rank) pair of files at a time.
+
+`compare_rank(task)` is the unit of work of every way a compare runs: in the main process
+(`--jobs 1`), in worker processes (parallel.py) and on a distributed engine's workers
+(engine.py). Its steps run in ascending order (a step k >= 1 is judged against the same rank's
+step k-1: multistep.NoisePolicy keeps one state per rank), and it returns per step a
+`StepFound`: the rows as one row_store.RowChunk (JSON text, compressed, when the caller
+spools them), the records without counterpart, structural differences, where a run stopped,
+and the entries. The entries of a (step, rank) where nothing differs are cut to its
+parameters (all the localizer and the notes read of a rank that agrees), so what a compare
+keeps across ranks is small. A (step, rank) whose files cannot be read is named
+(`StepUnread`) and the rank's other steps are still compared.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..errors import DumpError
+from ..records.schema import Direction, RecordKind, Role
+from ..storage.common_records import common_records
+from ..storage.reader import Dump, open_dump
+from .align.alignment import align, rename_module
+from .judge.entries import Entry, StepCompare
+from .judge.judges import judge_pairs
+from .judge.metrics import tensor_metrics
+from .judge.multistep import NoisePolicy
+from .judge.pairs import PairTable, StepContext
+from .judge.row_columns import pair_rows
+from .judge.rows import Note, NoteCode
+from .judge.structure import StructuralDiff, structural_differences
+from .judge.unfinished import UnfinishedStep, unfinished_step
+from .report.notes import unobserved_modules
+from .report.row_store import RowChunk, make_chunk
+
+__all__ = ["RankTask", "StepFound", "StepUnread", "RankFound", "compare_rank", "compare_step"]
+
+_PARAM = RecordKind.PARAM
+# (step, rank, pairs done, pairs of the step, phase): a compare's progress inside one step
+StepProgress = Optional[Callable[[int, int, int, int, str], None]]
+
+
+@dataclasses.dataclass
+class RankTask:
+    """One rank's share of a compare: the steps to compare, and those before `--step S` whose
+    parameters the first of them is judged against. `spool`: the rows as compressed JSON text
+    (row_store)."""
+    baseline: str
+    candidate: str
+    rank: int
+    steps: List[int]
+    previous: List[int]
+    same: bool
+    shim_pair: bool
+    mapping: Any
+    alike: bool
+    unknown: List[str]
+    conventions: List[str]
+    spool: bool = False
+
+
+@dataclasses.dataclass
+class StepFound:
+    """What comparing one (step, rank) gave. `one_run`: the records without counterpart that
+    are not a paired call's missing record (a call only one run made)."""
+    step: int
+    rank: int
+    rows: RowChunk
+    unmatched: List[Dict[str, Any]]
+    one_run: List[Dict[str, Any]]
+    structural: List[StructuralDiff]
+    unfinished: List[UnfinishedStep]
+    entries: List[Entry]
+    params_agree: Optional[bool] = None
+
+
+@dataclasses.dataclass
+class StepUnread:
+    """A (step, rank) whose files could not be read: the side whose file failed ("" when the
+    error does not name one of them) and the reader's one line."""
+    step: int
+    rank: int
+    side: str
+    error: str
+
+
+@dataclasses.dataclass
+class RankFound:
+    rank: int
+    steps: List[StepFound]
+    before: Dict[Tuple[int, int], bool]
+    unread: List[Tuple[Tuple[int, int], Note]]      # steps before --step S that failed
+    noise: NoisePolicy
+    unreadable: List[StepUnread] = dataclasses.field(default_factory=list)
+
+
+def _interrupted(dump: Dump, step: int, rank: int) -> bool:
+    """Whether the process ended while this step was being captured (no stop() ran)."""
+    return any(f.attrs.get("interrupted") for f in dump.files(step, rank))
+
+
+def _setting_differences(a: Dump, b: Dump, step: int, rank: int, mapping: Any) -> List[Any]:
+    """Modules whose recorded numeric settings (eps, approximate, momentum, ...) differ."""
+    from ..records.layers import dump_setting_differences
+    modules = (mapping or {}).get("modules") or {}
+    paths = {p: rename_module(p, modules) for p in b.module_settings(step, rank)} \
+        if modules else None
+    return dump_setting_differences(a, b, step, rank, paths)
+
+
+def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
+                 noise: NoisePolicy, shim_pair: bool = False, spool: bool = False,
+                 progress: StepProgress = None) -> StepFound:
+    """Align, judge and sort into entries one (step, rank) of both dumps."""
+    def report(done: int, total: int, phase: str) -> None:
+        if progress is not None:
+            progress(step, rank, done, total, phase)
+    # a precdbg dump against msprobe's: the records both tools write, compared on what both measure
+    ta, tb, _ = common_records(a, a.records(step, rank), b, b.records(step, rank), step, rank)
+    report(0, 0, "aligning")
+    al = align(ta, tb, same, mapping)
+    interrupted = (_interrupted(a, step, rank), _interrupted(b, step, rank))
+    modules = (mapping or {}).get("modules")
+    unfinished: List[UnfinishedStep] = []
+    stop = unfinished_step(ta, tb, al.pairs_a, al.pairs_b, al.only_a, al.only_b, step, rank,
+                           interrupted, (lambda p: rename_module(p, modules)) if modules else None)
+    if stop is not None:
+        unfinished.append(stop)
+        # the run that stopped is compared as far as it got
+        interrupted = (interrupted[0] or stop.side == "baseline",
+                       interrupted[1] or stop.side == "candidate")
+    structural = structural_differences(ta, tb, step, rank, same, mapping,
+                                        _setting_differences(a, b, step, rank, mapping),
+                                        unobserved_modules(a) + unobserved_modules(b),
+                                        interrupted)
+    table = PairTable(ta, tb, al.pairs_a, al.pairs_b)
+    stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
+    total = len(al.pairs_a)
+    pairs = list(zip(al.pairs_a.tolist(), al.pairs_b.tolist()))
+    for p, (i, j) in enumerate(pairs):
+        if stored[p]:
+            table.tensors[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
+        if p % 200 == 0:
+            report(p, total, "comparing")
+    judge_pairs(table, StepContext(step, rank, noise, shim_pair))
+    sc = StepCompare(ta, tb, al)
+    step_rows = pair_rows(table)      # the rows made from the columns at once
+    for row, (i, j) in zip(step_rows, pairs):
+        sc.add(row, i, j)
+    noise.remember(step, rank, table)
+    unmatched: List[Dict[str, Any]] = []
+    for side, records, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
+        for i in idx.tolist():
+            r = records.row(i)
+            unmatched.append({"side": side, "step": step, "rank": rank, "name": r["entry"],
+                              "kind": r["kind"], "module": r["module"], "op": r["op"],
+                              "role": r["role"], "arg_index": r["arg_index"]})
+            if r["kind"] == _PARAM and r["role"] == Role.PARAM:
+                sc.one_run_param(side, r, step, rank)
+    sc.producer_names(step_rows)
+    sc.resolve_reads()
+    paired = {("a", row.name_a) for row in step_rows} | {("b", row.name_b) for row in step_rows}
+    one_run = [u for u in unmatched if (u["side"], u["name"]) not in paired]
+    return StepFound(step, rank, make_chunk(step, rank, step_rows, spool), unmatched, one_run,
+                     structural, unfinished, list(sc.entries.values()))
+
+
+def params_agree(entries: List[Entry]) -> Optional[bool]:
+    """Whether every parameter of a compared (step, rank) agrees at its start (None: it has
+    none): what report.notes.weights_agree_after reads of a step after the verdict's."""
+    params = [e for e in entries if e.kind == _PARAM and e.direction == Direction.NONE]
+    if not params:
+        return None
+    return not any(e.diverged or e.trainable_differs for e in params)
+
+
+def kept_entries(found: StepFound) -> List[Entry]:
+    """The entries the localizer needs of a compared (step, rank): all of them where anything
+    differs (an entry, a structure, a run that stopped); none where nothing does (the rank
+    still counts as compared: StepEntries.compared; its parameters' agreement is
+    `params_agree`)."""
+    if found.structural or found.unfinished or \
+            any(e.diverged or e.trainable_differs for e in found.entries):
+        return found.entries
+    return []
+
+
+def _side_of(exc: DumpError, a: Dump, b: Dump, step: int, rank: int) -> str:
+    text = str(exc)
+    for side, dump in (("baseline", a), ("candidate", b)):
+        if any(getattr(f, "path", None) and str(f.path) in text for f in dump.files(step, rank)):
+            return side
+    return ""
+
+
+def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
+                 progress: StepProgress = None) -> RankFound:
+    """Every step of one rank, as compare_dumps compares them; `dumps`: both dumps already
+    open (the main process), else opened here (a worker) and closed after."""
+    noise = NoisePolicy(alike=task.alike, unknown=task.unknown, conventions=task.conventions)
+    a, b = dumps if dumps is not None else (open_dump(task.baseline), None)
+    try:
+        if b is None:
+            b = open_dump(task.candidate)
+        r = task.rank
+        before: Dict[Tuple[int, int], bool] = {}
+        unread: List[Tuple[Tuple[int, int], Note]] = []
+        for s in task.previous:
+            try:
+                found = compare_step(a, b, s, r, task.same, task.mapping, noise,
+                                     task.shim_pair)
+            except DumpError as exc:
+                unread.append(((s, r), Note(NoteCode.PREVIOUS_STEP_UNREAD,
+                                            facts={"step": s, "rank": r, "error": str(exc)})))
+                continue
+            finally:
+                a.release(s, r)
+                b.release(s, r)
+            noise.settle(r, found.entries)
+            before[(s, r)] = not any(e.diverged or e.trainable_differs for e in found.entries)
+        steps: List[StepFound] = []
+        unreadable: List[StepUnread] = []
+        for s in task.steps:
+            try:
+                out = compare_step(a, b, s, r, task.same, task.mapping, noise, task.shim_pair,
+                                   task.spool, progress)
+            except DumpError as exc:     # named; the rank's other steps are still compared
+                unreadable.append(StepUnread(s, r, _side_of(exc, a, b, s, r), str(exc)))
+                continue
+            finally:                     # one (step, rank) pair of files open at a time
+                a.release(s, r)
+                b.release(s, r)
+            noise.settle(r, out.entries)
+            out.params_agree = params_agree(out.entries)
+            out.entries = kept_entries(out)
+            steps.append(out)
+        return RankFound(r, steps, before, unread, noise, unreadable)
+    finally:
+        if dumps is None:
+            a.close()
+            if b is not None:
+                b.close()

@@ -1,0 +1,206 @@
+"""The rows of a compare, kept per (step, rank) as they are judged (issue 50).
+
+A compare's rows (one per record pair, some fifty values each) are most of its memory: 4.6 KB
+a pair as objects, 22 GB for 1,024 ranks of a small model. `RowStore` takes each (step, rank)'s
+rows as one `RowChunk` and keeps either their JSON dicts (`spool=False`: what
+`compare_dumps` returns by default, a list in the result) or their text in the JSON file's
+layout, compressed, in an unnamed temporary file (`spool=True`: what `precdbg compare` uses), so
+a compare holds one (step, rank)'s rows at a time whatever the number of ranks. The chunks may
+arrive in any order (ranks compared by workers); they are read back in (step, rank) order.
+
+What the pipeline's notes need of all the rows (counts, the first row of a kind, whether any
+has stored tensors) is kept per chunk as `RowFacts` and merged in that order, so the notes are
+the ones made from the whole list.
+
+A chunk is made where its rows are judged (`make_chunk`), in a worker process too: the JSON text
+is then encoded on the workers, and what travels back is the compressed text.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import zlib
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from ...records.schema import Role
+from ..judge.rows import Row
+from .json_out import encode_rows
+
+__all__ = ["RowFacts", "RowChunk", "RowStore", "make_chunk", "row_counts"]
+
+_First = Optional[Tuple[str, str, int]]      # (name_a, role, arg_index) of a row
+
+
+@dataclasses.dataclass
+class RowFacts:
+    """What the notes need of a chunk's rows (or of all of them, merged in order)."""
+    count: int = 0
+    diverged: int = 0
+    measured: bool = False        # a row with stored tensors or both checksums: not statistics only
+    pos_a: bool = False           # a row whose baseline record has pos_mean
+    pos_b: bool = False
+    kinds: Tuple[str, ...] = ()
+    explained: int = 0            # status 'precision'
+    explained_first: str = ""
+    plumbing: int = 0             # status 'integer'
+    plumbing_first: _First = None
+    floored: int = 0              # judged against a rounding floor
+    floored_first: _First = None
+    floored_grad_input: _First = None   # the first such row that is a grad_input
+
+    @classmethod
+    def of(cls, rows: List[Row]) -> "RowFacts":
+        f = cls(count=len(rows))
+        kinds = set()
+        for row in rows:
+            kinds.add(str(row.kind))
+            status = row.status
+            if status == "diverged":
+                f.diverged += 1
+            elif status == "precision":
+                if not f.explained:
+                    f.explained_first = row.name_a
+                f.explained += 1
+            elif status == "integer":
+                if not f.plumbing:
+                    f.plumbing_first = (row.name_a, row.role, row.arg_index)
+                f.plumbing += 1
+            if row.tensor is not None or row.checksum_equal:
+                f.measured = True
+            if row.pos_mean_a is not None:
+                f.pos_a = True
+            if row.pos_mean_b is not None:
+                f.pos_b = True
+            if row.floor is not None:
+                where = (row.name_a, row.role, row.arg_index)
+                if not f.floored:
+                    f.floored_first = where
+                if f.floored_grad_input is None and row.role == Role.GRAD_INPUT:
+                    f.floored_grad_input = where
+                f.floored += 1
+        f.kinds = tuple(sorted(kinds))
+        return f
+
+    def then(self, later: "RowFacts") -> "RowFacts":
+        """These facts followed by those of rows that come after them."""
+        return RowFacts(
+            self.count + later.count, self.diverged + later.diverged,
+            self.measured or later.measured, self.pos_a or later.pos_a,
+            self.pos_b or later.pos_b, tuple(sorted(set(self.kinds) | set(later.kinds))),
+            self.explained + later.explained,
+            self.explained_first if self.explained else later.explained_first,
+            self.plumbing + later.plumbing,
+            self.plumbing_first if self.plumbing else later.plumbing_first,
+            self.floored + later.floored,
+            self.floored_first if self.floored else later.floored_first,
+            self.floored_grad_input if self.floored_grad_input is not None
+            else later.floored_grad_input)
+
+
+@dataclasses.dataclass
+class RowChunk:
+    """One (step, rank)'s rows: their facts, and their JSON dicts or compressed JSON text."""
+    step: int
+    rank: int
+    facts: RowFacts
+    dicts: Optional[List[Dict[str, Any]]] = None
+    text: Optional[bytes] = None      # zlib of the rows' text at the JSON file's indent
+
+
+def make_chunk(step: int, rank: int, rows: List[Row], spool: bool) -> RowChunk:
+    """The chunk of a judged (step, rank)'s rows (the rows are let go of)."""
+    facts = RowFacts.of(rows)
+    dicts = [row.as_json() for row in rows]
+    rows.clear()
+    if not spool:
+        return RowChunk(step, rank, facts, dicts=dicts)
+    text = encode_rows(dicts, 2).encode("utf-8")
+    return RowChunk(step, rank, facts, text=zlib.compress(text, 1))
+
+
+class RowStore:
+    """The rows of a compare by (step, rank): in memory, or spooled to an unnamed temporary
+    file (removed when the store is closed or collected)."""
+
+    def __init__(self, spool: bool = False) -> None:
+        self.spool = spool
+        self._chunks: Dict[Tuple[int, int], RowChunk] = {}
+        self._where: Dict[Tuple[int, int], Tuple[int, int]] = {}   # offset, size in the file
+        self._file: Any = tempfile.TemporaryFile(prefix="precdbg_rows_") if spool else None
+        self._facts: Optional[RowFacts] = None
+
+    def add(self, chunk: RowChunk) -> None:
+        key = (chunk.step, chunk.rank)
+        if chunk.text is not None and self._file is not None:
+            self._file.seek(0, 2)
+            self._where[key] = (self._file.tell(), len(chunk.text))
+            self._file.write(chunk.text)
+            chunk = dataclasses.replace(chunk, text=None)
+        elif chunk.text is not None:       # spooled by a worker, kept in memory here
+            chunk = dataclasses.replace(chunk, dicts=_decode(chunk.text), text=None)
+        self._chunks[key] = chunk
+        self._facts = None
+
+    def facts(self) -> RowFacts:
+        """The facts of all rows, merged in (step, rank) order."""
+        if self._facts is None:
+            merged = RowFacts()
+            for key in sorted(self._chunks):
+                merged = merged.then(self._chunks[key].facts)
+            self._facts = merged
+        return self._facts
+
+    def __len__(self) -> int:
+        return self.facts().count
+
+    def texts(self) -> Iterator[str]:
+        """Each non-empty chunk's rows as the JSON file's text, in (step, rank) order."""
+        for key in sorted(self._chunks):
+            chunk = self._chunks[key]
+            if not chunk.facts.count:
+                continue
+            if key in self._where:
+                offset, size = self._where[key]
+                self._file.seek(offset)
+                yield zlib.decompress(self._file.read(size)).decode("utf-8")
+            else:
+                yield encode_rows(chunk.dicts or [], 2)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        for key in sorted(self._chunks):
+            chunk = self._chunks[key]
+            if key in self._where:
+                offset, size = self._where[key]
+                self._file.seek(offset)
+                yield from _decode(self._file.read(size))
+            else:
+                yield from chunk.dicts or []
+
+    def as_list(self) -> List[Dict[str, Any]]:
+        """Every row's dict, in (step, rank) order (the store is emptied)."""
+        out: List[Dict[str, Any]] = []
+        for row in self:
+            out.append(row)
+        self._chunks.clear()
+        return out
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _decode(text: bytes) -> List[Dict[str, Any]]:
+    return json.loads("[" + zlib.decompress(text).decode("utf-8") + "]")
+
+
+def row_counts(rows: Any) -> Tuple[int, int]:
+    """(rows, rows diverged) of a result's rows: a list of dicts or a RowStore."""
+    if isinstance(rows, RowStore):
+        facts = rows.facts()
+        return facts.count, facts.diverged
+    return len(rows), sum(1 for r in rows if r["status"] == "diverged")

@@ -1,0 +1,182 @@
+"""A compare held per (step, rank) (issue 50): rows spooled to disk give the JSON, CSV, summary
+and HTML data of the list they replace, one process or workers; a rank file that cannot be read
+among many is named in one line and the others are compared (exit 3 where nothing else
+differs, 1 where something does); a rank one side lacks is said."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+
+import pytest
+
+import synthetic as S
+from precdbg.cli import main
+from precdbg.compare import compare_dumps, parallel
+from precdbg.compare.report.formats import summary_text, write_csv, write_json
+from precdbg.compare.report.html import page_data
+from precdbg.compare.report.row_store import RowChunk, RowFacts, RowStore, make_chunk
+from precdbg.compare.judge.rows import NoteCode, Row
+
+RANKS = (0, 1, 2, 3, 4, 5)
+
+
+@pytest.fixture(autouse=True)
+def small_dumps_in_parallel(monkeypatch):
+    monkeypatch.setattr(parallel, "_MIN_PARALLEL_BYTES", 0)
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streaming")
+    base = dict(ranks=RANKS, steps=(0, 1))
+    return (S.write_dump(root / "a", **base),
+            S.write_dump(root / "b", **dict(base, gelu_scale=1.01)),
+            S.write_dump(root / "c", **base))
+
+
+def _truncate(path: str) -> None:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    with open(path, "wb") as handle:
+        handle.write(data[:len(data) // 2])
+
+
+def _files(tmp_path, result, name):
+    json_path, csv_path = tmp_path / f"{name}.json", tmp_path / f"{name}.csv"
+    write_json(result, str(json_path))
+    write_csv(result, str(csv_path))
+    return json_path.read_bytes(), csv_path.read_bytes()
+
+
+@pytest.mark.parametrize("other", [1, 2])
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_spooled_rows_give_the_same_reports(dumps, tmp_path, other, jobs):
+    a, b = dumps[0], dumps[other]
+    listed = compare_dumps(a, b, jobs=1)
+    spooled = compare_dumps(a, b, jobs=jobs, spool_rows=True)
+    assert isinstance(spooled["rows"], RowStore) and isinstance(listed["rows"], list)
+    assert len(spooled["rows"]) == len(listed["rows"]) > 0
+    assert list(spooled["rows"]) == listed["rows"]
+    assert _files(tmp_path, spooled, "s") == _files(tmp_path, listed, "l")
+    assert json.loads((tmp_path / "s.json").read_text()) == \
+        json.loads(json.dumps(listed, default=str))
+    assert summary_text(spooled) == summary_text(listed)
+    spooled_page, listed_page = page_data(spooled), page_data(listed)
+    assert spooled_page == listed_page
+    assert listed["verdict"] == ("diverged" if other == 1 else "match")
+
+
+def test_store_reads_chunks_back_in_step_rank_order():
+    def rows(step, rank, n, status="match"):
+        return [Row(step, rank, f"e{step}.{rank}.{k}", f"e{step}.{rank}.{k}", "api", "forward",
+                    "m", "op", "output", k, "float32", "float32", [2], [2], k, k, status)
+                for k in range(n)]
+    for spool in (False, True):
+        store = RowStore(spool=spool)
+        # arrival order of workers: not (step, rank) order
+        for step, rank, n, status in ((1, 0, 2, "match"), (0, 1, 3, "precision"),
+                                      (0, 0, 1, "diverged"), (1, 1, 0, "match")):
+            store.add(make_chunk(step, rank, rows(step, rank, n, status), spool))
+        names = [r["name_a"] for r in store]
+        assert names == ["e0.0.0", "e0.1.0", "e0.1.1", "e0.1.2", "e1.0.0", "e1.0.1"]
+        facts = store.facts()
+        assert (facts.count, facts.diverged, facts.explained) == (6, 1, 3)
+        assert facts.explained_first == "e0.1.0"
+        assert len(store) == 6
+        store.close()
+    assert RowFacts().then(RowFacts.of([])) == RowFacts()
+    assert RowChunk(0, 0, RowFacts()).dicts is None
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_one_unreadable_rank_among_many_is_named_and_the_rest_compared(
+        tmp_path, capsys, jobs):
+    base = dict(ranks=RANKS, steps=(0, 1))
+    a = S.write_dump(tmp_path / "a", **base)
+    b = S.write_dump(tmp_path / "b", **base)
+    whole = compare_dumps(a, b, jobs=1)
+    damaged = os.path.join(b, "step1", "rank3.h5")
+    _truncate(damaged)
+    checked = os.path.join(a, "step0", "rank0.h5")     # the rank `check` reads first
+    _truncate(checked)
+    result = compare_dumps(a, b, jobs=jobs, spool_rows=True)
+    assert result["verdict"] == "incomplete"
+    unreadable = [p for p in result["incomplete"] if p["why"] == "unreadable"]
+    assert [(p["step"], p["rank"], p["side"]) for p in unreadable] == \
+        [(0, 0, "baseline"), (1, 3, "candidate")]
+    assert damaged in unreadable[1]["error"] and checked in unreadable[0]["error"]
+    per_pair = len(whole["rows"]) // (2 * len(RANKS))
+    assert len(result["rows"]) == len(whole["rows"]) - 2 * per_pair
+    codes = [n["code"] for n in result["notes"]]
+    assert codes.count(NoteCode.STEP_UNREAD.value) == 2
+    # the command: exit 3, each file named on one line of the summary
+    out = tmp_path / "r.json"
+    assert main(["compare", a, b, "--jobs", str(jobs), "--json", str(out)]) == 3
+    text = capsys.readouterr().out
+    lines = [line for line in text.splitlines() if "not compared, a file cannot be read" in line]
+    assert len(lines) == 2 and checked in lines[0] and damaged in lines[1]
+    # --allow-missing does not make damage a match
+    assert main(["compare", a, b, "--allow-missing"]) == 3
+
+
+def test_unreadable_rank_besides_a_divergence(tmp_path, capsys):
+    base = dict(ranks=RANKS, steps=(0,))
+    a = S.write_dump(tmp_path / "a", **base)
+    b = S.write_dump(tmp_path / "b", **dict(base, gelu_scale=1.01))
+    damaged = os.path.join(b, "step0", "rank5.h5")
+    _truncate(damaged)
+    assert main(["compare", a, b]) == 1
+    text = capsys.readouterr().out
+    assert sum(damaged in line for line in text.splitlines()) == 1
+    result = compare_dumps(a, b)
+    assert result["first_divergence"]["rank"] != 5
+    assert {row["rank"] for row in result["rows"]} == set(RANKS) - {5}
+
+
+def test_rank_missing_on_one_side_is_said(tmp_path, capsys):
+    base = dict(ranks=RANKS, steps=(0,))
+    a = S.write_dump(tmp_path / "a", **base)
+    b = S.write_dump(tmp_path / "b", **base)
+    os.remove(os.path.join(b, "step0", "rank2.h5"))
+    for jobs in ("1", "2"):
+        assert main(["compare", a, b, "--jobs", jobs]) == 3
+        text = capsys.readouterr().out
+        assert "step 0 rank 2: only in the baseline" in text
+    result = compare_dumps(a, b)
+    assert {(p["step"], p["rank"], p["why"]) for p in result["incomplete"]} == \
+        {(0, 2, "only_here")}
+
+
+def test_csv_of_spooled_rows_reads_back(dumps, tmp_path):
+    result = compare_dumps(dumps[0], dumps[1], spool_rows=True)
+    path = tmp_path / "r.csv"
+    write_csv(result, str(path))
+    table = list(csv.DictReader(io.StringIO(path.read_text())))
+    assert len(table) == len(result["rows"])
+    assert {row["status"] for row in table} >= {"diverged"}
+
+
+def test_files_released_per_step_and_rank_read_again(tmp_path):
+    """A compare closes each (step, rank)'s files once compared; what reads them later (the
+    verdict's call site, a tensor) opens them again, relabelled files under their label."""
+    from precdbg.storage.reader import open_dump
+    a = S.write_dump(tmp_path / "a", ranks=(0, 1), steps=(0,), task="tensor")
+    dump = open_dump(a)
+    try:
+        table = dump.records(0, 1)
+        stored = [i for i in range(len(table)) if table["data_offset"][i] >= 0]
+        first = dump.tensor_at(table, stored[0]).copy()
+        dump.release(0, 1)
+        assert all(f._file is None for f in dump.files(0, 1))
+        assert (dump.tensor_at(dump.records(0, 1), stored[0]) == first).all()
+    finally:
+        dump.close()
+    # two named files of different ranks: compared under the baseline's numbers, released,
+    # read again for the report
+    b = S.write_dump(tmp_path / "b", ranks=(0, 1), steps=(0,), task="tensor",
+                     gelu_scale=1.01)
+    one = compare_dumps(os.path.join(a, "step0", "rank0.h5"),
+                        os.path.join(b, "step0", "rank1.h5"))
+    assert one["verdict"] == "diverged" and one["first_divergence"]["rank"] == 0
