@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+from decimal import Decimal
 
 import pytest
 
@@ -180,3 +181,34 @@ def test_files_released_per_step_and_rank_read_again(tmp_path):
     one = compare_dumps(os.path.join(a, "step0", "rank0.h5"),
                         os.path.join(b, "step0", "rank1.h5"))
     assert one["verdict"] == "diverged" and one["first_divergence"]["rank"] == 0
+
+
+def test_rows_text_is_json_dumps_bytes():
+    """json_out's rows text (what a spooled chunk holds, copied into the JSON file) and its
+    writer are exactly json.dumps(indent=1, default=str)'s, whatever the values: random rows,
+    names with quotes, non-ASCII and control characters, lists, nested values, floats at the
+    limits, values the standard encoder does not know."""
+    import random
+    from precdbg.compare.report.json_out import encode_rows, write_indent1
+    rnd = random.Random(7)
+
+    def value():
+        return rnd.choice([None, True, False, rnd.randrange(-10 ** 12, 10 ** 12),
+                           rnd.uniform(-1e300, 1e300), 1e308, -0.0, float("nan"),
+                           "".join(chr(rnd.randrange(0, 0x2FF)) for _ in range(4)),
+                           [rnd.randrange(100) for _ in range(rnd.randrange(4))],
+                           [None, 1.5, "x\x00"], "\x00precdbg-list-0\x00"])
+    for _ in range(500):
+        rows = [{(f"k{j}" if j % 5 else f"\u00e9\"{j}"): value()
+                 for j in range(rnd.randrange(1, 12))} for _ in range(rnd.randrange(1, 4))]
+        for row in rows:       # a compare row's two shapes (or, now and then, no list)
+            row["shape_a"] = [rnd.randrange(9) for _ in range(rnd.randrange(3))]
+            row["shape_b"] = rnd.choice([[], [3, 4], None, "[1]"])
+            row["after"] = value()
+        rows.append({"nested": {"a": 1}, "b": [[1]], "shape_a": [1], "shape_b": []})
+        rows.append({"shape_a": [1], "shape_b": [], "odd": Decimal(1)})   # default=str
+        want = json.dumps({"rows": rows, "n": 1}, indent=1, default=str)
+        assert '{\n "rows": [\n  ' + encode_rows(rows, 2) + '\n ],\n "n": 1\n}' == want
+        handle = io.StringIO()
+        write_indent1({"rows": rows, "n": 1}, handle)
+        assert handle.getvalue() == want
