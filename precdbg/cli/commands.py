@@ -177,7 +177,10 @@ def run_compare(args: argparse.Namespace) -> int:
                                mapping_file=args.map, progress=progress,
                                allow_missing=args.allow_missing, jobs=_compare_jobs(args),
                                engine=_compare_engine(args),
-                               spool_rows=True)    # rows on disk: memory bounded per rank
+                               # rows on disk (memory bounded per rank), and only when a
+                               # file will hold them
+                               spool_rows=True,
+                               keep_rows=bool(args.json or args.csv or args.html))
     finally:
         progress.close()
     sys.stdout.write(user_words(summary_text(result)))     # a damaged file in the user's words

@@ -92,7 +92,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                   rank: Optional[int] = None, mapping_file: Optional[str] = None,
                   progress: Progress = None, allow_missing: bool = False,
                   jobs: int = 1, engine: Optional[Tuple[str, Optional[str]]] = None,
-                  spool_rows: bool = False) -> Dict[str, Any]:
+                  spool_rows: bool = False, keep_rows: bool = True) -> Dict[str, Any]:
     """Compare two dumps (roots, step folders or step files). Baseline is `a`. `progress`, when
     given, is called with a CompareProgress as the compare goes (see compare/progress.py).
     Where no divergence is found but the compare does not cover both runs (`incomplete`: steps
@@ -102,7 +102,9 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     on a distributed engine's workers (engine.py), one task per rank, against dumps every
     worker reads at the same paths; the result is the same. `spool_rows`: the result's "rows"
     is a row_store.RowStore holding them on disk (iterable, `len`; report.formats writes it),
-    so the compare's memory does not grow with the ranks, instead of a list of dicts. A
+    so the compare's memory does not grow with the ranks, instead of a list of dicts;
+    `keep_rows` False: no row is kept or encoded, only counted (a caller that writes no rows:
+    "rows" is then an empty RowStore whose `len` is their number). A
     (step, rank) whose files cannot be read is named (note `step_unread`, `incomplete` part
     `unreadable`) and the others are compared."""
     mapping = load_mapping(mapping_file) if mapping_file else None
@@ -116,7 +118,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         fa, fb = _framework(a), _framework(b)
         same = bool(fa) and vocabulary(fa) == vocabulary(fb)   # one vocabulary of names
         shim_pair = same and fa != fb     # a torch shim's dump against PyTorch's
-        store = RowStore(spool=spool_rows)
+        store = RowStore(spool=spool_rows, keep=keep_rows)
         taken = _Taken(store)
         optimizer_differs = optimizer_setup(setup["findings"])
         strict = optimizer_setup(setup["findings"], conventions=False)
@@ -132,7 +134,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
         tasks = [RankTask(os.path.abspath(baseline), os.path.abspath(candidate), r,
                           [s for s, q in pairs if q == r], [s for s, q in previous if q == r],
                           same, shim_pair, mapping, noise.alike, noise.unknown,
-                          noise.conventions, spool=spool_rows)
+                          noise.conventions, spool=spool_rows, keep_rows=keep_rows)
                  for r in sorted({r for _, r in pairs})]
         done = _progress_of_ranks(progress, len(pairs), taken)
         if parallel:        # the ranks are read again by the workers: the check's copies go
@@ -246,7 +248,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
                 "setup_notes": setup["notes"], "setup_unchecked": setup["unchecked"],
                 "baseline": {"path": baseline, "framework": fa},
                 "candidate": {"path": candidate, "framework": fb},
-                "rows": store if spool_rows else store.as_list()}
+                "rows": store if spool_rows or not keep_rows else store.as_list()}
     finally:
         a.close()
         b.close()

@@ -45,7 +45,7 @@ StepProgress = Optional[Callable[[int, int, int, int, str], None]]
 class RankTask:
     """One rank's share of a compare: the steps to compare, and those before `--step S` whose
     parameters the first of them is judged against. `spool`: the rows as compressed JSON text
-    (row_store)."""
+    (row_store); `keep_rows` False: their facts only."""
     baseline: str
     candidate: str
     rank: int
@@ -58,6 +58,7 @@ class RankTask:
     unknown: List[str]
     conventions: List[str]
     spool: bool = False
+    keep_rows: bool = True
 
 
 @dataclasses.dataclass
@@ -111,7 +112,7 @@ def _setting_differences(a: Dump, b: Dump, step: int, rank: int, mapping: Any) -
 
 def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                  noise: NoisePolicy, shim_pair: bool = False, spool: bool = False,
-                 progress: StepProgress = None) -> StepFound:
+                 progress: StepProgress = None, keep_rows: bool = True) -> StepFound:
     """Align, judge and sort into entries one (step, rank) of both dumps."""
     def report(done: int, total: int, phase: str) -> None:
         if progress is not None:
@@ -162,8 +163,8 @@ def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: An
     sc.resolve_reads()
     paired = {("a", row.name_a) for row in step_rows} | {("b", row.name_b) for row in step_rows}
     one_run = [u for u in unmatched if (u["side"], u["name"]) not in paired]
-    return StepFound(step, rank, make_chunk(step, rank, step_rows, spool), unmatched, one_run,
-                     structural, unfinished, list(sc.entries.values()))
+    return StepFound(step, rank, make_chunk(step, rank, step_rows, spool, keep_rows),
+                     unmatched, one_run, structural, unfinished, list(sc.entries.values()))
 
 
 def params_agree(entries: List[Entry]) -> Optional[bool]:
@@ -224,7 +225,7 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
         for s in task.steps:
             try:
                 out = compare_step(a, b, s, r, task.same, task.mapping, noise, task.shim_pair,
-                                   task.spool, progress)
+                                   task.spool, progress, task.keep_rows)
             except DumpError as exc:     # named; the rank's other steps are still compared
                 unreadable.append(StepUnread(s, r, _side_of(exc, a, b, s, r), str(exc)))
                 continue

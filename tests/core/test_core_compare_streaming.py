@@ -212,3 +212,15 @@ def test_rows_text_is_json_dumps_bytes():
         handle = io.StringIO()
         write_indent1({"rows": rows, "n": 1}, handle)
         assert handle.getvalue() == want
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_rows_not_kept_are_counted(dumps, jobs):
+    """A compare whose rows no file will hold (`precdbg compare` without --json/--csv/--html)
+    encodes none: the verdict, notes and counts are those of the compare that keeps them."""
+    kept = compare_dumps(dumps[0], dumps[1], jobs=1)
+    counted = compare_dumps(dumps[0], dumps[1], jobs=jobs, spool_rows=True, keep_rows=False)
+    assert len(counted["rows"]) == len(kept["rows"]) and list(counted["rows"]) == []
+    assert summary_text(counted) == summary_text(kept)
+    assert {k: v for k, v in counted.items() if k != "rows"} == \
+        {k: v for k, v in kept.items() if k != "rows"}

@@ -108,9 +108,14 @@ class RowChunk:
     text: Optional[bytes] = None      # zlib of the rows' text at the JSON file's indent
 
 
-def make_chunk(step: int, rank: int, rows: List[Row], spool: bool) -> RowChunk:
-    """The chunk of a judged (step, rank)'s rows (the rows are let go of)."""
+def make_chunk(step: int, rank: int, rows: List[Row], spool: bool,
+               keep: bool = True) -> RowChunk:
+    """The chunk of a judged (step, rank)'s rows (the rows are let go of); `keep` False: their
+    facts only (a compare that writes no rows: none are encoded)."""
     facts = RowFacts.of(rows)
+    if not keep:
+        rows.clear()
+        return RowChunk(step, rank, facts, dicts=[])
     dicts = [row.as_json() for row in rows]
     rows.clear()
     if not spool:
@@ -121,13 +126,15 @@ def make_chunk(step: int, rank: int, rows: List[Row], spool: bool) -> RowChunk:
 
 class RowStore:
     """The rows of a compare by (step, rank): in memory, or spooled to an unnamed temporary
-    file (removed when the store is closed or collected)."""
+    file (removed when the store is closed or collected); `keep` False: their facts only (it
+    iterates over nothing; `len` and `facts` count them)."""
 
-    def __init__(self, spool: bool = False) -> None:
-        self.spool = spool
+    def __init__(self, spool: bool = False, keep: bool = True) -> None:
+        self.spool, self.keep = spool, keep
         self._chunks: Dict[Tuple[int, int], RowChunk] = {}
         self._where: Dict[Tuple[int, int], Tuple[int, int]] = {}   # offset, size in the file
-        self._file: Any = tempfile.TemporaryFile(prefix="precdbg_rows_") if spool else None
+        self._file: Any = tempfile.TemporaryFile(prefix="precdbg_rows_") \
+            if spool and keep else None
         self._facts: Optional[RowFacts] = None
 
     def add(self, chunk: RowChunk) -> None:
@@ -156,6 +163,8 @@ class RowStore:
 
     def texts(self) -> Iterator[str]:
         """Each non-empty chunk's rows as the JSON file's text, in (step, rank) order."""
+        if not self.keep:
+            return
         for key in sorted(self._chunks):
             chunk = self._chunks[key]
             if not chunk.facts.count:
