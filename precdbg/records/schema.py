@@ -108,7 +108,9 @@ def scalar_mask(dtypes: np.ndarray) -> np.ndarray:
             return np.zeros(len(column), dtype=bool)
         codes = column.view(np.uint32).reshape(len(column), width)[:, :len(_SCALAR_PREFIX)]
         return (codes == _PREFIX_CODES).all(axis=1)
-    return np.char.startswith(dtypes, _SCALAR_PREFIX)
+    # bytes against a bytes prefix: numpy 2 has no startswith of bytes by str
+    return np.char.startswith(column, _SCALAR_PREFIX.encode() if column.dtype.kind == "S"
+                              else _SCALAR_PREFIX)
 
 
 DTYPE_VALUE = _SCALAR_PREFIX + "dtype"     # dtype of an argument that is itself a dtype
