@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from ..errors import DumpError
 from ..records.schema import Direction, RecordKind, Role
 from ..storage.common_records import common_records
@@ -32,7 +34,7 @@ from .judge.rows import Note, NoteCode
 from .judge.structure import StructuralDiff, structural_differences
 from .judge.unfinished import UnfinishedStep, unfinished_step
 from .report.notes import unobserved_modules
-from .report.row_store import RowChunk, make_chunk
+from .report.row_store import RowChunk, RowFacts, make_chunk
 
 __all__ = ["RankTask", "StepFound", "StepUnread", "RankFound", "compare_rank", "compare_step"]
 
@@ -136,19 +138,29 @@ def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: An
                                         unobserved_modules(a) + unobserved_modules(b),
                                         interrupted)
     table = PairTable(ta, tb, al.pairs_a, al.pairs_b)
-    stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
     total = len(al.pairs_a)
-    pairs = list(zip(al.pairs_a.tolist(), al.pairs_b.tolist()))
-    for p, (i, j) in enumerate(pairs):
-        if stored[p]:
-            table.tensors[p] = tensor_metrics(a.tensor_at(ta, i), b.tensor_at(tb, j))
-        if p % 200 == 0:
+    report(0, total, "comparing")
+    stored = (ta["data_offset"][al.pairs_a] >= 0) & (tb["data_offset"][al.pairs_b] >= 0)
+    shown = 0
+    for p in np.nonzero(stored)[0].tolist():       # element-wise metrics where both stored
+        table.tensors[p] = tensor_metrics(a.tensor_at(ta, int(al.pairs_a[p])),
+                                          b.tensor_at(tb, int(al.pairs_b[p])))
+        if p - shown >= 200:
+            shown = p
             report(p, total, "comparing")
     judge_pairs(table, StepContext(step, rank, noise, shim_pair))
+    # rows only for what is reported: every pair's when a file will hold them, else only the
+    # pairs that differ (the entries' evidence); the rest is counted from the columns
+    bad = np.nonzero(table.diverged)[0]
+    if keep_rows:
+        step_rows = pair_rows(table)
+        bad_rows = [step_rows[p] for p in bad.tolist()]
+    else:
+        step_rows = []
+        bad_rows = pair_rows(table, bad)
     sc = StepCompare(ta, tb, al)
-    step_rows = pair_rows(table)      # the rows made from the columns at once
-    for row, (i, j) in zip(step_rows, pairs):
-        sc.add(row, i, j)
+    sc.add_pairs(table, bad_rows)
+    facts = RowFacts.of(table)
     noise.remember(step, rank, table)
     unmatched: List[Dict[str, Any]] = []
     for side, records, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
@@ -161,9 +173,12 @@ def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: An
                 sc.one_run_param(side, r, step, rank)
     sc.producer_names(step_rows)
     sc.resolve_reads()
-    paired = {("a", row.name_a) for row in step_rows} | {("b", row.name_b) for row in step_rows}
-    one_run = [u for u in unmatched if (u["side"], u["name"]) not in paired]
-    return StepFound(step, rank, make_chunk(step, rank, step_rows, spool, keep_rows),
+    one_run: List[Dict[str, Any]] = []
+    if unmatched:
+        paired = {("a", name) for name in ta["entry"][al.pairs_a].tolist()} | \
+            {("b", name) for name in tb["entry"][al.pairs_b].tolist()}
+        one_run = [u for u in unmatched if (u["side"], u["name"]) not in paired]
+    return StepFound(step, rank, make_chunk(step, rank, facts, step_rows, spool, keep_rows),
                      unmatched, one_run, structural, unfinished, list(sc.entries.values()))
 
 

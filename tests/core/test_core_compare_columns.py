@@ -14,7 +14,7 @@ import pytest
 import synthetic as S
 from precdbg.compare import compare_dumps
 from precdbg.compare.align.alignment import align
-from precdbg.compare.judge.entries import pair_row
+from precdbg.compare.judge.entries import StepCompare, pair_row
 from precdbg.compare.judge.judges import judge_pairs
 from precdbg.compare.judge.metrics import tensor_metrics
 from precdbg.compare.judge.multistep import NoisePolicy
@@ -23,7 +23,9 @@ from precdbg.compare.judge.row_columns import finite_list, pair_rows
 from precdbg.compare.judge.rows import finite_or_none
 from precdbg.compare.report.formats import write_json
 from precdbg.compare.report.json_out import dumps_indent1, write_indent1
+from precdbg.compare.report.row_store import RowFacts
 from precdbg.storage.reader import open_dump
+from row_reference import entries_row_by_row, entry_fields, facts_of_rows
 
 VARIANTS = {
     "gelu": dict(gelu_scale=1.01),
@@ -99,3 +101,45 @@ def test_compare_json_file_as_json_dump(tmp_path):
     path = tmp_path / "r.json"
     write_json(result, str(path))
     assert path.read_text(encoding="utf-8") == json.dumps(result, indent=1, default=str)
+
+
+ENTRY_VARIANTS = dict(VARIANTS, approximate=dict(approximate="tanh"),
+                      weight=dict(weight_scale=1.5), data=dict(input_scale=2.0),
+                      extra=dict(extra_call=True, gelu_scale=1.01))
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_VARIANTS))
+def test_entries_and_facts_from_columns_equal_row_by_row(tmp_path, name):
+    """StepCompare.add_pairs (rows made only for the pairs that differ) gives the entries and
+    differing reads the row-by-row loop gave from every pair's row; RowFacts.of(table) the
+    facts of every row; pair_rows of a subset the rows of those pairs."""
+    changes = ENTRY_VARIANTS[name]
+    base = {k: v for k, v in changes.items() if k in ("task", "checksum", "dtype", "steps")}
+    a_root = S.write_dump(tmp_path / "a", **base)
+    b_root = S.write_dump(tmp_path / "b", **changes)
+    differing = 0
+    for step in base.get("steps", (0,)):
+        a, b, table = _tables(a_root, b_root, step)
+        try:
+            rows = pair_rows(table)
+            bad = np.nonzero(table.diverged)[0]
+            differing += len(bad)
+            assert pair_rows(table, bad) == [rows[p] for p in bad.tolist()]
+            some = np.arange(0, len(table), 3)
+            assert pair_rows(table, some) == [rows[p] for p in some.tolist()]
+            assert RowFacts.of(table) == facts_of_rows(rows)
+            al = align(table.a, table.b, True, None)
+            sc = StepCompare(table.a, table.b, al)
+            sc.add_pairs(table, pair_rows(table, bad))
+            pairs = list(zip(table.ia.tolist(), table.ib.tolist()))
+            expected, reads = entries_row_by_row(table.a, table.b, rows, pairs)
+            assert list(sc.entries) == list(expected)
+            assert [entry_fields(e) for e in sc.entries.values()] == \
+                [entry_fields(e) for e in expected.values()]
+            assert [(ev, i, j) for ev, i, j in sc.reads] == reads
+            assert sc.entry_of_a == {i: sc.entries[(r.direction, r.name_a)]
+                                     for r, (i, _) in zip(rows, pairs)}
+        finally:
+            a.close()
+            b.close()
+    assert differing > 0 or name == "bf16"

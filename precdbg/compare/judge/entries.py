@@ -5,12 +5,14 @@ captured). `localize.py` walks them to the first divergence."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ...storage.reader import RecordTable
-from ...records.schema import NO_PRODUCER, READ_ROLES, WRITE_ROLES, Direction, RecordKind, is_scalar_dtype
+from ...records.schema import (NO_PRODUCER, READ_ROLES, WRITE_ROLES, Direction, RecordKind,
+                               scalar_mask)
 from ..align.alignment import Alignment
 from .one_run_writer import WriterIndex, writer_of
 from .pairs import PairTable
@@ -21,6 +23,8 @@ __all__ = ["Entry", "StepEntries", "StepCompare", "pair_row", "all_zero_side"]
 _BACKWARD, _NONE = Direction.BACKWARD, Direction.NONE
 _PARAM, _MODULE = RecordKind.PARAM, RecordKind.MODULE
 _PARAM_GRAD = RecordKind.PARAM_GRAD
+_READ_ROLES = sorted(r.value for r in READ_ROLES)
+_BIG = 1e308
 
 
 @dataclasses.dataclass(eq=False)
@@ -149,51 +153,112 @@ def pair_row(t: PairTable, p: int) -> Row:
 
 
 class StepCompare:
-    """One step and rank of both dumps: rows, entries, and where each read tensor came from."""
+    """One step and rank of both dumps: entries, and where each differing read came from."""
 
     def __init__(self, ta: RecordTable, tb: RecordTable, al: Alignment) -> None:
         self.ta, self.tb, self.al = ta, tb, al
         self.entries: Dict[Tuple[str, str], Entry] = {}
-        self.entry_of_a: Dict[int, Entry] = {}
-        self.entry_of_b: Dict[int, Entry] = {}
-        self.row_of_seq = (dict(zip(ta["seq"].tolist(), range(len(ta["seq"])))),
-                           dict(zip(tb["seq"].tolist(), range(len(tb["seq"])))))
+        self._paired: Tuple[List[int], List[int], List[Entry]] = ([], [], [])
+        self._entry_of: Optional[Tuple[Dict[int, Entry], Dict[int, Entry]]] = None
         self.unpaired = (set(al.only_a.tolist()), set(al.only_b.tolist()))
         self.reads: List[Tuple[Evidence, int, int]] = []
 
-    def add(self, row: Row, i: int, j: int) -> None:
-        ta, tb = self.ta, self.tb
-        key = (row.direction, row.name_a)
-        e = self.entries.get(key)
-        if e is None:
-            e = self.entries[key] = Entry(row.step, row.rank, row.direction, row.kind,
-                                          row.name_a, row.name_b, row.module, row.op,
-                                          row.order, row.seq)
-        self.entry_of_a[i], self.entry_of_b[j] = e, e
-        e.seq = min(e.seq, row.seq)
-        if row.diverged:
-            e.first_bad = min(e.first_bad, row.seq)
-        if row.kind == _PARAM and bool(ta["trainable"][i]) != bool(tb["trainable"][j]):
-            e.trainable_differs = True
-        is_read = row.role in READ_ROLES
-        if is_scalar_dtype(row.dtype_b):        # a non-tensor argument: a cause, not data
-            if row.diverged:
+    @functools.cached_property
+    def row_of_seq(self) -> Tuple[Dict[int, int], Dict[int, int]]:
+        """Per side, a record's seq -> its row (provenance only)."""
+        return (dict(zip(self.ta["seq"].tolist(), range(len(self.ta["seq"])))),
+                dict(zip(self.tb["seq"].tolist(), range(len(self.tb["seq"])))))
+
+    @property
+    def entry_of_a(self) -> Dict[int, Entry]:
+        """Paired record of a -> its entry (made when first asked: provenance only)."""
+        return self._entry_maps()[0]
+
+    @property
+    def entry_of_b(self) -> Dict[int, Entry]:
+        return self._entry_maps()[1]
+
+    def _entry_maps(self) -> Tuple[Dict[int, Entry], Dict[int, Entry]]:
+        if self._entry_of is None:
+            rows_a, rows_b, entries = self._paired
+            self._entry_of = (dict(zip(rows_a, entries)), dict(zip(rows_b, entries)))
+        return self._entry_of
+
+    def add_pairs(self, t: PairTable, bad_rows: Sequence[Row]) -> None:
+        """Every pair of the judged table `t` (of this step's tables and alignment) into its
+        entry, from the columns: an entry per (direction, baseline name), what agrees counted,
+        what differs kept as evidence from `bad_rows`, the rows of the pairs that differ in
+        pair order (row_columns.pair_rows(t, np.nonzero(t.diverged)[0]))."""
+        ta, tb, ia, ib = self.ta, self.tb, t.ia, t.ib
+        n = len(ia)
+        if not n:
+            return
+        direction, name_a = ta["direction"][ia].tolist(), ta["entry"][ia].tolist()
+        group: Dict[Tuple[str, str], int] = {}
+        first: List[int] = []
+        codes = []
+        for p, key in enumerate(zip(direction, name_a)):
+            g = group.get(key)
+            if g is None:
+                g = group[key] = len(first)
+                first.append(p)
+            codes.append(g)
+        code = np.asarray(codes, dtype=np.int64)
+        by_group = np.argsort(code, kind="stable")
+        starts = np.searchsorted(code[by_group], np.arange(len(first)))
+        seq = ta["seq"][ia].astype(np.int64)
+        diverged = np.asarray(t.diverged, dtype=bool)
+        seq_min = np.minimum.reduceat(seq[by_group], starts).tolist()
+        bad_seq = np.minimum.reduceat(np.where(diverged, seq, 1 << 62)[by_group], starts).tolist()
+        kind = ta["kind"][ia]
+        differs = (kind == _PARAM.value) & (ta["trainable"][ia].astype(bool)
+                                      != tb["trainable"][ib].astype(bool))
+        trainable = np.maximum.reduceat(differs[by_group], starts).tolist()
+        at = np.asarray(first, dtype=np.int64)
+        fields = [ta[c][ia[at]].tolist() for c in ("step", "rank", "direction", "kind", "entry")]
+        fields.append(tb["entry"][ib[at]].tolist())
+        fields += [ta[c][ia[at]].tolist() for c in ("module", "op", "order")]
+        entries: List[Entry] = []
+        for g, (step, rank, d, k, na, nb, module, op, order) in enumerate(zip(*fields)):
+            e = Entry(step, rank, d, k, na, nb, module, op, order, seq_min[g],
+                      first_bad=bad_seq[g], trainable_differs=bool(trainable[g]))
+            entries.append(e)
+            self.entries[(d, na)] = e
+        self._paired = (ia.tolist(), ib.tolist(), [entries[g] for g in codes])
+        self._entry_of = None
+        scalar = scalar_mask(tb["dtype"][ib])
+        read = np.isin(ta["role"][ia], _READ_ROLES)
+        tensor_ok = ~scalar & ~diverged
+        # what agrees: counted, and each agreeing read's checksum verdict kept
+        outputs_ok = np.bincount(code[tensor_ok & ~read], minlength=len(first)).tolist()
+        reads_ok = np.nonzero(tensor_ok & read)[0]
+        err = np.asarray(t.err, dtype=np.float64)[reads_ok]
+        err = np.where(np.isnan(err), 0.0, np.clip(err, -_BIG, _BIG)).tolist()
+        both = (ta["checksum"][ia[reads_ok]] != "") & (tb["checksum"][ib[reads_ok]] != "")
+        equal = np.asarray(t.checksum_equal, dtype=bool)[reads_ok]
+        sums = [None if not b else bool(q) for b, q in zip(both.tolist(), equal.tolist())]
+        roles, args = ta["role"][ia[reads_ok]].tolist(), ta["arg_index"][ia[reads_ok]].tolist()
+        tensors = t.tensors
+        for p, role, arg, same, worst in zip(reads_ok.tolist(), roles, args, sums, err):
+            e = entries[codes[p]]
+            e.inputs_ok += 1
+            e.reads_agreeing.append((role, arg, same, tensors[p] is None))
+            if worst > e.inputs_ok_err:
+                e.inputs_ok_err = worst
+        for e, count in zip(entries, outputs_ok):
+            e.outputs_ok = count
+        # what differs: evidence, from the rows of the pairs that differ
+        for p, row in zip(np.nonzero(diverged)[0].tolist(), bad_rows):
+            e, i, j = entries[codes[p]], int(ia[p]), int(ib[p])
+            if scalar[p]:                       # a non-tensor argument: a cause, not data
                 e.args_bad.append(ArgDiff(row.role, row.arg_index, str(ta["arg_key"][i]),
                                           str(ta["text"][i]), str(tb["text"][j])))
-            return
-        if row.diverged:
+                continue
             ev = Evidence.of(row)
+            is_read = bool(read[p])
             (e.inputs_bad if is_read else e.outputs_bad).append(ev)
             if is_read or row.kind == _PARAM_GRAD:     # a dw may pass a dx on unchanged
                 self.reads.append((ev, i, j))
-        elif is_read:
-            e.inputs_ok += 1
-            e.reads_agreeing.append((row.role, row.arg_index, row.checksum_equal,
-                                     row.tensor is None))
-            if row.err is not None and row.err > e.inputs_ok_err:
-                e.inputs_ok_err = row.err
-        else:
-            e.outputs_ok += 1
 
     def one_run_param(self, side: str, r: Dict[str, Any], step: int, rank: int) -> None:
         """A parameter present in one run only is an inventory difference (buffers are

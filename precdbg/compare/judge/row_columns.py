@@ -13,7 +13,7 @@ import numpy as np
 from .pairs import PairTable
 from .rows import Row, finite_or_none
 
-__all__ = ["pair_rows", "finite_list"]
+__all__ = ["pair_rows", "finite_list", "status_column"]
 
 _BIG = 1e308
 
@@ -29,16 +29,27 @@ def _shapes(t: Any, idx: np.ndarray) -> List[List[int]]:
     return [[int(d) for d in row[:n]] for row, n in zip(dims, ndim)]
 
 
-def _status(t: PairTable) -> List[str]:
+def status_column(t: PairTable) -> np.ndarray:
     """PairTable.status of every pair, as its value."""
-    status = np.select([t.diverged, t.precision_explained, t.integer_plumbing, t.convention],
-                       ["diverged", "precision", "integer", "convention"], "match")
-    return status.tolist()
+    return np.select([t.diverged, t.precision_explained, t.integer_plumbing, t.convention],
+                     ["diverged", "precision", "integer", "convention"], "match")
 
 
-def pair_rows(t: PairTable) -> List[Row]:
-    """The rows of every pair of a judged pair table, in pair order."""
-    a, b, ia, ib = t.a, t.b, t.ia, t.ib
+def pair_rows(t: PairTable, which: Optional[np.ndarray] = None) -> List[Row]:
+    """The rows of the pairs `which` (pair indices, ascending; None: every pair) of a judged
+    pair table, in pair order."""
+    a, b = t.a, t.b
+    if which is None:
+        ia, ib, tensors = t.ia, t.ib, t.tensors
+
+        def pick(values: np.ndarray) -> np.ndarray:
+            return values
+    else:
+        ia, ib = t.ia[which], t.ib[which]
+        tensors = [t.tensors[p] for p in which.tolist()]
+
+        def pick(values: np.ndarray) -> np.ndarray:
+            return values[which]
     n = len(ia)
     if n == 0:
         return []
@@ -54,23 +65,24 @@ def pair_rows(t: PairTable) -> List[Row]:
     dtype_a, dtype_b = col(a, ia, "dtype"), col(b, ib, "dtype")
     shape_a, shape_b = _shapes(a, ia), _shapes(b, ib)
     order, seq, phase = col(a, ia, "order"), col(a, ia, "seq"), col(a, ia, "phase")
-    status, judged_by = _status(t), [str(j) for j in t.judged_by.tolist()]
+    status = pick(status_column(t)).tolist()
+    judged_by = [str(j) for j in pick(t.judged_by).tolist()]
     stats = {f"{s}_{side}": finite_list(table[s][idx])
              for s in ("min", "max", "mean", "norm")
              for side, table, idx in (("a", a, ia), ("b", b, ib))}
-    deltas = {k: finite_list(getattr(t, k)) for k in
+    deltas = {k: finite_list(pick(getattr(t, k))) for k in
               ("d_min", "d_max", "d_mean", "d_norm", "d_pos_mean", "err", "tol")}
     pos_a = finite_list(a["pos_mean"][ia]) if "pos_mean" in a else [None] * n
     pos_b = finite_list(b["pos_mean"][ib]) if "pos_mean" in b else [None] * n
     nan_a, nan_b = col(a, ia, "nan_count"), col(b, ib, "nan_count")
     inf_a, inf_b = col(a, ia, "inf_count"), col(b, ib, "inf_count")
     sums = (col(a, ia, "checksum"), col(b, ib, "checksum"))
-    checksum_equal = t.checksum_equal.tolist()
-    floor, floor_decided = t.floor.tolist(), t.floor_decided.tolist()
-    share = t.update_share
+    checksum_equal = pick(t.checksum_equal).tolist()
+    floor, floor_decided = pick(t.floor).tolist(), pick(t.floor_decided).tolist()
+    share = pick(t.update_share)
     shares = finite_list(share)
     judged_share = np.isfinite(share).tolist()
-    dw_agreed = t.dw_agreed.tolist()
+    dw_agreed = pick(t.dw_agreed).tolist()
     rows: List[Row] = []
     for p in range(n):
         row = Row(step[p], rank[p], name_a[p], name_b[p], kind[p], direction[p], module[p],
@@ -94,7 +106,7 @@ def pair_rows(t: PairTable) -> List[Row]:
             row.checksum_equal = checksum_equal[p]
         if floor_decided[p]:
             row.floor = float(floor[p])
-        tm = t.tensors[p]
+        tm = tensors[p]
         if tm is not None:
             row.tensor = {k: finite_or_none(v) for k, v in tm.items()}
         if judged_share[p]:

@@ -23,7 +23,11 @@ import tempfile
 import zlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
+
 from ...records.schema import Role
+from ..judge.pairs import PairTable
+from ..judge.row_columns import status_column
 from ..judge.rows import Row
 from .json_out import encode_rows
 
@@ -50,36 +54,45 @@ class RowFacts:
     floored_grad_input: _First = None   # the first such row that is a grad_input
 
     @classmethod
-    def of(cls, rows: List[Row]) -> "RowFacts":
-        f = cls(count=len(rows))
-        kinds = set()
-        for row in rows:
-            kinds.add(str(row.kind))
-            status = row.status
-            if status == "diverged":
-                f.diverged += 1
-            elif status == "precision":
-                if not f.explained:
-                    f.explained_first = row.name_a
-                f.explained += 1
-            elif status == "integer":
-                if not f.plumbing:
-                    f.plumbing_first = (row.name_a, row.role, row.arg_index)
-                f.plumbing += 1
-            if row.tensor is not None or row.checksum_equal:
-                f.measured = True
-            if row.pos_mean_a is not None:
-                f.pos_a = True
-            if row.pos_mean_b is not None:
-                f.pos_b = True
-            if row.floor is not None:
-                where = (row.name_a, row.role, row.arg_index)
-                if not f.floored:
-                    f.floored_first = where
-                if f.floored_grad_input is None and row.role == Role.GRAD_INPUT:
-                    f.floored_grad_input = where
-                f.floored += 1
-        f.kinds = tuple(sorted(kinds))
+    def of(cls, t: PairTable) -> "RowFacts":
+        """The facts of the rows of every pair of a judged pair table, from its columns (what
+        `pair_rows(t)` holds, without making the rows)."""
+        n = len(t)
+        if not n:
+            return cls()
+        a, b, ia, ib = t.a, t.b, t.ia, t.ib
+        status = status_column(t)
+        names = a["entry"][ia]
+        role, arg_index = a["role"][ia], a["arg_index"][ia]
+
+        def first(mask: np.ndarray, where: bool) -> Any:
+            at = int(np.argmax(mask))
+            if not where:
+                return str(names[at])
+            return (str(names[at]), str(role[at]), int(arg_index[at]))
+
+        explained, plumbing = status == "precision", status == "integer"
+        floored = np.asarray(t.floor_decided, dtype=bool)
+        grad_input = floored & (role == Role.GRAD_INPUT.value)
+        # a row's checksum_equal is True only where both records have a checksum
+        sums = ((a["checksum"][ia] != "") & (b["checksum"][ib] != "")
+                & np.asarray(t.checksum_equal, dtype=bool))
+        f = cls(count=n, diverged=int(np.count_nonzero(status == "diverged")),
+                measured=bool(sums.any()) or any(tm is not None for tm in t.tensors),
+                pos_a="pos_mean" in a and bool((~np.isnan(a["pos_mean"][ia])).any()),
+                pos_b="pos_mean" in b and bool((~np.isnan(b["pos_mean"][ib])).any()),
+                kinds=tuple(sorted(str(k) for k in np.unique(a["kind"][ia]).tolist())),
+                explained=int(np.count_nonzero(explained)),
+                plumbing=int(np.count_nonzero(plumbing)),
+                floored=int(np.count_nonzero(floored)))
+        if f.explained:
+            f.explained_first = first(explained, False)
+        if f.plumbing:
+            f.plumbing_first = first(plumbing, True)
+        if f.floored:
+            f.floored_first = first(floored, True)
+        if grad_input.any():
+            f.floored_grad_input = first(grad_input, True)
         return f
 
     def then(self, later: "RowFacts") -> "RowFacts":
@@ -108,11 +121,11 @@ class RowChunk:
     text: Optional[bytes] = None      # zlib of the rows' text at the JSON file's indent
 
 
-def make_chunk(step: int, rank: int, rows: List[Row], spool: bool,
+def make_chunk(step: int, rank: int, facts: RowFacts, rows: List[Row], spool: bool,
                keep: bool = True) -> RowChunk:
-    """The chunk of a judged (step, rank)'s rows (the rows are let go of); `keep` False: their
-    facts only (a compare that writes no rows: none are encoded)."""
-    facts = RowFacts.of(rows)
+    """The chunk of a judged (step, rank)'s rows (`facts`: theirs, RowFacts.of its pair
+    table; the rows are let go of); `keep` False: their facts only (a compare that writes no
+    rows: none are made, none are encoded)."""
     if not keep:
         rows.clear()
         return RowChunk(step, rank, facts, dicts=[])
