@@ -29,7 +29,7 @@ from .judge.judges import judge_pairs
 from .judge.metrics import tensor_metrics
 from .judge.multistep import NoisePolicy
 from .judge.pairs import PairTable, StepContext
-from .judge.row_columns import pair_rows
+from .judge.row_columns import pair_rows, row_columns
 from .judge.rows import Note, NoteCode
 from .judge.structure import StructuralDiff, structural_differences
 from .judge.unfinished import UnfinishedStep, unfinished_step
@@ -151,15 +151,9 @@ def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: An
     judge_pairs(table, StepContext(step, rank, noise, shim_pair))
     # rows only for what is reported: every pair's when a file will hold them, else only the
     # pairs that differ (the entries' evidence); the rest is counted from the columns
-    bad = np.nonzero(table.diverged)[0]
-    if keep_rows:
-        step_rows = pair_rows(table)
-        bad_rows = [step_rows[p] for p in bad.tolist()]
-    else:
-        step_rows = []
-        bad_rows = pair_rows(table, bad)
     sc = StepCompare(ta, tb, al)
-    sc.add_pairs(table, bad_rows)
+    sc.add_pairs(table, pair_rows(table, np.nonzero(table.diverged)[0]))
+    step_rows = row_columns(table) if keep_rows else None
     facts = RowFacts.of(table)
     noise.remember(step, rank, table)
     unmatched: List[Dict[str, Any]] = []
@@ -171,7 +165,6 @@ def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: An
                               "role": r["role"], "arg_index": r["arg_index"]})
             if r["kind"] == _PARAM and r["role"] == Role.PARAM:
                 sc.one_run_param(side, r, step, rank)
-    sc.producer_names(step_rows)
     sc.resolve_reads()
     one_run: List[Dict[str, Any]] = []
     if unmatched:

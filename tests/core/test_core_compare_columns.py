@@ -1,6 +1,6 @@
 """The compare's column paths (issue 50) give what the row-by-row paths gave: the rows of a
 judged step made from its columns at once (`judge.row_columns.pair_rows`) equal
-`entries.pair_row` pair by pair, and the JSON file written by `report.json_out` has the bytes of
+`row_reference.pair_row` pair by pair, and the JSON file written by `report.json_out` has the bytes of
 `json.dump(result, handle, indent=1, default=str)`."""
 from __future__ import annotations
 
@@ -14,18 +14,20 @@ import pytest
 import synthetic as S
 from precdbg.compare import compare_dumps
 from precdbg.compare.align.alignment import align
-from precdbg.compare.judge.entries import StepCompare, pair_row
+from precdbg.compare.judge.entries import StepCompare
 from precdbg.compare.judge.judges import judge_pairs
 from precdbg.compare.judge.metrics import tensor_metrics
 from precdbg.compare.judge.multistep import NoisePolicy
 from precdbg.compare.judge.pairs import PairTable, StepContext
-from precdbg.compare.judge.row_columns import finite_list, pair_rows
+from precdbg.compare.judge.row_columns import finite_list, pair_rows, row_columns
+from precdbg.compare.judge.rows import ROW_KEYS
 from precdbg.compare.judge.rows import finite_or_none
 from precdbg.compare.report.formats import write_json
-from precdbg.compare.report.json_out import dumps_indent1, write_indent1
+from precdbg.compare.report.json_out import (dumps_indent1, encode_row_columns, encode_rows,
+                                             write_indent1)
 from precdbg.compare.report.row_store import RowFacts
 from precdbg.storage.reader import open_dump
-from row_reference import entries_row_by_row, entry_fields, facts_of_rows
+from row_reference import entries_row_by_row, entry_fields, facts_of_rows, pair_row
 
 VARIANTS = {
     "gelu": dict(gelu_scale=1.01),
@@ -143,3 +145,45 @@ def test_entries_and_facts_from_columns_equal_row_by_row(tmp_path, name):
             a.close()
             b.close()
     assert differing > 0 or name == "bf16"
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_VARIANTS))
+def test_row_columns_json_text_equals_the_rows_json(tmp_path, name):
+    """The JSON text written from a step's columns (encode_row_columns) is encode_rows of
+    every row's dict; RowColumns.dicts() are the rows' as_json()."""
+    changes = ENTRY_VARIANTS[name]
+    base = {k: v for k, v in changes.items() if k in ("task", "checksum", "dtype", "steps")}
+    a_root = S.write_dump(tmp_path / "a", **base)
+    b_root = S.write_dump(tmp_path / "b", **changes)
+    for step in base.get("steps", (0,)):
+        a, b, table = _tables(a_root, b_root, step)
+        try:
+            columns = row_columns(table)
+            dicts = [r.as_json() for r in pair_rows(table)]
+            assert columns.dicts() == dicts
+            assert encode_row_columns(ROW_KEYS, columns.values, columns.tensors, 2) == \
+                encode_rows(dicts, 2)
+        finally:
+            a.close()
+            b.close()
+
+
+def test_row_columns_json_text_of_odd_values():
+    """Columns of mixed and odd values (NaN, infinities, str enums, numpy scalars, nested
+    lists, control characters, -0.0) are written as the standard encoder writes them."""
+    keys = ["s", "f", "i", "b", "l", "mixed"]
+    columns = [["a\u00e9\n\"\x1b", "", _Word.X], [float("nan"), -0.0, float("inf")],
+               [1, -(1 << 70), np.int64(3)], [True, None, False], [[1, 2], [], [[3], 4]],
+               [1.5, "x", {"k": [1, {}]}]]
+    extra = [None, {"cosine": 1.0, "i": 7}, None]
+    dicts = []
+    for p in range(3):
+        d = dict(zip(keys, (c[p] for c in columns)))
+        if extra[p] is not None:
+            d.update(extra[p])
+        dicts.append(d)
+    for level in (1, 2, 3):
+        assert encode_row_columns(keys, columns, extra, level) == encode_rows(dicts, level)
+    assert "[\n " + encode_row_columns(keys, columns, extra, 1) + "\n]" == \
+        json.dumps(dicts, indent=1, default=str)
+    assert encode_row_columns(keys, [[] for _ in keys], [], 2) == ""

@@ -18,7 +18,7 @@ from precdbg.compare import compare_dumps, parallel
 from precdbg.compare.report.formats import summary_text, write_csv, write_json
 from precdbg.compare.report.html import page_data
 from precdbg.compare.report.row_store import RowChunk, RowFacts, RowStore, make_chunk
-from row_reference import facts_of_rows
+from row_reference import columns_of_rows, facts_of_rows
 from precdbg.compare.judge.rows import NoteCode, Row
 
 RANKS = (0, 1, 2, 3, 4, 5)
@@ -81,7 +81,8 @@ def test_store_reads_chunks_back_in_step_rank_order():
         for step, rank, n, status in ((1, 0, 2, "match"), (0, 1, 3, "precision"),
                                       (0, 0, 1, "diverged"), (1, 1, 0, "match")):
             chunk_rows = rows(step, rank, n, status)
-            store.add(make_chunk(step, rank, facts_of_rows(chunk_rows), chunk_rows, spool))
+            store.add(make_chunk(step, rank, facts_of_rows(chunk_rows),
+                                  columns_of_rows(chunk_rows), spool))
         names = [r["name_a"] for r in store]
         assert names == ["e0.0.0", "e0.1.0", "e0.1.1", "e0.1.2", "e1.0.0", "e1.0.1"]
         facts = store.facts()

@@ -222,3 +222,26 @@ def test_a_real_change_above_the_floor_is_still_a_divergence(tmp_path, changes, 
     assert (first["step"], first["name_a"], first["role"]) == (0, name, role), first
     (row,) = _rows(result, name, role, arg)
     assert row["status"] == "diverged" and row["err"] > 10 * row["tol"], row
+
+
+def test_carried_sums_of_a_small_call_are_numpys_to_the_last_bit(monkeypatch):
+    """A small call's carried floors summed in Python floats are the doubles numpy gives
+    (NaN, infinities, zeros of both signs, zero norms among the values)."""
+    import math
+    import random
+    from precdbg.compare.judge import floors
+    rng = random.Random(0)
+    odd = [0.0, -0.0, 1.0, 1e-300, 1e300, float("inf"), float("nan"), 3.5, 1e-30, 0.5]
+    cases = []
+    for _ in range(3000):
+        carried = [(rng.choice(odd + [rng.random()]), rng.choice(odd + [rng.random() * 10]))
+                   for _ in range(rng.randint(1, 5))]
+        cases.append((carried, [rng.choice(odd + [rng.random() * 10])
+                                for _ in range(rng.randint(1, 5))]))
+    small = [floors._carried_sums(c, n) for c, n in cases]
+    monkeypatch.setattr(floors, "_SMALL_CALL", -1)
+    with np.errstate(invalid="ignore"):
+        large = [floors._carried_sums(c, n) for c, n in cases]
+    same = [(x == y and math.copysign(1, x) == math.copysign(1, y)) or (x != x and y != y)
+            for xs, ys in zip(small, large) for x, y in zip(xs, ys)]
+    assert len(same) > 3000 and all(same)

@@ -16,9 +16,9 @@ from ...records.schema import (NO_PRODUCER, READ_ROLES, WRITE_ROLES, Direction, 
 from ..align.alignment import Alignment
 from .one_run_writer import WriterIndex, writer_of
 from .pairs import PairTable
-from .rows import ArgDiff, Evidence, Producer, Row, Source, finite_or_none
+from .rows import ArgDiff, Evidence, Producer, Row, Source
 
-__all__ = ["Entry", "StepEntries", "StepCompare", "pair_row", "all_zero_side"]
+__all__ = ["Entry", "StepEntries", "StepCompare", "all_zero_side"]
 
 _BACKWARD, _NONE = Direction.BACKWARD, Direction.NONE
 _PARAM, _MODULE = RecordKind.PARAM, RecordKind.MODULE
@@ -117,39 +117,6 @@ class StepEntries:
                        and e.direction == entry.direction and e.name_a == entry.name_a),
                       key=lambda e: e.rank)
 
-
-
-def pair_row(t: PairTable, p: int) -> Row:
-    """The row of pair `p` of a judged pair table."""
-    ra, rb = t.a.row(int(t.ia[p])), t.b.row(int(t.ib[p]))
-    row = Row(ra["step"], ra["rank"], ra["entry"], rb["entry"], ra["kind"], ra["direction"],
-              ra["module"], ra["op"], ra["role"], ra["arg_index"], ra["dtype"], rb["dtype"],
-              list(ra["shape"]), list(rb["shape"]), ra["order"], ra["seq"],
-              t.status(p).value)
-    row.judged_by = str(t.judged_by[p])
-    row.module_b = rb["module"]
-    row.phase = ra["phase"]
-    for stat in ("min", "max", "mean", "norm"):
-        setattr(row, f"{stat}_a", finite_or_none(ra[stat]))
-        setattr(row, f"{stat}_b", finite_or_none(rb[stat]))
-    for key in ("d_min", "d_max", "d_mean", "d_norm", "d_pos_mean", "err", "tol"):
-        setattr(row, key, finite_or_none(getattr(t, key)[p]))
-    row.pos_mean_a = finite_or_none(ra.get("pos_mean", np.nan))
-    row.pos_mean_b = finite_or_none(rb.get("pos_mean", np.nan))
-    row.nan_a, row.nan_b = ra["nan_count"], rb["nan_count"]
-    row.inf_a, row.inf_b = ra["inf_count"], rb["inf_count"]
-    if ra["checksum"] and rb["checksum"]:      # None: a side has none, nothing was compared
-        row.checksum_equal = bool(t.checksum_equal[p])
-    if t.floor_decided[p]:
-        row.floor = float(t.floor[p])
-    tm = t.tensors[p]
-    if tm is not None:
-        row.tensor = {k: finite_or_none(v) for k, v in tm.items()}
-    if np.isfinite(t.update_share[p]):
-        row.update_share = finite_or_none(t.update_share[p])
-    if t.dw_agreed[p] >= 0:
-        row.dw_agreed = bool(t.dw_agreed[p])
-    return row
 
 
 class StepCompare:
@@ -277,18 +244,6 @@ class StepCompare:
         table = self.ta if side == 0 else self.tb
         seq = int(table["producer"][i])
         return None if seq == NO_PRODUCER else self.row_of_seq[side].get(seq)
-
-    def producer_names(self, rows: List[Row]) -> None:
-        for side, table, pairs in ((0, self.ta, self.al.pairs_a), (1, self.tb, self.al.pairs_b)):
-            if not rows or not len(pairs):
-                continue
-            entry, row_of = table["entry"], self.row_of_seq[side]
-            attr = "producer_a" if side == 0 else "producer_b"
-            # what _producer_row finds, the producer column read once for every pair
-            for row, seq in zip(rows, table["producer"][pairs].tolist()):
-                k = None if seq == NO_PRODUCER else row_of.get(seq)
-                if k is not None:
-                    setattr(row, attr, str(entry[k]))
 
     def _writers(self) -> Dict[int, List[Tuple[int, int]]]:
         """Per storage of the baseline: (seq, row) of the paired records that wrote into it."""

@@ -130,6 +130,7 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
     scalar = scalar_mask(b["dtype"][ib]).tolist()
     calls: Dict[Tuple[str, str], List[int]] = {}
     first: Dict[Tuple[str, str], int] = {}          # a call's first seq: the order visited
+    dy_calls, dx_calls = set(), set()
     for p, key in enumerate(zip(a["direction"][ia].tolist(), a["entry"][ia].tolist())):
         if scalar[p]:
             continue
@@ -140,10 +141,22 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
             members.append(p)
             if seqs[p] < first[key]:
                 first[key] = seqs[p]
+        if roles[p] == _GRAD_OUTPUT:
+            dy_calls.add(key)
+        elif roles[p] == _GRAD_INPUT:
+            dx_calls.add(key)
+    # a floor begins at a dx summed from its call's dy: every call visited before the first
+    # call with both has none, and passes none on
+    begins = [first[key] for key in dy_calls & dx_calls]
+    if not begins:
+        return floor
+    start = min(begins)
     by_seq: Dict[int, float] = {}
     by_tensor: Dict[int, float] = {}
     floors = [0.0] * n
     for key in sorted(calls, key=first.__getitem__):
+        if first[key] < start:
+            continue
         carried: List[Tuple[float, float]] = []      # (floor, norm) of the reads with one
         dys: List[int] = []
         writes: List[int] = []
@@ -177,7 +190,21 @@ def _carried_sums(carried: List[Tuple[float, float]], norms: List[float]) -> Lis
     """Per written value of norm `o` (`norms`), the floors its call's reads carry in, each
     scaled by the call's gain capped at 1: sum over the reads (floor f, norm nr) of
     f * min(1, o / nr) (f where nr is 0), added in the reads' order as Python's sum adds (an
-    accumulate, not numpy's pairwise sum: the same float to the last bit)."""
+    accumulate, not numpy's pairwise sum: the same float to the last bit). A small call in
+    Python floats (numpy's overhead is most of its cost there), a large one in numpy: the
+    same operations on the same doubles, the same result."""
+    if len(carried) * len(norms) <= _SMALL_CALL:
+        out = []
+        for o in norms:
+            total = None
+            for f, nr in carried:
+                gain = o / nr if nr > 0.0 else 1.0
+                if gain >= 1.0:            # np.minimum(1, gain): NaN stays NaN
+                    gain = 1.0
+                term = f * gain
+                total = term if total is None else total + term
+            out.append(total)
+        return out
     fr = np.array([f for f, _ in carried], dtype=np.float64)
     nr = np.array([n for _, n in carried], dtype=np.float64)
     o = np.array(norms, dtype=np.float64)[:, None]
@@ -185,6 +212,9 @@ def _carried_sums(carried: List[Tuple[float, float]], norms: List[float]) -> Lis
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         gain = np.where(positive, np.minimum(1.0, o / np.where(positive, nr, 1.0)), 1.0)
     return np.add.accumulate(fr * gain, axis=1)[:, -1].tolist()
+
+
+_SMALL_CALL = 256       # reads x writes of a call summed in Python floats
 
 
 def apply_floors(t: PairTable) -> None:

@@ -41,7 +41,7 @@ gradients (dw) agreed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -227,24 +227,30 @@ class NoisePolicy:
         """After the step's verdicts per pair (the judged pair table): keep what step k+1 is
         judged against."""
         ta, tb, ia, ib = st.a, st.b, st.ia, st.ib
-        diverged, floor, tol = st.diverged, st.floor, st.tol
-        own = np.fmax(np.abs(ta["norm"][ia].astype(np.float64)),
-                      np.abs(tb["norm"][ib].astype(np.float64)))
-        kind, role = ta["kind"][ia], ta["role"][ia]
-        keys = list(zip(ta["module"][ia].tolist(), ta["op"][ia].tolist()))
-        now_a, now_b = _statistics(ta, ia), _statistics(tb, ib)
+        kind = ta["kind"][ia]
+        params = np.nonzero((kind == _PARAM.value) & (ta["role"][ia] == Role.PARAM.value))[0]
+        grads = np.nonzero(kind == _PARAM_GRAD.value)[0]
         stats: Dict[Key, Tuple[np.ndarray, np.ndarray]] = {}
+        if len(params):
+            at_a, at_b = ia[params], ib[params]
+            now_a, now_b = _statistics(ta, at_a), _statistics(tb, at_b)
+            keys = zip(ta["module"][at_a].tolist(), ta["op"][at_a].tolist())
+            # rows of their own arrays: a view would keep the step's whole statistics table
+            # alive per rank
+            for key, sa, sb in zip(keys, now_a, now_b):
+                stats[key] = (sa, sb)
         dw: Dict[Key, bool] = {}
         rounding: Dict[Key, bool] = {}
-        for p in range(len(ia)):
-            if kind[p] == _PARAM and role[p] == Role.PARAM:
-                # copies: a view would keep the step's whole statistics table alive per rank
-                stats[keys[p]] = (now_a[p].copy(), now_b[p].copy())
-            elif kind[p] == _PARAM_GRAD:
-                dw[keys[p]] = dw.get(keys[p], True) and not bool(diverged[p])
-                # rounding of the sum is at least a tenth of the gradient: noise, not signal
-                rounding[keys[p]] = rounding.get(keys[p], True) and \
-                    bool(own[p] <= ROUNDING_SHARE_OF_NOISE * tol[p] * floor[p])
+        if len(grads):
+            at = ia[grads]
+            own = np.fmax(np.abs(ta["norm"][at].astype(np.float64)),
+                          np.abs(tb["norm"][ib[grads]].astype(np.float64)))
+            # rounding of the sum is at least a tenth of the gradient: noise, not signal
+            noise = own <= ROUNDING_SHARE_OF_NOISE * st.tol[grads] * st.floor[grads]
+            keys = zip(ta["module"][at].tolist(), ta["op"][at].tolist())
+            for key, bad, small in zip(keys, st.diverged[grads].tolist(), noise.tolist()):
+                dw[key] = dw.get(key, True) and not bad
+                rounding[key] = rounding.get(key, True) and small
         self._last[rank] = _Last(step, stats, dw, rounding)
 
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .entries import Entry
     from .one_run_writer import OneRunWriter
 
-__all__ = ["Row", "Evidence", "ArgDiff", "Producer", "Source", "finite_or_none", "Note",
+__all__ = ["Row", "ROW_KEYS", "Evidence", "ArgDiff", "Producer", "Source", "finite_or_none", "Note",
            "NoteCode"]
 
 EVIDENCE_METRICS = ("min_a", "min_b", "max_a", "max_b", "mean_a", "mean_b", "norm_a", "norm_b",
@@ -114,7 +114,8 @@ class Row:
                 if k in tensor or k in _METRIC_KEYS}
 
 
-_ROW_KEYS = tuple(f.name for f in dataclasses.fields(Row) if f.name != "tensor")
+# a row's JSON keys, in order (the element-wise metrics of `tensor` follow where it has them)
+ROW_KEYS = _ROW_KEYS = tuple(f.name for f in dataclasses.fields(Row) if f.name != "tensor")
 _row_values = operator.attrgetter(*_ROW_KEYS)      # every value at once, in C
 _METRIC_KEYS = tuple(k for k in EVIDENCE_METRICS if k in _ROW_KEYS)
 _metric_values = operator.attrgetter(*_METRIC_KEYS)

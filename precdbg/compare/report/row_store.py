@@ -27,9 +27,9 @@ import numpy as np
 
 from ...records.schema import Role
 from ..judge.pairs import PairTable
-from ..judge.row_columns import status_column
-from ..judge.rows import Row
-from .json_out import encode_rows
+from ..judge.row_columns import RowColumns, status_column
+from ..judge.rows import ROW_KEYS
+from .json_out import encode_row_columns, encode_rows
 
 __all__ = ["RowFacts", "RowChunk", "RowStore", "make_chunk", "row_counts"]
 
@@ -121,19 +121,16 @@ class RowChunk:
     text: Optional[bytes] = None      # zlib of the rows' text at the JSON file's indent
 
 
-def make_chunk(step: int, rank: int, facts: RowFacts, rows: List[Row], spool: bool,
-               keep: bool = True) -> RowChunk:
+def make_chunk(step: int, rank: int, facts: RowFacts, rows: Optional[RowColumns],
+               spool: bool, keep: bool = True) -> RowChunk:
     """The chunk of a judged (step, rank)'s rows (`facts`: theirs, RowFacts.of its pair
-    table; the rows are let go of); `keep` False: their facts only (a compare that writes no
-    rows: none are made, none are encoded)."""
-    if not keep:
-        rows.clear()
+    table; `rows`: their values column by column, row_columns of the table); `keep` False:
+    their facts only (a compare that writes no rows: none are made, none are encoded)."""
+    if not keep or rows is None:
         return RowChunk(step, rank, facts, dicts=[])
-    dicts = [row.as_json() for row in rows]
-    rows.clear()
     if not spool:
-        return RowChunk(step, rank, facts, dicts=dicts)
-    text = encode_rows(dicts, 2).encode("utf-8")
+        return RowChunk(step, rank, facts, dicts=rows.dicts())
+    text = encode_row_columns(ROW_KEYS, rows.values, rows.tensors, 2).encode("utf-8")
     return RowChunk(step, rank, facts, text=zlib.compress(text, 1))
 
 
