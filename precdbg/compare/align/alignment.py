@@ -11,10 +11,14 @@ and dx of an API or module call then pair with those of the call its forward rec
 with (a backward pass has no module call to count within: an extra call on one side would
 shift every later backward pair of its op in the module). A user mapping renames module paths
 or ops of the candidate before pairing.
+
+Keys and calls are integer codes shared by both tables (`grouping`: a code per distinct string
+of a column, one per distinct tuple of codes), and occurrences, pairs and order come from numpy
+sorts of them, with no Python object per record: the pairs are those, in the order, of a tuple
+key per record and a dict of its rows per key.
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -23,6 +27,8 @@ import numpy as np
 from ...storage.reader import RecordTable
 from ...records.schema import Direction, RecordKind, Role, scalar_mask
 from .casts import CAST, casts, casts_by_shape, pair_casts_by_input
+from .grouping import (argsort, codes, first_at, group, in_seq_order, occurrences, pair_by_key,
+                       split)
 
 __all__ = ["Alignment", "align", "load_mapping", "rename_module"]
 
@@ -69,70 +75,111 @@ def _leaves_of_either(table: RecordTable, other: RecordTable) -> Dict[str, str]:
     return leaves
 
 
-def _keys(table: RecordTable, by_name: bool, mapping: Optional[Mapping[str, Mapping[str, str]]],
-          leaves: Optional[Dict[str, str]] = None, module_calls: bool = True,
-          across: bool = False) -> List[Tuple]:
-    """Per record its pairing key. `module_calls=False` (the other dump has no module records:
-    level api) counts occurrences in the whole module, not per module call; `across`: the
-    dumps are of two frameworks."""
-    n = len(table)
-    module = table["module"].tolist()
-    kind = table["kind"].tolist()
-    if by_name:
-        op = [f"{p}.{a}" for p, a in zip(table["prefix"].tolist(), table["api"].tolist())]
+def _key_codes(a: RecordTable, b: RecordTable, col: Dict[str, List[np.ndarray]], by_name: bool,
+               mapping: Optional[Mapping[str, Mapping[str, str]]],
+               leaves: Tuple[Dict[str, str], Dict[str, str]], module_calls: bool = True,
+               across: bool = False, kinds: Optional[List[Tuple[np.ndarray, ...]]] = None
+               ) -> Tuple[np.ndarray, np.ndarray, int, Optional[np.ndarray]]:
+    """Per record of a and of b its pairing key as one integer code shared by both tables,
+    the number of keys, and (not by name) which keys are of casts. A key is (kind, direction,
+    module, which call of the module, op, role, argument position); the mapping renames b's
+    modules and ops. `module_calls=False` (the other dump has no module records: level api)
+    counts occurrences in the whole module, not per module call; `across`: the dumps are of
+    two frameworks; `kinds`: each table's `_kinds`."""
+    cast = None
+    kinds = kinds or [_kinds(a), _kinds(b)]
+    if by_name:                  # the op is `prefix.api`: codes of the strings, pair by pair
+        module = final = col["module"]
+        pair = group(np.concatenate(col["prefix"]), np.concatenate(col["api"]))
+        nprefix = int(max(c.max(initial=-1) for c in col["prefix"])) + 1
+        prefixes = [t["prefix"][at[at >= 0]].tolist()
+                    for t, at in zip((a, b), (first_at(c, nprefix) for c in col["prefix"]))]
+        if any("." in p for side in prefixes for p in side):  # two pairs may name one op
+            first = np.unique(pair, return_index=True)[1]
+            prefix = np.concatenate([a["prefix"], b["prefix"]])[first].tolist()
+            api = np.concatenate([a["api"], b["api"]])[first].tolist()
+            pair = codes([f"{p}.{x}" for p, x in zip(prefix, api)])[0][pair]
+        op = split(pair, [len(a), len(b)])
     else:
-        op = table["op"].tolist()
-        # a leaf module's functional op belongs to the module that called the leaf: it pairs
-        # with the same op called directly by that module in the other run (F.gelu in
-        # MLP.forward against a GELU cell mlp.act)
-        leaves = _leaf_modules(table) if leaves is None else leaves
-        module = [m.rpartition(".")[0] if kind[i] == _API and leaves.get(m) == op[i] else m
-                  for i, m in enumerate(module)]
-        # a module is one object at one path: across frameworks its records pair by the path,
-        # whatever its class (nn.GELU against a user's GeluWithBprop cell); within one, a
-        # mapping may put a wrapper and the model it holds at one path, told apart by class
-        if across:
-            op = ["" if k == _MODULE else o for k, o in zip(kind, op)]
-    # before the mapping renames module paths
-    within = _module_call_of(table, module) if module_calls else [-1] * n
-    if mapping:
-        modules, ops = mapping.get("modules", {}), mapping.get("ops", {})
-        module = [rename_module(m, modules) for m in module]
-        op = [ops.get(o, o) for o in op]
-    direction = table["direction"].tolist()
-    role, arg = table["role"].tolist(), table["arg_index"].tolist()
-    return list(zip(kind, direction, module, within, op, role, arg))
+        paths, ops = [], []
+        for table, leaf in zip((a, b), leaves):
+            kind, op_of = table["kind"].tolist(), table["op"].tolist()
+            # a leaf module's functional op belongs to the module that called the leaf: it
+            # pairs with the same op called directly by that module in the other run (F.gelu
+            # in MLP.forward against a GELU cell mlp.act)
+            paths.append([m.rpartition(".")[0] if k == _API and leaf.get(m) == o else m
+                          for k, m, o in zip(kind, table["module"].tolist(), op_of)])
+            # a module is one object at one path: across frameworks its records pair by the
+            # path, whatever its class (nn.GELU against a user's GeluWithBprop cell); within
+            # one, a mapping may put a wrapper and the model it holds at one path, told apart
+            # by class
+            ops.append(["" if k == _MODULE else o for k, o in zip(kind, op_of)] if across
+                       else op_of)
+        module = codes(*paths)        # before the mapping renames module paths
+        if mapping:
+            modules, renames = mapping.get("modules", {}), mapping.get("ops", {})
+            renamed: Dict[str, str] = {}
+            paths[1] = [renamed.get(m) or renamed.setdefault(m, rename_module(m, modules))
+                        for m in paths[1]]
+            ops[1] = [renames.get(o, o) for o in ops[1]]
+        final, op = codes(*paths), codes(*ops)
+        is_cast = np.asarray([o == CAST for side in ops for o in side], dtype=bool)
+    within = [_module_call_of(t, m, k) if module_calls else np.full(len(t), -1, np.int64)
+              for t, m, k in zip((a, b), module, kinds)]
+    columns = (col["kind"], col["direction"], final, within, op, col["role"],
+               [a["arg_index"], b["arg_index"]])
+    key = group(*(np.concatenate(c) for c in columns))
+    nkeys = int(key.max()) + 1 if len(key) else 0
+    if not by_name:
+        cast = np.zeros(nkeys, bool)
+        cast[key[is_cast]] = True
+    key_a, key_b = split(key, [len(a), len(b)])
+    return key_a, key_b, nkeys, cast
 
 
 _OUTSIDE = -2        # _module_call_of: an API call of a module's path outside its calls
 
 
-def _module_call_of(table: RecordTable, module: List[str]) -> List[int]:
-    """Per record, which forward call of its module it ran in (the last one begun before it;
-    -1 before the first, for backward records, and where no module call was recorded): an
-    extra call inside one call of a module (a gradient accumulation's micro-batch) shifts the
-    pairs of that call only."""
-    kind, forward = table["kind"], table["direction"] == _FORWARD
-    seq = table["seq"].tolist()
-    begun: Dict[str, Dict[str, List[int]]] = {}      # path -> entry -> [first, last] seq
-    entries = table["entry"]
-    module_rows = np.nonzero(forward & (kind == _MODULE))[0]
-    for i, entry in zip(module_rows.tolist(), entries[module_rows].tolist()):
-        span = begun.setdefault(module[i], {}).setdefault(entry, [seq[i], seq[i]])
-        span[0], span[1] = min(span[0], seq[i]), max(span[1], seq[i])
-    spans = {path: sorted(calls.values()) for path, calls in begun.items()}
-    starts = {path: [lo for lo, _ in found] for path, found in spans.items()}
-    out = [-1] * len(module)          # backward records and others: in no call
-    for i in np.nonzero(forward & (kind == _API))[0].tolist():
-        path = module[i]
-        found = starts.get(path)
-        if not found:
-            continue
-        at = bisect.bisect_right(found, seq[i]) - 1
-        # after its module's call returned: the root's path also owns what runs outside the
-        # model (the loss, clipping), which pairs by its occurrence outside every call
-        out[i] = _OUTSIDE if at >= 0 and seq[i] > spans[path][at][1] else at
+def _module_call_of(table: RecordTable, module: np.ndarray,
+                    kinds: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+                    ) -> np.ndarray:
+    """Per record, which forward call of its module (`module`: a code per path) it ran in (the
+    last one begun before it; -1 before the first, for backward records, and where no module
+    call was recorded): an extra call inside one call of a module (a gradient accumulation's
+    micro-batch) shifts the pairs of that call only. `kinds`: the masks of forward, API and
+    module records."""
+    forward, api, modules = kinds or _kinds(table)
+    seq = table["seq"].astype(np.int64)
+    out = np.full(len(table), -1, np.int64)   # backward records and others: in no call
+    rows = np.nonzero(forward & modules)[0]
+    asked = np.nonzero(forward & api)[0]
+    if not len(rows) or not len(asked):
+        return out
+    call = group(module[rows], codes(table["entry"][rows])[0])   # a call: path and entry
+    lo = np.full(int(call.max()) + 1, np.iinfo(np.int64).max)
+    hi = np.full(len(lo), np.iinfo(np.int64).min)
+    np.minimum.at(lo, call, seq[rows])
+    np.maximum.at(hi, call, seq[rows])
+    path = np.zeros(len(lo), np.int64)
+    path[call] = module[rows]
+    order = np.lexsort((hi, lo, path))        # each path's calls in the order they began
+    lo, hi, path = lo[order], hi[order], path[order]
+    base = int(seq.min())
+    width = int(seq.max()) - base + 1
+    at = np.searchsorted(path * width + (lo - base), module[asked] * width + (seq[asked] - base),
+                         side="right") - 1
+    nth = at - np.searchsorted(path, module[asked], side="left")
+    # after its module's call returned: the root's path also owns what runs outside the
+    # model (the loss, clipping), which pairs by its occurrence outside every call
+    outside = seq[asked] > hi[np.maximum(at, 0)]
+    out[asked] = np.where(nth < 0, -1, np.where(outside, _OUTSIDE, nth))
     return out
+
+
+def _kinds(table: RecordTable) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The masks of forward records, of API records and of module records."""
+    kind = table["kind"]
+    return table["direction"] == _FORWARD, kind == _API, kind == _MODULE
 
 
 def rename_module(path: str, modules: Mapping[str, str]) -> str:
@@ -160,71 +207,10 @@ def _shape_of(table: RecordTable) -> Any:
     return lambda i: shape[i][:int(ndim[i])]
 
 
-def _occurrences(keys: List[Tuple], order: np.ndarray, rows: Optional[List[int]] = None
-                 ) -> Dict[Tuple, List[int]]:
-    groups: Dict[Tuple, List[int]] = {}
-    ordered = np.argsort(order, kind="stable").tolist()
-    if rows is not None:
-        wanted = set(rows)
-        ordered = [i for i in ordered if i in wanted]
-    for i in ordered:
-        groups.setdefault(keys[i], []).append(i)
-    return groups
-
-
 _BACKWARD = Direction.BACKWARD
 _FORWARD = Direction.FORWARD
 _API, _MODULE, _PARAM = RecordKind.API, RecordKind.MODULE, RecordKind.PARAM
 _BUFFER = Role.BUFFER
-_CALL_KINDS = frozenset({RecordKind.API, RecordKind.MODULE})
-
-
-def _calls(table: RecordTable) -> Tuple[List[Tuple], List[bool]]:
-    """Per record, the call it belongs to (kind, prefix, API or class, module, call index: what
-    every record of one captured call shares), and whether it is the backward of an API or
-    module call (its dy and dx)."""
-    kind, prefix, api = table["kind"].tolist(), table["prefix"].tolist(), table["api"].tolist()
-    module, index = table["module"].tolist(), table["call_index"].tolist()
-    direction = table["direction"].tolist()
-    calls = list(zip(kind, prefix, api, module, index))
-    backward = [d == _BACKWARD and k in _CALL_KINDS for k, d in zip(kind, direction)]
-    return calls, backward
-
-
-_KEY_OP = 4          # where a key (_keys) holds the op
-
-
-def _pair_groups(ga: Dict[Tuple, List[int]], gb: Dict[Tuple, List[int]],
-                 tensor_a: np.ndarray, tensor_b: np.ndarray, by_name: bool,
-                 shapes: Optional[Tuple[Any, Any]] = None
-                 ) -> Tuple[List[int], List[int], List[int], List[int]]:
-    """The k-th row of a key in a with the k-th of the same key in b: (pairs a, pairs b,
-    only a, only b); across frameworks only tensor records pair, and casts by shape
-    (`shapes`: each side's row -> its shape)."""
-    pa, pb, oa, ob = [], [], [], []
-    for key, rows_a in ga.items():
-        rows_b = gb.get(key, [])
-        if by_name and len(rows_a) == 1 and len(rows_b) == 1:    # nearly every key: one pair
-            pa.append(rows_a[0])
-            pb.append(rows_b[0])
-            continue
-        if not by_name:
-            rows_a = [r for r in rows_a if tensor_a[r]]
-            rows_b = [r for r in rows_b if tensor_b[r]]
-        if shapes is not None and not by_name and key[_KEY_OP] == CAST:
-            found = casts_by_shape(rows_a, rows_b, *shapes)
-            for out, part in zip((pa, pb, oa, ob), found):
-                out.extend(part)
-            continue
-        k = min(len(rows_a), len(rows_b))
-        pa.extend(rows_a[:k])
-        pb.extend(rows_b[:k])
-        oa.extend(rows_a[k:])
-        ob.extend(rows_b[k:])
-    for key, rows_b in gb.items():
-        if key not in ga:
-            ob.extend(r for r in rows_b if by_name or tensor_b[r])
-    return pa, pb, oa, ob
 
 
 def align(a: RecordTable, b: RecordTable, same_framework: bool,
@@ -238,121 +224,160 @@ def align(a: RecordTable, b: RecordTable, same_framework: bool,
     by_name = same_framework and not mapping
     tensor_a = ~scalar_mask(a["dtype"])
     tensor_b = ~scalar_mask(b["dtype"])
+    kinds = [_kinds(a), _kinds(b)]         # forward, API, module records
     # a dump of level api has no module calls to count occurrences within
-    calls = bool((a["kind"] == RecordKind.MODULE).any()) and \
-        bool((b["kind"] == RecordKind.MODULE).any())
-    if by_name:
-        keys_a = _keys(a, by_name, None, module_calls=calls)
-        keys_b = _keys(b, by_name, mapping, module_calls=calls)
-    else:
+    calls = bool(kinds[0][2].any()) and bool(kinds[1][2].any())
+    col = {name: codes(a[name], b[name], few=name not in ("api", "module"))
+           for name in ("kind", "direction", "prefix", "api", "module", "role")}
+    leaves_a: Dict[str, str] = {}
+    leaves_b: Dict[str, str] = {}
+    if not by_name:
         leaves_a, leaves_b = _leaves_of_either(a, b), _leaves_of_either(b, a)
-        keys_a = _keys(a, by_name, None, leaves_a, calls, not same_framework)
-        keys_b = _keys(b, by_name, mapping, leaves_b, calls, not same_framework)
-    calls_a, backward_a = _calls(a)
-    calls_b, backward_b = _calls(b)
-    rest_a = [i for i, bw in enumerate(backward_a) if not bw]
-    rest_b = [i for i, bw in enumerate(backward_b) if not bw]
+    key_a, key_b, nkeys, cast = _key_codes(a, b, col, by_name, mapping, (leaves_a, leaves_b),
+                                           calls, not same_framework, kinds)
+    # per record the call it belongs to (kind, prefix, API or class, module, call index: what
+    # every record of one captured call shares), and whether it is the backward of an API or
+    # module call (its dy and dx)
+    call_a, call_b = split(group(*(np.concatenate(col[c]) for c in ("kind", "prefix", "api",
+                                                                     "module")),
+                                 np.concatenate([a["call_index"], b["call_index"]])),
+                           [len(a), len(b)])
+    backward_a, backward_b = ((t["direction"] == _BACKWARD) & (api | modules)
+                              for t, (_, api, modules) in zip((a, b), kinds))
+    seq_a, seq_b = a["seq"], b["seq"]
     shapes = (_shape_of(a), _shape_of(b))
+
+    def by_key(rows_a: Any, rows_b: Any) -> Tuple[np.ndarray, ...]:
+        if by_name:
+            return pair_by_key(key_a, key_b, rows_a, rows_b, seq_a, seq_b, nkeys)
+        return pair_by_key(key_a, key_b, rows_a, rows_b, seq_a, seq_b, nkeys,
+                           (tensor_a, tensor_b), cast,
+                           lambda ra, rb: casts_by_shape(ra, rb, *shapes))
+
+    rest_a, rest_b = np.nonzero(~backward_a)[0], np.nonzero(~backward_b)[0]
     casts_a, casts_b = (casts(a, rest_a), casts(b, rest_b)) if same_framework else ([], [])
     if casts_a and casts_b:         # paired after the rest, by what they convert
-        skip_a, skip_b = set(casts_a), set(casts_b)
-        rest_a = [i for i in rest_a if i not in skip_a]
-        rest_b = [i for i in rest_b if i not in skip_b]
+        for rest, found in ((rest_a, casts_a), (rest_b, casts_b)):
+            rest[np.searchsorted(rest, found)] = -1
+        rest_a, rest_b = rest_a[rest_a >= 0], rest_b[rest_b >= 0]
     else:
         casts_a = casts_b = []
-    pa, pb, oa, ob = _pair_groups(_occurrences(keys_a, a["seq"], rest_a),
-                                  _occurrences(keys_b, b["seq"], rest_b),
-                                  tensor_a, tensor_b, by_name, shapes)
+    pa, pb, oa, ob = ([part] for part in by_key(rest_a, rest_b))
     if casts_a:
-        ca, cb, left_ca, left_cb = pair_casts_by_input(a, b, casts_a, casts_b, calls_a,
-                                                        calls_b, pa, pb)
-        pa += ca
-        pb += cb
-        fa, fb, foa, fob = _pair_groups(_occurrences(keys_a, a["seq"], left_ca),
-                                        _occurrences(keys_b, b["seq"], left_cb),
-                                        tensor_a, tensor_b, by_name, shapes)
-        pa, pb, oa, ob = pa + fa, pb + fb, oa + foa, ob + fob
+        found = pair_casts_by_input(a, b, casts_a, casts_b, call_a, call_b, pa[0], pb[0])
+        pa.append(np.asarray(found[0], dtype=np.int64))
+        pb.append(np.asarray(found[1], dtype=np.int64))
+        for out, part in zip((pa, pb, oa, ob), by_key(found[2], found[3])):
+            out.append(part)
     # the calls whose forward records paired (the first pair of a call, in a's order, decides)
-    seq_a = a["seq"]
-    seqs_a = seq_a.tolist()
-    call_of: Dict[Tuple, Tuple] = {}
-    for i, j in sorted(zip(pa, pb), key=lambda pair: seqs_a[pair[0]]):
-        call_of.setdefault(calls_a[i], calls_b[j])
-    role_a, arg_a = a["role"].tolist(), a["arg_index"].tolist()
-    role_b, arg_b = b["role"].tolist(), b["arg_index"].tolist()
-    backward_rows_b = [i for i, bw in enumerate(backward_b) if bw]
-    within_b = _occurrences([(calls_b[i], role_b[i], arg_b[i]) if backward_b[i] else ()
-                             for i in range(len(b))], b["seq"], backward_rows_b)
-    left_a: List[int] = []
-    for i in np.argsort(seq_a, kind="stable").tolist():
-        if not backward_a[i]:
-            continue
-        target = call_of.get(calls_a[i])
-        rows = within_b.get((target, role_a[i], arg_a[i])) if target is not None else None
-        if rows and (by_name or (tensor_a[i] and tensor_b[rows[0]])):
-            pa.append(i)
-            pb.append(rows.pop(0))
-        else:
-            left_a.append(i)
-    left_b = [i for rows in within_b.values() for i in rows]
-    fa, fb, foa, fob = _pair_groups(_occurrences(keys_a, a["seq"], left_a),
-                                    _occurrences(keys_b, b["seq"], left_b),
-                                    tensor_a, tensor_b, by_name, shapes)
-    pa += fa
-    pb += fb
-    oa += foa
-    ob += fob
+    forward_a, forward_b = np.concatenate(pa), np.concatenate(pb)
+    ncalls = int(max(call_a.max(initial=-1), call_b.max(initial=-1))) + 1
+    order = _by_seq(seq_a, forward_a)
+    first = first_at(call_a[forward_a[order]], ncalls)
+    call_of = np.where(first >= 0, call_b[forward_b[order][np.maximum(first, 0)]], -1) \
+        if len(forward_a) else np.full(ncalls, -1, np.int64)
+    found = _pair_backward(a, b, call_a, call_b, col["role"], backward_a, backward_b, call_of,
+                           None if by_name else (tensor_a, tensor_b))
+    pa.append(found[0])
+    pb.append(found[1])
+    for out, part in zip((pa, pb, oa, ob), by_key(found[2], found[3])):
+        out.append(part)
     if same_framework and not by_name:   # a mapping renames modules: names do not pair
-        _pair_arguments(a, b, tensor_a, tensor_b, calls_a, calls_b, backward_a, backward_b,
-                        call_of, pa, pb)
-    as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    sa: List[int] = []
-    sb: List[int] = []
+        found = _pair_arguments(a, b, tensor_a, tensor_b, call_a, call_b, col["role"],
+                                backward_a, backward_b, call_of)
+        pa.append(found[0])
+        pb.append(found[1])
+    only_a, only_b = np.sort(np.concatenate(oa)), np.sort(np.concatenate(ob))
+    skipped_a = skipped_b = np.zeros(0, np.int64)
     if not by_name:
-        oa, sa = _needs_none(a, oa, leaves_a)
-        ob, sb = _needs_none(b, ob, leaves_b)
-    return Alignment(as_array(pa), as_array(pb), as_array(sorted(oa)), as_array(sorted(ob)),
-                     by_name, as_array(sorted(sa)), as_array(sorted(sb)))
+        only_a, skipped_a = _needs_none(a, only_a, leaves_a)
+        only_b, skipped_b = _needs_none(b, only_b, leaves_b)
+    return Alignment(np.concatenate(pa), np.concatenate(pb), only_a, only_b, by_name,
+                     skipped_a, skipped_b)
+
+
+def _by_seq(seq: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """A stable argsort of the rows' seq: by their place in the table's seq order (no two
+    records of a table share a seq), else by seq."""
+    ranks = np.empty(len(seq), np.int64)
+    ordered = np.argsort(seq, kind="stable")
+    ranks[ordered] = np.arange(len(seq))
+    if len(seq) and (seq[ordered][1:] == seq[ordered][:-1]).any():
+        return np.argsort(seq[rows], kind="stable")
+    return argsort(ranks[rows], len(seq))
+
+
+def _pair_backward(a: RecordTable, b: RecordTable, call_a: np.ndarray, call_b: np.ndarray,
+                   role: List[np.ndarray], backward_a: np.ndarray, backward_b: np.ndarray,
+                   call_of: np.ndarray, tensors: Optional[Tuple[np.ndarray, np.ndarray]]
+                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The backward records of a's calls, in a's order, each with the next one of the same
+    role and position of the call its forward paired with: (pairs a, pairs b, rest a, rest b).
+    `tensors` (not by name): only tensor records pair, and a call's records in b pair up to
+    its first non-tensor one."""
+    rows_a = in_seq_order(np.nonzero(backward_a)[0], a["seq"])
+    rows_b = in_seq_order(np.nonzero(backward_b)[0], b["seq"])
+    target = call_of[call_a[rows_a]]
+    asking = target >= 0
+    if tensors is not None:
+        asking &= tensors[0][rows_a]
+    slot = group(np.concatenate([target, call_b[rows_b]]),
+                 np.concatenate([role[0][rows_a], role[1][rows_b]]),
+                 np.concatenate([a["arg_index"][rows_a], b["arg_index"][rows_b]]))
+    slot_a, slot_b = slot[:len(rows_a)], slot[len(rows_a):]
+    nslots = int(slot.max()) + 1 if len(slot) else 0
+    nth_b, order_b, start_b, open_b = occurrences(slot_b, nslots)
+    if tensors is not None:         # the first non-tensor record of a slot blocks it
+        scalar = ~tensors[1][rows_b]
+        np.minimum.at(open_b, slot_b[scalar], nth_b[scalar])
+    ask = np.nonzero(asking)[0]
+    nth_a = occurrences(slot_a[ask], nslots)[0]
+    hit = nth_a < open_b[slot_a[ask]]
+    found_a = ask[hit]                      # in a's order
+    found_b = order_b[start_b[slot_a[found_a]] + nth_a[hit]]
+    return (rows_a[found_a], rows_b[found_b], np.delete(rows_a, found_a),
+            np.delete(rows_b, found_b))
 
 
 def _pair_arguments(a: RecordTable, b: RecordTable, tensor_a: np.ndarray, tensor_b: np.ndarray,
-                    calls_a: List[Tuple], calls_b: List[Tuple], backward_a: List[bool],
-                    backward_b: List[bool], call_of: Dict[Tuple, Tuple], pa: List[int],
-                    pb: List[int]) -> None:
+                    call_a: np.ndarray, call_b: np.ndarray, role: List[np.ndarray],
+                    backward_a: np.ndarray, backward_b: np.ndarray, call_of: np.ndarray
+                    ) -> Tuple[np.ndarray, np.ndarray]:
     """Within one framework, the non-tensor arguments (an eps, `approximate`) of two calls that
     paired: by position and keyword, which one framework keeps (across frameworks argument
     lists differ, and they pair by name only)."""
-    role_b, arg_b, key_b = b["role"].tolist(), b["arg_index"].tolist(), b["arg_key"].tolist()
     scalars_b: Dict[Tuple, int] = {}
-    for j in np.nonzero(~tensor_b)[0].tolist():
-        if not backward_b[j]:
-            scalars_b.setdefault((calls_b[j], role_b[j], arg_b[j], key_b[j]), j)
-    role_a, arg_a, key_a = a["role"].tolist(), a["arg_index"].tolist(), a["arg_key"].tolist()
-    for i in np.nonzero(~tensor_a)[0].tolist():
-        target = call_of.get(calls_a[i]) if not backward_a[i] else None
-        if target is None:
-            continue
-        j = scalars_b.pop((target, role_a[i], arg_a[i], key_a[i]), None)
+    rows = np.nonzero(~tensor_b & ~backward_b)[0]
+    for j, found in zip(rows.tolist(), zip(call_b[rows].tolist(), role[1][rows].tolist(),
+                                           b["arg_index"][rows].tolist(),
+                                           b["arg_key"][rows].tolist())):
+        scalars_b.setdefault(found, j)
+    pa, pb = [], []
+    rows = np.nonzero(~tensor_a & ~backward_a)[0]
+    rows = rows[call_of[call_a[rows]] >= 0]
+    for i, found in zip(rows.tolist(), zip(call_of[call_a[rows]].tolist(), role[0][rows].tolist(),
+                                           a["arg_index"][rows].tolist(),
+                                           a["arg_key"][rows].tolist())):
+        j = scalars_b.pop(found, None)
         if j is not None:
             pa.append(i)
             pb.append(j)
+    return np.asarray(pa, dtype=np.int64), np.asarray(pb, dtype=np.int64)
 
 
-def _needs_none(table: RecordTable, rows: List[int], leaves: Dict[str, str]
-                ) -> Tuple[List[int], List[int]]:
+def _needs_none(table: RecordTable, rows: np.ndarray, leaves: Dict[str, str]
+                ) -> Tuple[np.ndarray, np.ndarray]:
     """Split rows without counterpart into (unmatched, needing none) across frameworks."""
-    if not rows:
-        return rows, []
     kind, module, op = table["kind"], table["module"], table["op"]
     role = table["role"]
     keep, skip = [], []
-    for i in rows:
+    for i in rows.tolist():
         k, m, o = kind[i], module[i], op[i]
         redundant = (k == _MODULE and m in leaves) or \
             (k == _API and (o in _VALUE_PRESERVING or (m in leaves and leaves[m] != o))) or \
             (k == _PARAM and role[i] == _BUFFER)
         (skip if redundant else keep).append(i)
-    return keep, skip
+    return np.asarray(keep, dtype=np.int64), np.asarray(skip, dtype=np.int64)
 
 
 def load_mapping(path: str) -> Dict[str, Dict[str, str]]:

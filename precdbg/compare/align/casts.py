@@ -37,57 +37,70 @@ def casts_by_shape(rows_a: List[int], rows_b: List[int], shape_a: Any, shape_b: 
     return pa, pb, oa, [r for r in rows_b if r not in used]
 
 
-def casts(table: RecordTable, rows: List[int]) -> List[int]:
+def casts(table: RecordTable, rows: Any) -> List[int]:
     """The forward records (`rows` among them) of cast calls, where the dump has provenance."""
     if "producer" not in table:
         return []
-    cast = table["op"] == CAST
-    return [i for i in rows if cast[i]]
+    rows = np.asarray(rows, dtype=np.int64)
+    return rows[(table["op"] == CAST)[rows]].tolist()
+
+
+def _facts(table: RecordTable, rows: List[int], calls: Any
+           ) -> Dict[int, Tuple[Tuple[str, int], int, int, Any]]:
+    """row -> ((role, argument position), producer, seq, call) of the rows, in seq order."""
+    rows = np.asarray(rows, dtype=np.int64)
+    rows = rows[np.argsort(table["seq"][rows], kind="stable")]
+    slots = zip(table["role"][rows].tolist(), table["arg_index"][rows].tolist())
+    found = zip(slots, table["producer"][rows].tolist(), table["seq"][rows].tolist(),
+                np.asarray(calls)[rows].tolist())
+    return dict(zip(rows.tolist(), found))
 
 
 def pair_casts_by_input(a: RecordTable, b: RecordTable, casts_a: List[int], casts_b: List[int],
-                        calls_a: List[Tuple], calls_b: List[Tuple], pa: List[int],
-                        pb: List[int]) -> Tuple[List[int], List[int], List[int], List[int]]:
+                        calls_a: Any, calls_b: Any, pa: Any, pb: Any
+                        ) -> Tuple[List[int], List[int], List[int], List[int]]:
     """Within one framework, a cast pairs with the other run's cast of the counterpart of its
     input (the tensor's producer records paired): an extra cast in one run (a softmax's scores
     put into bf16) then shifts no other cast of its module, which counting k-th occurrences
     did (the baseline's cast of the softmax output paired with the candidate's cast of the
-    scores). Casts of casts follow in order. Returns (pairs a, pairs b, rest a, rest b): the
-    rest (inputs nothing captured produced, or no counterpart) pair by their keys."""
-    seq_a, seq_b = a["seq"], b["seq"]
-    counterpart = {int(seq_a[i]): int(seq_b[j]) for i, j in zip(pa, pb)}
-    role_a, role_b = a["role"].tolist(), b["role"].tolist()
-    arg_a, arg_b = a["arg_index"].tolist(), b["arg_index"].tolist()
-    producer_a, producer_b = a["producer"], b["producer"]
-    rows_of_b: Dict[Tuple, List[int]] = {}
-    by_input_b: Dict[int, List[Tuple]] = {}           # producer seq -> cast calls reading it
-    for j in sorted(casts_b, key=lambda r: seq_b[r]):
-        rows_of_b.setdefault(calls_b[j], []).append(j)
-        if role_b[j] == _INPUT and arg_b[j] == 0 and int(producer_b[j]) >= 0:
-            by_input_b.setdefault(int(producer_b[j]), []).append(calls_b[j])
-    rows_of_a: Dict[Tuple, List[int]] = {}
-    for i in sorted(casts_a, key=lambda r: seq_a[r]):
-        rows_of_a.setdefault(calls_a[i], []).append(i)
+    scores). Casts of casts follow in order. `calls_*`: per row the call it belongs to (what
+    every record of one captured call shares). Returns (pairs a, pairs b, rest a, rest b):
+    the rest (inputs nothing captured produced, or no counterpart) pair by their keys."""
+    facts_a, facts_b = _facts(a, casts_a, calls_a), _facts(b, casts_b, calls_b)
+    # the seq in b of the record paired with a's record of each seq (the casts' inputs')
+    seq_a = a["seq"][np.asarray(pa, dtype=np.int64)]
+    seq_b = b["seq"][np.asarray(pb, dtype=np.int64)]
+    asked = np.isin(seq_a, np.asarray([f[1] for f in facts_a.values()], dtype=np.int64))
+    counterpart = dict(zip(seq_a[asked].tolist(), seq_b[asked].tolist()))
+    rows_of_b: Dict[Any, List[int]] = {}
+    by_input_b: Dict[int, List[Any]] = {}             # producer seq -> cast calls reading it
+    for j, (slot, producer, _, call) in facts_b.items():
+        rows_of_b.setdefault(call, []).append(j)
+        if slot == (_INPUT, 0) and producer >= 0:
+            by_input_b.setdefault(producer, []).append(call)
+    rows_of_a: Dict[Any, List[int]] = {}
+    for i, fact in facts_a.items():
+        rows_of_a.setdefault(fact[3], []).append(i)
     out_a: List[int] = []
     out_b: List[int] = []
     taken = set()
     for call, rows in rows_of_a.items():           # in a's order: casts of casts follow
-        source = next((int(producer_a[i]) for i in rows if role_a[i] == _INPUT
-                       and arg_a[i] == 0 and int(producer_a[i]) >= 0), None)
+        source = next((facts_a[i][1] for i in rows if facts_a[i][0] == (_INPUT, 0)
+                       and facts_a[i][1] >= 0), None)
         target = counterpart.get(source) if source is not None else None
         other = next((c for c in by_input_b.get(target, []) if c not in taken), None) \
             if target is not None else None
         if other is None:
             continue
-        slots = {(role_b[j], arg_b[j]): j for j in rows_of_b[other]}
-        matched = [(i, slots.get((role_a[i], arg_a[i]))) for i in rows]
+        slots = {facts_b[j][0]: j for j in rows_of_b[other]}
+        matched = [(i, slots.get(facts_a[i][0])) for i in rows]
         if any(j is None for _, j in matched):
             continue
         taken.add(other)
         for i, j in matched:
             out_a.append(i)
             out_b.append(j)
-            counterpart[int(seq_a[i])] = int(seq_b[j])
+            counterpart[facts_a[i][2]] = facts_b[j][2]
     paired_a, paired_b = set(out_a), set(out_b)
     return (out_a, out_b, [i for i in casts_a if i not in paired_a],
             [j for j in casts_b if j not in paired_b])
