@@ -118,15 +118,13 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
     producers = a["producer"][ia].tolist() if "producer" in a else [NO_PRODUCER] * n
     tensors = a["tensor_id"][ia].tolist()
     ops = a["op"][ia].tolist()
-    shape_column, ndim_column = a["shape"], a["ndim"]
-    shapes: Dict[int, Tuple[int, ...]] = {}
+    shapes: List[Tuple[int, ...]] = []
 
-    def shape(p: int) -> Tuple[int, ...]:          # the record's dimensions, when asked
-        found = shapes.get(p)
-        if found is None:
-            i = int(ia[p])
-            found = shapes[p] = tuple(shape_column[i][:int(ndim_column[i])].tolist())
-        return found
+    def shape(p: int) -> Tuple[int, ...]:          # the record's dimensions (all, when first asked)
+        if not shapes:
+            dims, ndim = a["shape"][ia].tolist(), a["ndim"][ia].tolist()
+            shapes.extend(tuple(d[:k]) for d, k in zip(dims, ndim))
+        return shapes[p]
     scalar = scalar_mask(b["dtype"][ib]).tolist()
     calls: Dict[Tuple[str, str], List[int]] = {}
     first: Dict[Tuple[str, str], int] = {}          # a call's first seq: the order visited

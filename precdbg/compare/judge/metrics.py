@@ -25,7 +25,7 @@ by up to 3.6e-4; the worst record stands at 0.59 of the float16 tolerance.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -56,6 +56,17 @@ def tolerance_of(dtype: str) -> float:
     return TOLERANCE.get(dtype, 2e-5 if dtype.startswith("complex") else _DEFAULT_TOL)
 
 
+def per_value(values: List[Any], fn: Callable[[Any], Any]) -> List[Any]:
+    """`[fn(v) for v in values]`, `fn` called once per distinct value (a column of dtypes
+    holds a handful)."""
+    found = {v: fn(v) for v in set(values)}
+    return list(map(found.__getitem__, values))
+
+
+def _bits(precision: str) -> int:
+    return MANTISSA_BITS.get(precision, 99)
+
+
 def _carried(t: RecordTable, idx: np.ndarray) -> np.ndarray:
     """Per record, the precision its values carry (its dtype where the file has no precision
     column or the record none)."""
@@ -68,8 +79,8 @@ def _carried(t: RecordTable, idx: np.ndarray) -> np.ndarray:
 
 def _coarser(pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
     """Per pair, the coarser of the two records' carried precisions."""
-    bits_a = np.array([MANTISSA_BITS.get(p, 99) for p in pa.tolist()], dtype=np.int64)
-    bits_b = np.array([MANTISSA_BITS.get(p, 99) for p in pb.tolist()], dtype=np.int64)
+    bits_a = np.array(per_value(pa.tolist(), _bits), dtype=np.int64)
+    bits_b = np.array(per_value(pb.tolist(), _bits), dtype=np.int64)
     return np.where(bits_a < bits_b, pa, pb)
 
 
@@ -152,12 +163,12 @@ def stat_errors(t: PairTable) -> None:
     dtype_b = col(b, "dtype", ib)
     pa, pb = _carried(a, ia), _carried(b, ib)
     precision = _coarser(pa, pb)
-    coarse = np.array([MANTISSA_BITS.get(p, 99) < MANTISSA_BITS["float32"]
-                       for p in precision.tolist()], dtype=bool)
+    coarse = np.array(per_value(precision.tolist(),
+                                lambda p: _bits(p) < MANTISSA_BITS["float32"]), dtype=bool)
     t.extremes = np.where(coarse, _EXTREMES_FACTOR, 1.0)
     # err is in units of the tolerance of mean and norm: min and max count at 1/extremes
     err = worst_error(t)
-    tol = np.array([tolerance_of(d) for d in precision.tolist()], dtype=np.float64)
+    tol = np.array(per_value(precision.tolist(), tolerance_of), dtype=np.float64)
     t.tol = np.where(col(b, "kind", ib) == RecordKind.PARAM, np.minimum(tol, PARAM_TOLERANCE),
                      tol)
     t.shape_ok = np.all(a["shape"][ia] == b["shape"][ib], axis=1) & (
@@ -198,8 +209,8 @@ def integer_plumbing(t: PairTable) -> None:
     matters (other token ids, other positions), the floating-point records that read it
     differ too, and all stay divergences."""
     dtype_a, dtype_b = t.a["dtype"][t.ia], t.b["dtype"][t.ib]
-    integer = np.array([_is_integer(x) and _is_integer(y)
-                        for x, y in zip(dtype_a.tolist(), dtype_b.tolist())], dtype=bool)
+    integer = np.array(per_value(dtype_a.tolist(), _is_integer), dtype=bool) & \
+        np.array(per_value(dtype_b.tolist(), _is_integer), dtype=bool)
     diverged = t.diverged
     plumbing = diverged & integer
     if not plumbing.any() or (diverged & ~integer).any():
@@ -224,8 +235,9 @@ def shim_conventions(t: PairTable) -> None:
     vmap). What such a convention changes shows in the floating-point records that read it,
     which stay judged as they are."""
     dtype_a, dtype_b = t.a["dtype"][t.ia], t.b["dtype"][t.ib]
-    convention = np.array([is_scalar_dtype(y) or (_is_integer(x) and _is_integer(y))
-                           for x, y in zip(dtype_a.tolist(), dtype_b.tolist())], dtype=bool)
+    integer_b = np.array(per_value(dtype_b.tolist(), _is_integer), dtype=bool)
+    convention = np.array(per_value(dtype_b.tolist(), is_scalar_dtype), dtype=bool) | (
+        np.array(per_value(dtype_a.tolist(), _is_integer), dtype=bool) & integer_b)
     covered = convention & t.diverged
     if covered.any():
         t.convention = covered
