@@ -260,7 +260,7 @@ def _table(program, rng, noise, rename=None, inline_leaf=False):
 
     def call(kind, prefix, api, op, module, shape, scalar_arg=False):
         index = counts[f"{prefix}.{api}"] = counts.get(f"{prefix}.{api}", -1) + 1
-        producer = outputs[rng.integers(len(outputs))] if outputs and rng.random() < 0.8 else -1
+        producer = outputs[-1 - int(rng.random() < 0.2)] if len(outputs) > 1 else -1
         record(kind, prefix, api, op, module, "forward", "input", 0, index, shape,
                producer=producer)
         if scalar_arg:

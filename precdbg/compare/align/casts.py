@@ -79,27 +79,29 @@ def pair_casts_by_input(a: RecordTable, b: RecordTable, casts_a: List[int], cast
         if slot == (_INPUT, 0) and producer >= 0:
             by_input_b.setdefault(producer, []).append(call)
     rows_of_a: Dict[Any, List[int]] = {}
-    for i, fact in facts_a.items():
-        rows_of_a.setdefault(fact[3], []).append(i)
+    source_of: Dict[Any, int] = {}     # call -> what its first input with one was produced by
+    for i, (slot, producer, _, call) in facts_a.items():
+        rows_of_a.setdefault(call, []).append(i)
+        if slot == (_INPUT, 0) and producer >= 0:
+            source_of.setdefault(call, producer)
     out_a: List[int] = []
     out_b: List[int] = []
     taken = set()
     for call, rows in rows_of_a.items():           # in a's order: casts of casts follow
-        source = next((facts_a[i][1] for i in rows if facts_a[i][0] == (_INPUT, 0)
-                       and facts_a[i][1] >= 0), None)
+        source = source_of.get(call)
         target = counterpart.get(source) if source is not None else None
-        other = next((c for c in by_input_b.get(target, []) if c not in taken), None) \
+        other = next((c for c in by_input_b.get(target, ()) if c not in taken), None) \
             if target is not None else None
         if other is None:
             continue
         slots = {facts_b[j][0]: j for j in rows_of_b[other]}
-        matched = [(i, slots.get(facts_a[i][0])) for i in rows]
-        if any(j is None for _, j in matched):
+        matched = [slots.get(facts_a[i][0]) for i in rows]
+        if None in matched:
             continue
         taken.add(other)
-        for i, j in matched:
-            out_a.append(i)
-            out_b.append(j)
+        out_a += rows
+        out_b += matched
+        for i, j in zip(rows, matched):
             counterpart[facts_a[i][2]] = facts_b[j][2]
     paired_a, paired_b = set(out_a), set(out_b)
     return (out_a, out_b, [i for i in casts_a if i not in paired_a],
