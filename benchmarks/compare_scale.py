@@ -2,7 +2,7 @@
 peak memory (issue 50).
 
     python benchmarks/compare_scale.py [--ranks 8 64 1024] [--layers 12] [--jobs N]
-                                       [--out DIR] [--keep] [--profile FILE]
+                                       [--no-json] [--out DIR] [--keep] [--profile FILE]
 
 Dumps one step (iteration 1 of 3, the guides' pattern) of a transformers GPT-2 with random init
 (`--layers` layers, d_model 64, 4 heads, level mix, task statistics), once. Its rank-0 file is
@@ -12,8 +12,9 @@ of the same N-rank dump, so the compare reads 2 N real step files and every pair
 `precdbg compare BASE CAND --json F` then runs in a subprocess per N, and the benchmark prints
 the record pairs compared, the wall time, pairs per second and the peak resident memory of the
 compare process (`resource.getrusage(RUSAGE_CHILDREN)` of a fresh child per run). `--jobs N`
-is passed on to the compare when the command has it; `--profile FILE` runs the smallest N under
-cProfile and writes its stats to FILE.
+is passed on to the compare when the command has it; `--no-json` runs it without `--json` (the
+verdict and its summary: no row is written, so none is made); `--profile FILE` runs the
+smallest N under cProfile and writes its stats to FILE.
 
 Results: benchmarks/results_compare_scale.md.
 """
@@ -115,9 +116,11 @@ def synthetic_ranks(source: str, root: str, ranks: int) -> None:
             reseal(copy)               # the rank rewritten on purpose: sealed again
 
 
-def measure(base: str, cand: str, report: str, extra: List[str]) -> Dict[str, object]:
-    """`precdbg compare` in a fresh child process: wall, peak RSS, record pairs."""
-    cmd = [sys.executable, "-m", "precdbg", "compare", base, cand, "--json", report] + extra
+def measure(base: str, cand: str, report: Optional[str], extra: List[str]) -> Dict[str, object]:
+    """`precdbg compare` in a fresh child process (`report`: its --json file, None: none):
+    wall, peak RSS, record pairs."""
+    cmd = [sys.executable, "-m", "precdbg", "compare", base, cand] + \
+        (["--json", report] if report else []) + extra
     out = subprocess.run([sys.executable, "-c", _MEASURE] + cmd, capture_output=True, text=True,
                          env=_env(), check=True)
     result = json.loads(out.stdout)
@@ -129,7 +132,8 @@ def measure(base: str, cand: str, report: str, extra: List[str]) -> Dict[str, ob
     return {"verdict": verdict.group(1).lower() if verdict else "?",
             "pairs": int(counted.group(1).replace(",", "")) if counted else 0,
             "wall": result["wall"], "peak_gb": result["peak_kib"] * 1024 / 1e9,
-            "json_gb": os.path.getsize(report) / 1e9 if os.path.exists(report) else 0.0}
+            "json_gb": os.path.getsize(report) / 1e9 if report and os.path.exists(report)
+            else 0.0}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -137,6 +141,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 1024])
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--jobs", type=int, default=None, help="passed as --jobs N")
+    parser.add_argument("--no-json", action="store_true",
+                        help="compare without --json: the verdict only")
     parser.add_argument("--out", default=None, help="folder for the dumps (default: temp)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--profile", default=None, help="cProfile the smallest N into FILE")
@@ -155,16 +161,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             base, cand = os.path.join(out, f"base{ranks}"), os.path.join(out, f"cand{ranks}")
             synthetic_ranks(step_file, base, ranks)
             synthetic_ranks(step_file, cand, ranks)
-            report = os.path.join(out, f"report{ranks}.json")
+            report = None if args.no_json else os.path.join(out, f"report{ranks}.json")
             if args.profile and ranks == min(args.ranks):
                 subprocess.run([sys.executable, "-m", "cProfile", "-o", args.profile, "-m",
-                                "precdbg", "compare", base, cand, "--json", report] + extra,
+                                "precdbg", "compare", base, cand]
+                               + (["--json", report] if report else []) + extra,
                                env=_env(), capture_output=True)
             r = measure(base, cand, report, extra)
             print(f"| {ranks} | {r['pairs']:,} | {r['verdict']} | {r['wall']:.1f} | "
                   f"{r['pairs'] / r['wall']:,.0f} | {r['peak_gb']:.2f} | {r['json_gb']:.2f} |",
                   flush=True)
             for path in (base, cand, report):
+                if path is None:
+                    continue
                 if os.path.isdir(path):
                     shutil.rmtree(path, ignore_errors=True)
                 elif os.path.exists(path):

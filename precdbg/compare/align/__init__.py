@@ -2,7 +2,8 @@
 
 `alignment`: records pair by module path, API (one framework) or canonical op (two frameworks)
 and their occurrence within each call of their module; a mapping file pins what cannot be paired
-automatically; `casts`: dtype conversions pair by what they convert.
+automatically; `casts`: dtype conversions pair by what they convert; `grouping`: the keys as
+integer codes and their occurrences paired by numpy sorts (no Python tuple per record).
 
 Imports: precdbg.errors, precdbg.records, precdbg.config, precdbg.storage
 """
