@@ -256,17 +256,26 @@ class Checker:
             return
         keys = sorted({key for n in common for key in per_a[n]} &
                       {key for n in common for key in per_b[n]})
+        # the parameters of one group share their values (the same objects): each pair of
+        # values is judged once, by identity, while `per_a` and `per_b` hold them
+        judged: Dict[Tuple[int, int], Tuple[bool, bool, bool]] = {}
         for key in keys:
             diffs: Dict[Tuple[str, str], List[str]] = {}
             decay_only: Dict[str, List[Tuple[str, Any, Any]]] = {la: [], lb: []}
+            decay = key == "weight_decay"
             for n in common:
-                if key not in per_a[n] or key not in per_b[n]:
+                pa, pb = per_a[n], per_b[n]
+                if key not in pa or key not in pb:
                     continue
-                va, vb = per_a[n][key], per_b[n][key]
-                if key == "weight_decay" and _nonzero(va) != _nonzero(vb):
-                    decay_only[la if _nonzero(va) else lb].append((n, va, vb))
+                va, vb = pa[key], pb[key]
+                found = judged.get((id(va), id(vb)))
+                if found is None:
+                    found = judged[(id(va), id(vb))] = (_nonzero(va), _nonzero(vb),
+                                                        _same(va, vb))
+                if decay and found[0] != found[1]:
+                    decay_only[la if found[0] else lb].append((n, va, vb))
                     continue
-                if not _same(va, vb):
+                if not found[2]:
                     diffs.setdefault((_fmt(va), _fmt(vb)), []).append(n)
             for label, items in decay_only.items():
                 if items:

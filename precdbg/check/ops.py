@@ -44,11 +44,13 @@ def compute_dtypes(run: _Run) -> Dict[str, List[Tuple[int, str, str]]]:
         (t["role"] == Role.OUTPUT)
     idx = np.nonzero(mask)[0]
     idx = idx[np.argsort(t["seq"][idx], kind="stable")]
-    ops, dtypes, modules, seqs = t["op"], t["dtype"], t["module"], t["seq"]
-    for i in idx.tolist():
-        op, dtype = str(ops[i]), str(dtypes[i])
-        if op not in _FOLLOWING_OPS and is_floating(dtype):
-            out.setdefault(op, []).append((int(seqs[i]), dtype, str(modules[i])))
+    # each column read once for all the calls (Python values), each dtype looked up once
+    ops, dtypes = t["op"][idx].tolist(), t["dtype"][idx].tolist()
+    modules, seqs = t["module"][idx].tolist(), t["seq"][idx].tolist()
+    floating = {dtype: is_floating(dtype) for dtype in set(dtypes)}
+    for op, dtype, module, seq in zip(ops, dtypes, modules, seqs):
+        if op not in _FOLLOWING_OPS and floating[dtype]:
+            out.setdefault(op, []).append((seq, dtype, module))
     return out
 
 

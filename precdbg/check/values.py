@@ -329,9 +329,12 @@ def _per_parameter(opt: Dict[str, Any]) -> Tuple[Dict[str, Dict[str, Any]], List
                 value = _PerParam(value)
             canon[key] = value
         groups.append({k: v for k, v in canon.items() if not isinstance(v, _PerParam)})
+        per_param = any(isinstance(v, _PerParam) for v in canon.values())
         for i, name in enumerate(params):
-            per.setdefault(name, {k: (v[i] if isinstance(v, _PerParam) else v)
-                                  for k, v in canon.items()})
+            if name in per:             # a parameter listed twice: its first group's
+                continue
+            per[name] = {k: (v[i] if isinstance(v, _PerParam) else v)
+                         for k, v in canon.items()} if per_param else dict(canon)
     return per, groups
 
 

@@ -73,7 +73,7 @@ class RecordTable:
             column = self.columns[name]
             if name == "shape":
                 ndims = self.columns["ndim"][idx].tolist()
-                values.append([tuple(int(d) for d in dims[:ndim]) for dims, ndim
+                values.append([tuple(dims[:ndim]) for dims, ndim      # Python ints
                                in zip(column[idx].tolist(), ndims)])
             elif isinstance(column, np.ndarray) and column.ndim == 1:
                 values.append(column[idx].tolist())

@@ -30,9 +30,9 @@ import numpy as np
 
 from ..errors import DumpError
 
-__all__ = ["regular_file", "bounded", "int_attribute", "seal_parts", "read_seal", "check_seal",
-           "column_digest", "strings_digest", "attrs_digest", "blobs_digest", "reseal",
-           "INTEGRITY", "SEALED_FROM"]
+__all__ = ["regular_file", "regular_file_stat", "bounded", "bounded_id", "int_attribute",
+           "seal_parts", "read_seal", "check_seal", "column_digest", "strings_digest",
+           "attrs_digest", "blobs_digest", "reseal", "INTEGRITY", "SEALED_FROM"]
 
 INTEGRITY = "integrity"          # the attribute holding the seal (JSON)
 SEALED_FROM = 5                  # the first schema version whose step files carry one
@@ -44,6 +44,11 @@ _MAX_ROWS = 1 << 31              # more records than any step holds (and than in
 def regular_file(path: str) -> int:
     """The size of `path`, a regular file; a DumpError for anything else (a FIFO, a device, a
     folder where a file is expected)."""
+    return int(regular_file_stat(path).st_size)
+
+
+def regular_file_stat(path: str) -> os.stat_result:
+    """`os.stat(path)` of a regular file; a DumpError as `regular_file` says otherwise."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -58,7 +63,7 @@ def regular_file(path: str) -> int:
                 else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
                 else "not a regular file")
         raise DumpError(f"{path}: {kind}, not a regular file; not read")
-    return int(info.st_size)
+    return info
 
 
 def bounded(ds: Any, path: str, name: str, file_size: int, rows: Optional[int] = None,
@@ -69,7 +74,15 @@ def bounded(ds: Any, path: str, name: str, file_size: int, rows: Optional[int] =
     import h5py
     if not isinstance(ds, h5py.Dataset):
         raise DumpError(f"{path}: damaged: {name} is not a dataset")
-    shape = ds.shape
+    bounded_id(ds.id, path, name, file_size, rows=rows, kinds=kinds, width=width)
+
+
+def bounded_id(dsid: Any, path: str, name: str, file_size: int, rows: Optional[int] = None,
+               kinds: str = "", width: Optional[int] = None) -> Any:
+    """`bounded` of a dataset opened through h5py's low-level API (an `h5d.DatasetID`): the
+    same checks in the same order, without building the high-level object per column. Its
+    shape and, when `kinds` are checked, its dtype (`dsid.dtype`), once allowed."""
+    shape = dsid.shape
     if shape is None or len(shape) != (1 if width is None else 2):
         raise DumpError(f"{path}: damaged: {name} has shape {shape}, "
                         f"{'one' if width is None else 'two'} dimension(s) expected")
@@ -80,18 +93,34 @@ def bounded(ds: Any, path: str, name: str, file_size: int, rows: Optional[int] =
         raise DumpError(f"{path}: damaged: {name} is {shape[1]} wide, {width} expected")
     if shape[0] > _MAX_ROWS:
         raise DumpError(f"{path}: damaged: {name} declares {shape[0]} rows")
-    if kinds and ds.dtype.kind not in kinds:
-        raise DumpError(f"{path}: damaged: {name} is stored as {ds.dtype}, which is not "
+    stored = dsid.get_type()        # its type, read once: `dsid.dtype` is this type's dtype
+    dtype = stored.dtype if kinds else None
+    if kinds and dtype.kind not in kinds:
+        raise DumpError(f"{path}: damaged: {name} is stored as {dtype}, which is not "
                         "what precdbg writes there")
-    declared = int(np.prod(shape, dtype=np.float64) * ds.id.get_type().get_size())
-    storage = min(int(ds.id.get_storage_size()), file_size)
+    declared = int(_product(shape) * stored.get_size())
+    storage = min(int(dsid.get_storage_size()), file_size)
     if declared <= storage:       # within its storage: allowed whatever its filters
-        return
-    allowed = storage * _INFLATE if ds.compression or ds.id.get_create_plist().get_nfilters() \
+        return shape, dtype
+    import h5py
+    ds = h5py.Dataset(dsid, readonly=True)
+    allowed = storage * _INFLATE if ds.compression or dsid.get_create_plist().get_nfilters() \
         else storage
     if declared > allowed:
         raise DumpError(f"{path}: damaged: {name} declares {declared} bytes and the file "
                         f"holds {storage} for it; not read")
+    return shape, dtype
+
+
+def _product(shape: Sequence[int]) -> float:
+    """`np.prod(shape, dtype=np.float64)` of a short shape, in Python: the same float64
+    products, left to right, without numpy's per-call cost."""
+    if not shape:
+        return 1.0
+    out = float(shape[0])
+    for dim in shape[1:]:
+        out *= float(dim)
+    return out
 
 
 def int_attribute(attrs: Mapping[str, Any], key: str, path: str, default: Optional[int] = None,

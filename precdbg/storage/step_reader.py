@@ -14,6 +14,13 @@ as before), let go of when the file closes (or by `release_kept`), and never sha
 (the compare's own, in worker processes too) keep nothing.
 The module tree and stack strings (`strings`) are kept the same way, a fresh list handed out
 each time.
+
+Each dataset is opened once per read and read through h5py's low-level API (`_dataset`,
+`bounded_id`, `_read_whole`: what `group[name]` and `ds[()]` do, without building the
+high-level objects, 36 columns a file); a name that is not a dataset takes the plain path, whose
+errors stay what they were. A file's attributes and seal are read when it is first opened and
+again only when the file changed since (its inode, size, modification or status-change time):
+a compare opens each step file of its check again.
 """
 from __future__ import annotations
 
@@ -28,8 +35,8 @@ import numpy as np
 from ..errors import DumpError
 from ..records.controls import escape_column, escape_controls, has_controls_utf8
 from ..records.schema import ADDED_COLUMNS, MAX_NDIM, READ_SCHEMA_VERSIONS, RECORD_COLUMNS
-from .step_checks import (bounded, check_seal, column_digest, int_attribute, read_seal,
-                          regular_file, strings_digest)
+from .step_checks import (bounded, bounded_id, check_seal, column_digest, int_attribute,
+                          read_seal, regular_file_stat, strings_digest)
 
 __all__ = ["StepFile", "as_array"]
 
@@ -84,7 +91,10 @@ class StepFile:
         self._kept: Optional[Dict[str, np.ndarray]] = None     # columns for the next read
         self._kept_size = 0
         self._strings: Dict[Tuple[str, str], List[str]] = {}
+        self._groups: Dict[str, Any] = {}      # groups opened while the file is open
+        self._known: Optional[Tuple[int, ...]] = None   # the file whose attributes were read
         self.step, self.rank, self.part = step if step is not None else -1, rank or 0, part
+        self._held = (self.step, self.rank, self.part)   # and the step, rank, part read then
         self._named = step is not None and rank is not None
         self._label: Optional[Tuple[int, int]] = None
         if not self._named:
@@ -104,18 +114,28 @@ class StepFile:
 
     def _open(self) -> None:
         import h5py
-        self._size = regular_file(self.path)
+        info = regular_file_stat(self.path)
+        self._size = int(info.st_size)
         try:
             handle = h5py.File(self.path, "r")
         except PermissionError:
             raise DumpError(f"{self.path}: permission denied") from None
         except OSError as exc:
             raise DumpError(f"{self.path}: not a readable HDF5 step file ({exc})") from None
-        try:
-            self._read_attrs(handle)
-        except BaseException:
-            handle.close()
-            raise
+        # the same file opened again (a compare reads a step its check read): its attributes
+        # and seal as read and checked the first time; any change to the file (its inode,
+        # size, modification or status-change time) reads them again
+        known = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        if self._attrs is None or known != self._known:
+            self._known = None
+            try:
+                self._read_attrs(handle)
+            except BaseException:
+                handle.close()
+                raise
+            self._known, self._held = known, (self.step, self.rank, self.part)
+        else:
+            self.step, self.rank, self.part = self._held
         self._file = handle
 
     @_readable
@@ -127,9 +147,16 @@ class StepFile:
         if version not in READ_SCHEMA_VERSIONS:
             raise DumpError(f"{self.path}: schema version {version}, this precdbg reads "
                             f"{', '.join(map(str, READ_SCHEMA_VERSIONS))}")
-        held = (int_attribute(attrs, "step", self.path), int_attribute(attrs, "rank", self.path),
-                int_attribute(attrs, "part", self.path, default=0))
-        plain = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
+        try:
+            raw = dict(attrs.items())       # each attribute read once
+        except Exception:
+            # one that cannot be read: what the step, rank and part say first, as before
+            int_attribute(attrs, "step", self.path), int_attribute(attrs, "rank", self.path)
+            int_attribute(attrs, "part", self.path, default=0)
+            raise
+        held = (int_attribute(raw, "step", self.path), int_attribute(raw, "rank", self.path),
+                int_attribute(raw, "part", self.path, default=0))
+        plain = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in raw.items()}
         self._seal = read_seal(plain, self.path, version)
         if self._named and held != (self.step, self.rank, self.part):
             raise DumpError(f"{self.path}: holds step {held[0]} rank {held[1]} part {held[2]}, "
@@ -140,13 +167,28 @@ class StepFile:
         self._attrs = plain
 
     def _column(self, group: Any, name: str, rows: int, kinds: str,
-                width: Optional[int] = None) -> np.ndarray:
-        """One record column, bounded before it is read and checked against the seal."""
-        where, ds = f"records/{name}", group[name]
-        bounded(ds, self.path, where, self._size, rows=rows, kinds=kinds, width=width)
-        data = ds[()]
+                width: Optional[int] = None, dsid: Any = None) -> np.ndarray:
+        """One record column, bounded before it is read and checked against the seal
+        (`dsid`: the column opened already, by `_dataset`)."""
+        where = f"records/{name}"
+        if dsid is None:
+            dsid = _dataset(group, name)
+        if dsid is None:            # not a dataset: what the plain path says of it
+            ds = group[name]
+            bounded(ds, self.path, where, self._size, rows=rows, kinds=kinds, width=width)
+            data = ds[()]
+        else:
+            data = _read_whole(dsid, bounded_id(dsid, self.path, where, self._size, rows=rows,
+                                                kinds=kinds, width=width))
         check_seal(self._seal, where, lambda: column_digest(data), self.path)
         return data
+
+    def _group(self, name: str) -> Any:
+        """`self.file[name]`, opened once while the file is open."""
+        found = self._groups.get(name)
+        if found is None:
+            found = self._groups[name] = self.file[name]
+        return found
 
     def columns(self, keep: bool = False) -> Dict[str, np.ndarray]:
         """The record columns, plus `step`, `rank` and `part` of the file: what an earlier
@@ -194,7 +236,11 @@ class StepFile:
         out: Dict[str, np.ndarray] = {}
         if "entry" not in group:
             raise DumpError(f"{self.path}: damaged: records/entry is missing")
-        count = group["entry"].shape[0] if group["entry"].shape else -1
+        entry = _dataset(group, "entry")
+        if entry is None:           # not a dataset: as the plain path fails on it
+            count = group["entry"].shape[0] if group["entry"].shape else -1
+        else:
+            count = entry.shape[0] if entry.shape else -1
         if "count" in group.attrs:
             count = int_attribute(group.attrs, "count", self.path, high=1 << 31)
         present = set(group)
@@ -204,13 +250,16 @@ class StepFile:
                     out[name] = np.full(count, ADDED_COLUMNS[name], dtype=dtype)
                     continue
                 raise DumpError(f"{self.path}: damaged: records/{name} is missing")
+            dsid = entry if name == "entry" else None
             if name in _STRING_COLUMNS:
-                data = _text(self._column(group, name, count, "S"))
+                data = _text(self._column(group, name, count, "S", dsid=dsid))
             else:
-                data = self._column(group, name, count, _KINDS[dtype.kind])
+                data = self._column(group, name, count, _KINDS[dtype.kind], dsid=dsid)
             out[name] = data
-        shape = self._column(group, "shape", count, "iu", width=group["shape"].shape[1]
-                             if len(group["shape"].shape or ()) == 2 else MAX_NDIM)
+        shape_id = _dataset(group, "shape")
+        held = (group["shape"] if shape_id is None else shape_id).shape
+        shape = self._column(group, "shape", count, "iu", width=held[1]
+                             if len(held or ()) == 2 else MAX_NDIM, dsid=shape_id)
         ndim = self._column(group, "ndim", count, "iu")
         if shape.shape[1] > _MAX_DIM or (ndim.size and (ndim.min() < 0 or ndim.max() > _MAX_DIM)):
             raise DumpError(f"{self.path}: damaged: records/shape or records/ndim holds more "
@@ -269,7 +318,7 @@ class StepFile:
 
     @_readable
     def has(self, group: str, column: str) -> bool:
-        return group in self.file and column in self.file[group]
+        return group in self.file and column in self._group(group)
 
     def strings(self, group: str, column: str) -> List[str]:
         """A column of the module tree or the stacks, read once per open file (a new list
@@ -286,29 +335,92 @@ class StepFile:
                 raise DumpError(f"{self.path}: damaged: {group} is missing")
             return []
         where = f"{group}/{column}"
-        ds = self.file[group][column]
-        bounded(ds, self.path, where, self._size, kinds="OS")
-        raw = ds[()].tolist()
+        parent = self._group(group)
+        dsid = _dataset(parent, column)
+        if dsid is None:            # not a dataset (or not in a group): the plain path
+            ds = parent[column]
+            bounded(ds, self.path, where, self._size, kinds="OS")
+            raw = ds[()].tolist()
+        else:
+            raw = _read_whole(dsid, bounded_id(dsid, self.path, where, self._size,
+                                               kinds="OS")).tolist()
         check_seal(self._seal, where, lambda: strings_digest(raw), self.path)
         texts = [s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s) for s in raw]
-        if group == "stacks":       # call sites: lines of `file:line in function`
-            return [escape_controls(t, lines=True) for t in texts]
-        return [escape_controls(t) for t in texts]
+        lines = group == "stacks"   # call sites: lines of `file:line in function`
+        joined = "".join(texts)     # none holds a control character when all of them do not
+        if escape_controls(joined, lines=lines) == joined:
+            return texts
+        return [escape_controls(t, lines=lines) for t in texts]
 
     def relabel(self, step: int, rank: int) -> None:
         """Read it as `step`, `rank` (compared with another run's other step or rank): opened
         again, it is checked against what it holds, not against its name."""
         self.step, self.rank, self._named, self._label = step, rank, False, (step, rank)
+        self._known = None
 
     def close(self) -> None:
         """Close the file and let go of what was read of it (its attributes stay known); a
         later read opens it again."""
         self._take_kept()
         self._strings.clear()
+        self._groups.clear()            # opened through the handle closed here
         self._blobs = None              # its datasets belong to the handle closed here
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class _H5:
+    """h5py and its low-level modules, imported when a file is first read (not each column)."""
+    h5py: Any = None
+
+    @classmethod
+    def load(cls) -> Any:
+        if cls.h5py is None:
+            import h5py
+            from h5py import h5d, h5o, h5s, h5t  # noqa: F401 - attributes of h5py from here
+            cls.h5py = h5py
+        return cls.h5py
+
+
+def _dataset(group: Any, name: str) -> Any:
+    """`group[name]` as h5py opens it (`h5o.open`, same link access: the same errors for a
+    missing or dangling name), as a low-level `h5d.DatasetID`; None when `group` is not a group
+    or `name` is not a dataset (the high-level path then says what it says of it)."""
+    h5py = _H5.load()
+    if not isinstance(group, h5py.Group):
+        return None
+    oid = h5py.h5o.open(group.id, name.encode("utf-8"), lapl=group._lapl)
+    # h5o.open gives a DatasetID exactly for what HDF5 says is a dataset (h5i.get_type)
+    return oid if isinstance(oid, h5py.h5d.DatasetID) else None
+
+
+def _read_whole(dsid: Any, held: Tuple[Tuple[int, ...], Optional[np.dtype]]) -> np.ndarray:
+    """A whole 1-D or 2-D dataset (bounded already: `held`, its shape and dtype as `bounded_id`
+    gives them) as `ds[()]` reads it: an array of its own dtype, zeros when it is empty."""
+    h5py = _H5.load()
+    shape, dtype = held
+    if dtype is None:
+        dtype = dsid.dtype
+    data = np.zeros(shape, dtype=dtype, order="C")
+    if data.size:
+        dsid.read(h5py.h5s.ALL, h5py.h5s.ALL, data, _memory_type(dtype))
+    return data
+
+
+_MEMORY_TYPES: Dict[Tuple[np.dtype, str], Any] = {}
+
+
+def _memory_type(dtype: np.dtype) -> Any:
+    """`h5t.py_create(dtype)`, the HDF5 type `ds[()]` reads into, made once per dtype (with
+    its h5py metadata: text, variable-length strings) rather than once per column."""
+    key = (dtype, repr(dtype.metadata))
+    found = _MEMORY_TYPES.get(key)
+    if found is None:
+        if len(_MEMORY_TYPES) >= 256:       # as many widths of text as files hold: bounded
+            _MEMORY_TYPES.clear()
+        found = _MEMORY_TYPES[key] = _H5.load().h5t.py_create(dtype)
+    return found
 
 
 def _text(data: np.ndarray) -> np.ndarray:
