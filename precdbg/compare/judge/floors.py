@@ -151,6 +151,7 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
     start = min(begins)
     by_seq: Dict[int, float] = {}
     by_tensor: Dict[int, float] = {}
+    summed: Dict[Tuple[str, Tuple[int, ...], Tuple[int, ...]], bool] = {}   # _summed_from's
     floors = [0.0] * n
     for key in sorted(calls, key=first.__getitem__):
         if first[key] < start:
@@ -173,7 +174,15 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
         for w, p in enumerate(writes):
             f = sums[w] if sums is not None else 0.0
             if dys and roles[p] == _GRAD_INPUT:      # summed from dy: its rounding scales with dy
-                f = max([f] + [own[q] for q in dys if _summed_from(ops[p], shape(p), shape(q))])
+                op, dx = ops[p], shape(p)
+                for q in dys:
+                    if own[q] > f:
+                        asked = (op, dx, shape(q))
+                        found = summed.get(asked)
+                        if found is None:
+                            found = summed[asked] = _summed_from(*asked)
+                        if found:
+                            f = own[q]
             t = tensors[p]
             f = max(f, by_tensor.get(t, 0.0))
             floors[p] = f
