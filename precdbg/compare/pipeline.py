@@ -228,7 +228,7 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
             note_loss_scale(first, setup["findings"])
         place_first(first, a, b)
         write_words(first, notes)       # every word of the verdict and the notes, here
-        incomplete = incomplete_parts(a, b, step, rank, pairs)
+        incomplete = incomplete_parts(a, b, step, rank, pairs, taken.whys)
         # a file that cannot be read is damage, not a step one run lacks: never a match
         unreadable = [{"side": u.side, "step": u.step, "rank": u.rank, "why": "unreadable",
                        "error": u.error} for u in taken.unreadable]
@@ -272,6 +272,7 @@ class _Taken:
         self.per_step: Dict[int, List[Entry]] = {}
         self.ranks_of_step: Dict[int, List[int]] = {}
         self.params_agree: Dict[Tuple[int, int], Optional[bool]] = {}
+        self.whys: Dict[Tuple[str, int, int], List[str]] = {}    # notes.incomplete_parts's
 
     def take(self, found: RankFound) -> None:
         for st in found.steps:
@@ -300,6 +301,8 @@ class _Taken:
             self.unfinished.extend(st.unfinished)
             self.per_step.setdefault(s, []).extend(st.entries)
             self.ranks_of_step.setdefault(s, []).append(st.rank)
+            for side, whys in st.whys.items():
+                self.whys[(side, s, st.rank)] = whys
             self.params_agree[(s, st.rank)] = st.params_agree
         self._found.clear()
         self._ranks.clear()

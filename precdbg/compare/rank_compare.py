@@ -33,7 +33,7 @@ from .judge.row_columns import pair_rows, row_columns
 from .judge.rows import Note, NoteCode
 from .judge.structure import StructuralDiff, structural_differences
 from .judge.unfinished import UnfinishedStep, unfinished_step
-from .report.notes import unobserved_modules
+from .report.notes import file_why, unobserved_modules
 from .report.row_store import RowChunk, RowFacts, make_chunk
 
 __all__ = ["RankTask", "StepFound", "StepUnread", "RankFound", "compare_rank", "compare_step"]
@@ -76,6 +76,8 @@ class StepFound:
     unfinished: List[UnfinishedStep]
     entries: List[Entry]
     params_agree: Optional[bool] = None
+    # per side, report.notes.file_why of each of its files (read while they are open)
+    whys: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -171,8 +173,11 @@ def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: An
         paired = {("a", name) for name in ta["entry"][al.pairs_a].tolist()} | \
             {("b", name) for name in tb["entry"][al.pairs_b].tolist()}
         one_run = [u for u in unmatched if (u["side"], u["name"]) not in paired]
+    whys = {side: [file_why(sf) for sf in d.files(step, rank)]
+            for side, d in (("baseline", a), ("candidate", b))}
     return StepFound(step, rank, make_chunk(step, rank, facts, step_rows, spool, keep_rows),
-                     unmatched, one_run, structural, unfinished, list(sc.entries.values()))
+                     unmatched, one_run, structural, unfinished, list(sc.entries.values()),
+                     whys=whys)
 
 
 def params_agree(entries: List[Entry]) -> Optional[bool]:
@@ -238,8 +243,8 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
                 unreadable.append(StepUnread(s, r, _side_of(exc, a, b, s, r), str(exc)))
                 continue
             finally:                     # one (step, rank) pair of files open at a time
-                a.release(s, r)
-                b.release(s, r)
+                a.release(s, r, forget=True)
+                b.release(s, r, forget=True)
             noise.settle(r, out.entries)
             out.params_agree = params_agree(out.entries)
             out.entries = kept_entries(out)

@@ -74,6 +74,19 @@ def _readable(method: Any) -> Any:
     return reading
 
 
+# the attributes that say whether a step file holds a whole step (Dump.warnings, the compare's
+# incomplete parts): the process ended inside the step; records lost inside precdbg
+STATUS_ATTRIBUTES = ("interrupted", "failures")
+
+
+def step_status(sf: Any) -> Dict[str, Any]:
+    """STATUS_ATTRIBUTES of a dump's step file (precdbg's or msprobe's)."""
+    status = getattr(sf, "status", None)
+    if status is not None:
+        return status()
+    return {k: sf.attrs.get(k) for k in STATUS_ATTRIBUTES}
+
+
 class StepFile:
     """One step file, opened when first read: a dump's files are known by their names
     (`step<S>/rank<R>[.part<K>].h5`), so a damaged file stops only what reads it (a command
@@ -86,6 +99,7 @@ class StepFile:
         self._file: Any = None
         self._size = 0
         self._attrs: Optional[Dict[str, Any]] = None
+        self._status: Optional[Dict[str, Any]] = None
         self._seal: Optional[Dict[str, str]] = None
         self._blobs: Optional[List[Tuple[int, int, Any]]] = None
         self._kept: Optional[Dict[str, np.ndarray]] = None     # columns for the next read
@@ -164,7 +178,7 @@ class StepFile:
         self.step, self.rank, self.part = held
         if self._label is not None:       # relabelled: read under the other run's numbers
             self.step, self.rank = self._label
-        self._attrs = plain
+        self._attrs, self._status = plain, None
 
     def _column(self, group: Any, name: str, rows: int, kinds: str,
                 width: Optional[int] = None, dsid: Any = None) -> np.ndarray:
@@ -358,9 +372,21 @@ class StepFile:
         self.step, self.rank, self._named, self._label = step, rank, False, (step, rank)
         self._known = None
 
-    def close(self) -> None:
-        """Close the file and let go of what was read of it (its attributes stay known); a
-        later read opens it again."""
+    def status(self) -> Dict[str, Any]:
+        """The attributes that say whether the file holds a whole step (STATUS_ATTRIBUTES),
+        known without opening the file again once read, its other attributes let go of."""
+        if self._status is None:
+            attrs = self.attrs
+            self._status = {k: attrs.get(k) for k in STATUS_ATTRIBUTES}
+        return self._status
+
+    def close(self, forget: bool = False) -> None:
+        """Close the file and let go of what was read of it (its attributes stay known, unless
+        `forget`: a reader done with it, whose memory must not grow with the files it read;
+        `status()` stays known); a later read opens it again."""
+        if forget and self._attrs is not None:
+            self.status()
+            self._attrs = self._seal = self._known = None
         self._take_kept()
         self._strings.clear()
         self._groups.clear()            # opened through the handle closed here

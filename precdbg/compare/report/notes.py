@@ -8,13 +8,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...errors import DumpError
 from ...storage.reader import Dump
+from ...storage.step_reader import step_status
 from ...records.schema import READ_ROLES, WRITE_ROLES, Direction, RecordKind, Role
 from ..judge.rows import Note, NoteCode
 from ..localize.step_causes import ENTERED_APART
 from ..localize.verdict import Annotation, Verdict
 from .wording import settings_text
 
-__all__ = ["incomplete_parts", "unobserved_modules", "unobserved_note", "level_note", "uncompared",
+__all__ = ["file_why", "incomplete_parts", "unobserved_modules", "unobserved_note", "level_note", "uncompared",
            "note_loss_scale", "note_extra_calls", "unused_mapping", "other_causes",
            "weights_agree_after"]
 
@@ -123,12 +124,28 @@ def uncompared(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
     return notes
 
 
+def file_why(sf: Any) -> str:
+    """Why a step file leaves its step not whole: "interrupted" (the process ended inside the
+    step), "failures" (records lost inside precdbg), "" (whole, or unreadable: said
+    elsewhere)."""
+    try:
+        status = step_status(sf)
+    except DumpError:
+        return ""
+    if status.get("interrupted"):
+        return "interrupted"
+    return "failures" if int(status.get("failures", 0) or 0) else ""
+
+
 def incomplete_parts(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
-                     pairs: List[Tuple[int, int]]) -> List[Dict[str, Any]]:
+                     pairs: List[Tuple[int, int]],
+                     known: Optional[Dict[Tuple[str, int, int], List[str]]] = None
+                     ) -> List[Dict[str, Any]]:
     """What keeps a compare from covering both runs (JSON `incomplete`): per side, the steps and
     ranks (of those asked) that only it holds (`only_here`), its compared steps that are not
     whole (`interrupted`: the process ended inside the step; `failures`: records lost inside
-    precdbg) and its incomplete files (`partial`)."""
+    precdbg) and its incomplete files (`partial`). `known`: (side, step, rank) -> file_why of
+    each of its files, found while they were compared (not opened again here)."""
     chosen = set(pairs)
     out: List[Dict[str, Any]] = []
     for side, have in (("baseline", a), ("candidate", b)):
@@ -140,15 +157,11 @@ def incomplete_parts(a: Dump, b: Dump, step: Optional[int], rank: Optional[int],
                 if (s, r) not in chosen:
                     out.append({"side": side, "step": s, "rank": r, "why": "only_here"})
                     continue
-                for sf in have.files(s, r):
-                    try:
-                        attrs = sf.attrs
-                    except DumpError:
-                        continue
-                    if attrs.get("interrupted"):
-                        out.append({"side": side, "step": s, "rank": r, "why": "interrupted"})
-                    elif int(attrs.get("failures", 0) or 0):
-                        out.append({"side": side, "step": s, "rank": r, "why": "failures"})
+                whys = (known or {}).get((side, s, r))
+                if whys is None:
+                    whys = [file_why(sf) for sf in have.files(s, r)]
+                out.extend({"side": side, "step": s, "rank": r, "why": why}
+                           for why in whys if why)
         out.extend({"side": side, "step": None, "rank": None, "why": "partial", "file": path}
                    for path in have.partial)
     return out
