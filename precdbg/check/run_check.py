@@ -128,8 +128,8 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
             except DumpError as exc:
                 unread.append(f"step {sa} rank {other} not checked: {exc}")
             finally:    # the files of many ranks are not held open (those keeping a copy are)
-                da.release(sa, other, unless_kept=True)
-                db.release(sb, other, unless_kept=True)
+                da.release(sa, other, unless_kept=True, forget=True)
+                db.release(sb, other, unless_kept=True, forget=True)
         checker.notes.extend(unread)    # a compare names them itself (step_unread)
         ranks = ranks[k:]
         checker.findings.extend(incomplete_findings(

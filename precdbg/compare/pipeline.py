@@ -353,8 +353,8 @@ def _optimizer_by_step(a: Dump, b: Dump, pairs: List[Tuple[int, int]],
         except DumpError:       # what compares the step says why it cannot be read
             continue
         finally:                # not every rank's files held open at once
-            a.release(s, r, unless_kept=True)
-            b.release(s, r, unless_kept=True)
+            a.release(s, r, unless_kept=True, forget=True)
+            b.release(s, r, unless_kept=True, forget=True)
         if found is not None:
             out[(s, r)] = optimizer_setup(found) + every_step
     return out
