@@ -169,7 +169,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                env=_env(), capture_output=True)
             r = measure(base, cand, report, extra)
             print(f"| {ranks} | {r['pairs']:,} | {r['verdict']} | {r['wall']:.1f} | "
-                  f"{r['pairs'] / r['wall']:,.0f} | {r['peak_gb']:.2f} | {r['json_gb']:.2f} |",
+                  f"{r['pairs'] / r['wall']:,.0f} | {r['peak_gb']:.3f} | {r['json_gb']:.2f} |",
                   flush=True)
             for path in (base, cand, report):
                 if path is None:
