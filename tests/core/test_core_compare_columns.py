@@ -52,23 +52,29 @@ def _tables(a_root: str, b_root: str, step: int):
     return a, b, table
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_rows_from_columns_equal_row_by_row(tmp_path, name):
-    changes = VARIANTS[name]
+def _judged_steps(tmp_path, changes):
+    """The judged pair table of each step of a reference dump against one with `changes`
+    (the reference takes the variant's task, checksum, dtype and steps)."""
     base = {k: v for k, v in changes.items() if k in ("task", "checksum", "dtype", "steps")}
     a_root = S.write_dump(tmp_path / "a", **base)
     b_root = S.write_dump(tmp_path / "b", **changes)
     for step in base.get("steps", (0,)):
         a, b, table = _tables(a_root, b_root, step)
         try:
-            rows = pair_rows(table)
-            assert len(rows) == len(table) > 0
-            assert rows == [pair_row(table, p) for p in range(len(table))]
-            assert [r.as_json() for r in rows] == \
-                [pair_row(table, p).as_json() for p in range(len(table))]
+            yield table
         finally:
             a.close()
             b.close()
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_rows_from_columns_equal_row_by_row(tmp_path, name):
+    for table in _judged_steps(tmp_path, VARIANTS[name]):
+        rows = pair_rows(table)
+        assert len(rows) == len(table) > 0
+        assert rows == [pair_row(table, p) for p in range(len(table))]
+        assert [r.as_json() for r in rows] == \
+            [pair_row(table, p).as_json() for p in range(len(table))]
 
 
 def test_finite_list_is_finite_or_none():
@@ -115,35 +121,26 @@ def test_entries_and_facts_from_columns_equal_row_by_row(tmp_path, name):
     """StepCompare.add_pairs (rows made only for the pairs that differ) gives the entries and
     differing reads the row-by-row loop gave from every pair's row; RowFacts.of(table) the
     facts of every row; pair_rows of a subset the rows of those pairs."""
-    changes = ENTRY_VARIANTS[name]
-    base = {k: v for k, v in changes.items() if k in ("task", "checksum", "dtype", "steps")}
-    a_root = S.write_dump(tmp_path / "a", **base)
-    b_root = S.write_dump(tmp_path / "b", **changes)
     differing = 0
-    for step in base.get("steps", (0,)):
-        a, b, table = _tables(a_root, b_root, step)
-        try:
-            rows = pair_rows(table)
-            bad = np.nonzero(table.diverged)[0]
-            differing += len(bad)
-            assert pair_rows(table, bad) == [rows[p] for p in bad.tolist()]
-            some = np.arange(0, len(table), 3)
-            assert pair_rows(table, some) == [rows[p] for p in some.tolist()]
-            assert RowFacts.of(table) == facts_of_rows(rows)
-            al = align(table.a, table.b, True, None)
-            sc = StepCompare(table.a, table.b, al)
-            sc.add_pairs(table, pair_rows(table, bad))
-            pairs = list(zip(table.ia.tolist(), table.ib.tolist()))
-            expected, reads = entries_row_by_row(table.a, table.b, rows, pairs)
-            assert list(sc.entries) == list(expected)
-            assert [entry_fields(e) for e in sc.entries.values()] == \
-                [entry_fields(e) for e in expected.values()]
-            assert [(ev, i, j) for ev, i, j in sc.reads] == reads
-            assert sc.entry_of_a == {i: sc.entries[(r.direction, r.name_a)]
-                                     for r, (i, _) in zip(rows, pairs)}
-        finally:
-            a.close()
-            b.close()
+    for table in _judged_steps(tmp_path, ENTRY_VARIANTS[name]):
+        rows = pair_rows(table)
+        bad = np.nonzero(table.diverged)[0]
+        differing += len(bad)
+        assert pair_rows(table, bad) == [rows[p] for p in bad.tolist()]
+        some = np.arange(0, len(table), 3)
+        assert pair_rows(table, some) == [rows[p] for p in some.tolist()]
+        assert RowFacts.of(table) == facts_of_rows(rows)
+        al = align(table.a, table.b, True, None)
+        sc = StepCompare(table.a, table.b, al)
+        sc.add_pairs(table, pair_rows(table, bad))
+        pairs = list(zip(table.ia.tolist(), table.ib.tolist()))
+        expected, reads = entries_row_by_row(table.a, table.b, rows, pairs)
+        assert list(sc.entries) == list(expected)
+        assert [entry_fields(e) for e in sc.entries.values()] == \
+            [entry_fields(e) for e in expected.values()]
+        assert [(ev, i, j) for ev, i, j in sc.reads] == reads
+        assert sc.entry_of_a == {i: sc.entries[(r.direction, r.name_a)]
+                                 for r, (i, _) in zip(rows, pairs)}
     assert differing > 0 or name == "bf16"
 
 
@@ -151,21 +148,12 @@ def test_entries_and_facts_from_columns_equal_row_by_row(tmp_path, name):
 def test_row_columns_json_text_equals_the_rows_json(tmp_path, name):
     """The JSON text written from a step's columns (encode_row_columns) is encode_rows of
     every row's dict; RowColumns.dicts() are the rows' as_json()."""
-    changes = ENTRY_VARIANTS[name]
-    base = {k: v for k, v in changes.items() if k in ("task", "checksum", "dtype", "steps")}
-    a_root = S.write_dump(tmp_path / "a", **base)
-    b_root = S.write_dump(tmp_path / "b", **changes)
-    for step in base.get("steps", (0,)):
-        a, b, table = _tables(a_root, b_root, step)
-        try:
-            columns = row_columns(table)
-            dicts = [r.as_json() for r in pair_rows(table)]
-            assert columns.dicts() == dicts
-            assert encode_row_columns(ROW_KEYS, columns.values, columns.tensors, 2) == \
-                encode_rows(dicts, 2)
-        finally:
-            a.close()
-            b.close()
+    for table in _judged_steps(tmp_path, ENTRY_VARIANTS[name]):
+        columns = row_columns(table)
+        dicts = [r.as_json() for r in pair_rows(table)]
+        assert columns.dicts() == dicts
+        assert encode_row_columns(ROW_KEYS, columns.values, columns.tensors, 2) == \
+            encode_rows(dicts, 2)
 
 
 def test_row_columns_json_text_of_odd_values():
