@@ -6,7 +6,8 @@ of a call (an attention's scale, the loss's label smoothing), an optimizer setti
 (Adam's eps, weight decay); a gradient hook that Adam's scale invariance keeps out of the
 weights is named at the gradient it changes. A weight scaled at init shows nothing in the step:
 the earliest parameter difference is the headline, with the advice to dump an earlier step.
-Clean pairs (a rerun, 1 vs 2 torch threads) MATCH. (timm is not used: its torchvision
+Clean pairs (a rerun, 1 vs 2 torch threads) MATCH
+(threads: where they enter the step with the same weights, which depends on the machine). (timm is not used: its torchvision
 dependency has no CPU wheel for torch 2.13 that installs here; transformers' ResNet stands in
 for a vision model.)"""
 from __future__ import annotations
@@ -44,10 +45,29 @@ def _first(dumps, baseline: str, candidate: str):
     ("base", "rerun"), ("base", "threads"), ("resnet_base", "resnet_rerun"),
     ("resnet_base", "resnet_threads")])
 def test_clean_pairs_match(dumps, baseline, candidate):
+    """A rerun, and 1 against 2 torch threads, MATCH where both runs enter the dumped step with
+    the same weights. Whether 2 threads round iteration 0's step as 1 does depends on the
+    machine (on one, plain PyTorch left 34 of this GPT-2's state tensors not bit for bit equal
+    after one AdamW step): there the verdict is the weights that entered apart, and nothing
+    else."""
     done = run_python(["-m", "precdbg", "compare", dumps[baseline], dumps[candidate]],
                       timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert compare_dumps(dumps[baseline], dumps[candidate])["verdict"] == "match"
+    result = compare_dumps(dumps[baseline], dumps[candidate])
+    if result["verdict"] == "match":
+        assert done.returncode == 0, done.stdout + done.stderr
+    else:       # threads only, and only weights that entered apart
+        assert candidate.endswith("threads") and not _same_weights_at_start(result), \
+            done.stdout
+        assert done.returncode == 1 and result["verdict"] == "diverged", done.stdout
+        assert "weights_entered_apart" in result["first_divergence"]["annotations"]
+
+
+def _same_weights_at_start(result) -> bool:
+    """Whether both runs' parameters at the dumped step's start have the same statistics, as
+    dumped."""
+    params = [r for r in result["rows"] if r["role"] == "param" and r["direction"] == "none"]
+    return bool(params) and all(r[f"{k}_a"] == r[f"{k}_b"] for r in params
+                                for k in ("min", "max", "mean", "norm"))
 
 
 @pytest.mark.parametrize("baseline, candidate, module, setting", [
