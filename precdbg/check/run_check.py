@@ -12,16 +12,18 @@ low). Known semantic differences between the frameworks' APIs and optimizers liv
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DumpError
 from ..storage.reader import Dump, open_dump
 from .checker import Checker
 from .values import _CONDITIONS, SEVERITIES, _KIND_ORDER, _Run, semantics  # noqa: F401
 
-__all__ = ["check_dumps", "format_check", "check_main", "semantics", "step_optimizer_findings"]
+__all__ = ["check_dumps", "format_check", "check_main", "semantics", "step_optimizer_findings",
+           "SetupCheck", "RankChecked", "check_rank"]
 
 
 def _choose(a: Dump, b: Dump, step: Optional[int], rank: Optional[int], labels: Tuple[str, str]
@@ -63,19 +65,40 @@ def _other_ranks(a: Dump, b: Dump, step: int, rank: int) -> List[int]:
             if r != rank and a.files(step, r) and b.files(step, r)]
 
 
-def _merge_rank(checker: Checker, other: Checker, rank: int) -> None:
-    """The findings and layer-setting differences of another rank's check that the first
-    rank's did not find, named by that rank."""
-    other.run()
-    known = {(f["kind"], f["message"]) for f in checker.findings}
+@dataclasses.dataclass
+class RankChecked:
+    """Another rank's check, besides the first rank's (`SetupCheck`): its findings and
+    layer-setting differences, or why its files could not be read (`unread`)."""
+    rank: int
+    findings: List[Dict[str, Any]]
+    setting_diffs: List[Any]
+    unread: str = ""
+
+
+def check_rank(da: Dump, db: Dump, step_a: int, step_b: int, rank: int,
+               labels: Tuple[str, str]) -> RankChecked:
+    """The check of one more rank (`SetupCheck.others`): what a compare runs where it reads
+    that rank's files, so that they are read once."""
+    try:
+        other = Checker(_Run(da, labels[0], step_a, rank), _Run(db, labels[1], step_b, rank))
+        other.run()
+    except DumpError as exc:
+        return RankChecked(rank, [], [], f"step {step_a} rank {rank} not checked: {exc}")
+    return RankChecked(rank, other.findings, other.setting_diffs)
+
+
+def _merge_rank(findings: List[Dict[str, Any]], setting_diffs: List[Any],
+                other: RankChecked) -> None:
+    """The findings and layer-setting differences of another rank's check that the ranks
+    merged before did not find, named by that rank."""
+    known = {(f["kind"], f["message"]) for f in findings}
     for finding in other.findings:
         if (finding["kind"], finding["message"]) not in known:
             known.add((finding["kind"], finding["message"]))
-            checker.findings.append({**finding, "message": f"rank {rank}: {finding['message']}",
-                                     "rank": rank})
-    settings = {str(d.as_dict()) for d in checker.setting_diffs}
-    checker.setting_diffs.extend(d for d in other.setting_diffs
-                                 if str(d.as_dict()) not in settings)
+            findings.append({**finding, "message": f"rank {other.rank}: {finding['message']}",
+                             "rank": other.rank})
+    settings = {str(d.as_dict()) for d in setting_diffs}
+    setting_diffs.extend(d for d in other.setting_diffs if str(d.as_dict()) not in settings)
 
 
 def _open(path_or_dump: Any) -> Tuple[Dump, bool]:
@@ -92,11 +115,81 @@ def incomplete_findings(sides: Any) -> List[Dict[str, Any]]:
             for label, dump, pairs in sides for warning in dump.warnings(pairs)]
 
 
+class SetupCheck:
+    """The check of two open dumps in the parts a compare runs apart: the first (step, rank)
+    both hold, checked when this is made (a rank whose files cannot be read: the next one);
+    each other rank of that step (`others`: `check_rank`, where a compare reads that rank);
+    and `result`, every rank merged in rank order."""
+
+    def __init__(self, da: Dump, db: Dump, step: Optional[int], rank: Optional[int],
+                 labels: Tuple[str, str]) -> None:
+        self.da, self.db, self.labels = da, db, labels
+        sa, sb, ra, rb, self.choice_notes = _choose(da, db, step, rank, labels)
+        ranks = [ra] + (_other_ranks(da, db, sa, ra) if rank is None and (sa, ra) == (sb, rb)
+                        else [])
+        self.unread: List[str] = []
+        for k, first in enumerate(ranks):   # a rank whose file cannot be read: the next one
+            try:
+                self.run_a, self.run_b = _Run(da, labels[0], sa, first), \
+                    _Run(db, labels[1], sb, first if k else rb)
+                self.checker = Checker(self.run_a, self.run_b)
+                self.checker.run()
+                break
+            except DumpError as exc:
+                if k == len(ranks) - 1:
+                    raise
+                self.unread.append(f"step {sa} rank {first} not checked: {exc}")
+        self.step_a, self.step_b = sa, sb
+        self.rank_a, self.rank_b = first, (first if k else rb)
+        self.others: List[int] = ranks[k + 1:]
+
+    def check_others(self) -> List[RankChecked]:
+        """`check_rank` of every other rank, here and now (`precdbg check`)."""
+        checked = []
+        for other in self.others:
+            try:
+                checked.append(check_rank(self.da, self.db, self.step_a, self.step_b, other,
+                                          self.labels))
+            finally:    # the files of many ranks are not held open (those keeping a copy are)
+                self.da.release(self.step_a, other, unless_kept=True, forget=True)
+                self.db.release(self.step_b, other, unless_kept=True, forget=True)
+        return checked
+
+    def result(self, checked: Sequence[RankChecked]) -> Dict[str, Any]:
+        """The check's result, the other ranks' checks (`checked`, in rank order) merged:
+        `{"findings": [{"severity", "kind", "message", "a", "b", ...}], "notes", "unchecked"
+        (the notes of checks that could not run), "counts", "layer_settings", "a", "b"}`."""
+        checker, labels = self.checker, self.labels
+        findings, setting_diffs = list(checker.findings), list(checker.setting_diffs)
+        for other in checked:      # what differs on another rank only (its batch, a layer)
+            _merge_rank(findings, setting_diffs, other)
+        unread = self.unread + [other.unread for other in checked if other.unread]
+        sa, sb, ra, rb = self.step_a, self.step_b, self.rank_a, self.rank_b
+        ranks = [ra] + list(self.others)
+        findings.extend(incomplete_findings(
+            ((labels[0], self.da, {(sa, r) for r in ranks}),
+             (labels[1], self.db, {(sb, r) for r in ranks} | {(sb, rb)}))))
+        order = {kind: i for i, kind in enumerate(_KIND_ORDER)}
+        findings = sorted(findings, key=lambda f: (SEVERITIES.index(f["severity"])
+                                                   if f["severity"] in SEVERITIES else 1,
+                                                   order.get(f["kind"], len(order))))
+        counts = {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES}
+        # the notes of the checks that could not read a rank: a compare names them itself
+        return {"findings": findings, "notes": self.choice_notes + checker.notes + unread,
+                "unchecked": checker.unchecked, "counts": counts,
+                "layer_settings": [d.as_dict() for d in setting_diffs],
+                "a": {"path": self.da.path, "framework": self.run_a.framework, "step": sa,
+                      "rank": ra, "label": labels[0],
+                      "manifest": self.run_a.manifest is not None},
+                "b": {"path": self.db.path, "framework": self.run_b.framework, "step": sb,
+                      "rank": rb, "label": labels[1],
+                      "manifest": self.run_b.manifest is not None}}
+
+
 def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] = None,
                 labels: Tuple[str, str] = ("A", "B")) -> Dict[str, Any]:
-    """Set-up differences between two dumps (paths or open `Dump`s), ranked high first:
-    `{"findings": [{"severity", "kind", "message", "a", "b", ...}], "notes", "unchecked"
-    (the notes of checks that could not run), "counts", "a", "b"}`."""
+    """Set-up differences between two dumps (paths or open `Dump`s), ranked high first
+    (`SetupCheck.result`), every rank of the checked step checked."""
     da, own_a = _open(a)
     try:
         db, own_b = _open(b)
@@ -105,48 +198,8 @@ def check_dumps(a: Any, b: Any, step: Optional[int] = None, rank: Optional[int] 
             da.close()
         raise
     try:
-        sa, sb, ra, rb, notes = _choose(da, db, step, rank, labels)
-        ranks = [ra] + (_other_ranks(da, db, sa, ra) if rank is None and (sa, ra) == (sb, rb)
-                        else [])
-        unread: List[str] = []
-        for k, first in enumerate(ranks):   # a rank whose file cannot be read: the next one
-            try:
-                run_a, run_b = _Run(da, labels[0], sa, first), \
-                    _Run(db, labels[1], sb, first if k else rb)
-                checker = Checker(run_a, run_b)
-                checker.run()
-                break
-            except DumpError as exc:
-                if k == len(ranks) - 1:
-                    raise
-                unread.append(f"step {sa} rank {first} not checked: {exc}")
-        ra, rb = first, (first if k else rb)
-        for other in ranks[k + 1:]:    # what differs on another rank only (its batch, a layer)
-            try:
-                _merge_rank(checker, Checker(_Run(da, labels[0], sa, other),
-                                              _Run(db, labels[1], sb, other)), other)
-            except DumpError as exc:
-                unread.append(f"step {sa} rank {other} not checked: {exc}")
-            finally:    # the files of many ranks are not held open (those keeping a copy are)
-                da.release(sa, other, unless_kept=True, forget=True)
-                db.release(sb, other, unless_kept=True, forget=True)
-        checker.notes.extend(unread)    # a compare names them itself (step_unread)
-        ranks = ranks[k:]
-        checker.findings.extend(incomplete_findings(
-            ((labels[0], da, {(sa, r) for r in ranks} | {(sa, ra)}),
-             (labels[1], db, {(sb, r) for r in ranks} | {(sb, rb)}))))
-        order = {kind: i for i, kind in enumerate(_KIND_ORDER)}
-        findings = sorted(checker.findings, key=lambda f: (SEVERITIES.index(f["severity"])
-                                                           if f["severity"] in SEVERITIES else 1,
-                                                           order.get(f["kind"], len(order))))
-        counts = {s: sum(1 for f in findings if f["severity"] == s) for s in SEVERITIES}
-        return {"findings": findings, "notes": notes + checker.notes,
-                "unchecked": checker.unchecked, "counts": counts,
-                "layer_settings": [d.as_dict() for d in checker.setting_diffs],
-                "a": {"path": da.path, "framework": run_a.framework, "step": sa, "rank": ra,
-                      "label": labels[0], "manifest": run_a.manifest is not None},
-                "b": {"path": db.path, "framework": run_b.framework, "step": sb, "rank": rb,
-                      "label": labels[1], "manifest": run_b.manifest is not None}}
+        check = SetupCheck(da, db, step, rank, labels)
+        return check.result(check.check_others())
     finally:
         if own_a:
             da.close()

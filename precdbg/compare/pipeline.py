@@ -28,6 +28,7 @@ from .judge.entries import Entry, StepEntries
 from .engine import run_on_engine
 from .parallel import compare_ranks, worth_parallel
 from .rank_compare import RankFound, RankTask, StepFound, StepUnread, compare_rank
+from ..check import RankChecked
 from .report.row_store import RowChunk, RowStore
 from .localize.locate import contains, locate
 from .localize.verdict import CONTRACT_VERSION, Verdict
@@ -110,51 +111,44 @@ def compare_dumps(baseline: str, candidate: str, step: Optional[int] = None,
     mapping = load_mapping(mapping_file) if mapping_file else None
     a, b = open_dump(baseline), open_dump(candidate)
     try:
-        from ..check import check_dumps, incomplete_findings
+        from ..check import SetupCheck, incomplete_findings
         _refuse_overflow_dumps(a, b, baseline, candidate)
         own_b = [(s, r) for s in b.steps for r in b.ranks if b.files(s, r)]
         pairs = _pairs_of(a, b, step, rank)
-        setup = check_dumps(a, b, step=step, rank=rank, labels=("baseline", "candidate"))
+        # the check's first rank now; each other rank where the compare reads it (its task)
+        check = SetupCheck(a, b, step, rank, ("baseline", "candidate"))
         fa, fb = _framework(a), _framework(b)
         same = bool(fa) and vocabulary(fa) == vocabulary(fb)   # one vocabulary of names
         shim_pair = same and fa != fb     # a torch shim's dump against PyTorch's
-        store = RowStore(spool=spool_rows, keep=keep_rows)
-        taken = _Taken(store)
-        optimizer_differs = optimizer_setup(setup["findings"])
-        strict = optimizer_setup(setup["findings"], conventions=False)
-        noise = NoisePolicy(alike=not strict,
-                            unknown=[setup[side]["label"] for side in ("a", "b")
-                                     if not setup[side]["manifest"]],
-                            conventions=[m for m in optimizer_differs if m not in strict])
-        updates = _optimizer_by_step(a, b, pairs, setup["findings"])
+        unknown = [run.label for run in (check.run_a, check.run_b) if run.manifest is None]
+        noise = _noise_policy(check.checker.findings, unknown)
         relabelled = own_b != pairs and len(own_b) == 1 and len(pairs) == 1
         parallel = not relabelled and (engine is not None or worth_parallel(
             jobs, pairs, lambda: _step_bytes(a, pairs)))
         previous = _previous_steps(a, b, pairs)
+        checked_here = set(check.others)
         tasks = [RankTask(os.path.abspath(baseline), os.path.abspath(candidate), r,
                           [s for s, q in pairs if q == r], [s for s, q in previous if q == r],
                           same, shim_pair, mapping, noise.alike, noise.unknown,
-                          noise.conventions, spool=spool_rows, keep_rows=keep_rows)
+                          noise.conventions, spool=spool_rows, keep_rows=keep_rows,
+                          check=(check.step_a, check.step_b) if r in checked_here else None)
                  for r in sorted({r for _, r in pairs})]
-        done = _progress_of_ranks(progress, len(pairs), taken)
         if parallel:        # the ranks are read again by the workers: the check's copies go
             a.release_kept()
             b.release_kept()
-        if parallel and engine is None:
-            compare_ranks(tasks, jobs, done)
-        elif parallel:
-            run_on_engine(engine[0], engine[1], tasks, done)
-        else:
-            started = [0]
-
-            def step_progress(s: int, r: int, done: int, total: int, phase: str) -> None:
-                if phase == "aligning":
-                    started[0] += 1
-                progress(CompareProgress(started[0] - 1, len(pairs), s, r, done, total,
-                                         phase))
+        run = _RankRunner(tasks, (a, b), parallel, jobs, engine, progress, len(pairs))
+        taken = run(RowStore(spool=spool_rows, keep=keep_rows), noise)
+        setup = check.result(taken.checked)
+        settled = _noise_policy(setup["findings"], unknown)
+        if (settled.alike, settled.conventions) != (noise.alike, noise.conventions):
+            # another rank's optimizer differs: every rank judged again under its policy
+            noise = settled
             for task in tasks:
-                taken.take(compare_rank(task, (a, b), step_progress if progress else None))
-        taken.finish(noise)
+                task.alike, task.conventions, task.check = noise.alike, noise.conventions, None
+            taken = run(RowStore(spool=spool_rows, keep=keep_rows), noise)
+        optimizer_differs = optimizer_setup(setup["findings"])
+        updates = _optimizer_updates(taken.optimizers, setup["findings"])
+        store = taken.store
         if taken.unreadable and not taken.per_step:      # nothing could be compared
             raise DumpError(taken.unreadable[0].error)
         rows_facts = store.facts()
@@ -273,6 +267,8 @@ class _Taken:
         self.ranks_of_step: Dict[int, List[int]] = {}
         self.params_agree: Dict[Tuple[int, int], Optional[bool]] = {}
         self.whys: Dict[Tuple[str, int, int], List[str]] = {}    # notes.incomplete_parts's
+        self.checked: List[RankChecked] = []      # the check of the ranks besides its first
+        self.optimizers: Dict[Tuple[int, int], List[Dict[str, Any]]] = {}
 
     def take(self, found: RankFound) -> None:
         for st in found.steps:
@@ -294,6 +290,9 @@ class _Taken:
                                  key=lambda u: (u.step, u.rank))
         for f in ranks:
             noise.merge(f.noise)
+            if f.checked is not None:
+                self.checked.append(f.checked)
+            self.optimizers.update(f.optimizers)
         for (s, _), st in sorted(self._found.items()):
             self.unmatched.extend(st.unmatched)
             self.one_run.extend(st.one_run)
@@ -334,30 +333,61 @@ def _step_bytes(a: Dump, pairs: List[Tuple[int, int]]) -> int:
     return total
 
 
-def _optimizer_by_step(a: Dump, b: Dump, pairs: List[Tuple[int, int]],
+def _noise_policy(findings: List[Dict[str, Any]], unknown: List[str]) -> NoisePolicy:
+    """How steps k >= 1 are judged, from the check's findings: relaxed by the runs' updates
+    only where the optimizers are set up alike (multistep.NoisePolicy)."""
+    optimizer_differs = optimizer_setup(findings)
+    strict = optimizer_setup(findings, conventions=False)
+    return NoisePolicy(alike=not strict, unknown=unknown,
+                       conventions=[m for m in optimizer_differs if m not in strict])
+
+
+def _optimizer_updates(per_step: Dict[Tuple[int, int], List[Dict[str, Any]]],
                        findings: List[Dict[str, Any]]) -> Dict[Tuple[int, int], List[str]]:
     """(step, rank) -> the optimizer set-up differences of the settings that step used, for
-    the compared steps and the ones just before them whose files both hold them: a parameter
-    that differs at a step's start is explained by the update of the step before, with the lr
-    a schedule gave that step (run.json holds the last captured window's). The run's other
-    optimizer findings (`findings` of the check: loss scale, the frameworks' optimizer
-    conventions) hold for every step."""
-    from ..check import step_optimizer_findings
+    the compared steps and the ones just before them whose files both hold them (the ranks'
+    `RankFound.optimizers`): a parameter that differs at a step's start is explained by the
+    update of the step before, with the lr a schedule gave that step (run.json holds the last
+    captured window's). The run's other optimizer findings (`findings` of the check: loss
+    scale, the frameworks' optimizer conventions) hold for every step."""
     every_step = optimizer_setup([f for f in findings if f["kind"] not in _STEP_KINDS])
-    out: Dict[Tuple[int, int], List[str]] = {}
-    for s, r in sorted(set(pairs) | {(s - 1, r) for s, r in pairs}):
-        if not (a.files(s, r) and b.files(s, r)):
-            continue
-        try:
-            found = step_optimizer_findings(a, b, s, r, ("baseline", "candidate"))
-        except DumpError:       # what compares the step says why it cannot be read
-            continue
-        finally:                # not every rank's files held open at once
-            a.release(s, r, unless_kept=True, forget=True)
-            b.release(s, r, unless_kept=True, forget=True)
-        if found is not None:
-            out[(s, r)] = optimizer_setup(found) + every_step
-    return out
+    return {key: optimizer_setup(found) + every_step
+            for key, found in sorted(per_step.items())}
+
+
+class _RankRunner:
+    """The ranks' tasks run, here or in workers (`parallel`: processes, or `engine`), each
+    rank's result taken as it arrives; called again with new tasks' settings when another
+    rank's check changes how they are judged."""
+
+    def __init__(self, tasks: List[RankTask], dumps: Tuple[Dump, Dump], parallel: bool,
+                 jobs: int, engine: Optional[Tuple[str, Optional[str]]], progress: Progress,
+                 total: int) -> None:
+        self.tasks, self.dumps, self.parallel = tasks, dumps, parallel
+        self.jobs, self.engine, self.progress, self.total = jobs, engine, progress, total
+
+    def __call__(self, store: RowStore, noise: NoisePolicy) -> "_Taken":
+        """Every rank compared, their results merged (`_Taken.finish`; their noise policies
+        into `noise`)."""
+        taken = _Taken(store)
+        done = _progress_of_ranks(self.progress, self.total, taken)
+        progress, total = self.progress, self.total
+        if self.parallel and self.engine is None:
+            compare_ranks(self.tasks, self.jobs, done)
+        elif self.parallel:
+            run_on_engine(self.engine[0], self.engine[1], self.tasks, done)
+        else:
+            started = [0]
+
+            def step_progress(s: int, r: int, done: int, count: int, phase: str) -> None:
+                if phase == "aligning":
+                    started[0] += 1
+                progress(CompareProgress(started[0] - 1, total, s, r, done, count, phase))
+            for task in self.tasks:
+                taken.take(compare_rank(task, self.dumps,
+                                        step_progress if progress else None))
+        taken.finish(noise)
+        return taken
 
 
 def _previous_steps(a: Dump, b: Dump, pairs: List[Tuple[int, int]]) -> List[Tuple[int, int]]:

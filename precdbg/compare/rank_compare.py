@@ -10,7 +10,9 @@ spools them), the records without counterpart, structural differences, where a r
 and the entries. The entries of a (step, rank) where nothing differs are cut to its
 parameters (all the localizer and the notes read of a rank that agrees), so what a compare
 keeps across ranks is small. A (step, rank) whose files cannot be read is named
-(`StepUnread`) and the rank's other steps are still compared.
+(`StepUnread`) and the rank's other steps are still compared. Where the task says so, the
+rank's share of the check (check.run_check.check_rank) and the optimizer settings of its steps
+are taken here too, while its files are open: each step file is read once by a compare.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..check import RankChecked, check_rank, step_optimizer_findings
 from ..errors import DumpError
 from ..records.schema import Direction, RecordKind, Role
 from ..storage.common_records import common_records
@@ -61,6 +64,9 @@ class RankTask:
     conventions: List[str]
     spool: bool = False
     keep_rows: bool = True
+    # the check's steps (baseline, candidate) where this rank is one of `SetupCheck.others`:
+    # checked here, where its files are read, once
+    check: Optional[Tuple[int, int]] = None
 
 
 @dataclasses.dataclass
@@ -98,6 +104,11 @@ class RankFound:
     unread: List[Tuple[Tuple[int, int], Note]]      # steps before --step S that failed
     noise: NoisePolicy
     unreadable: List[StepUnread] = dataclasses.field(default_factory=list)
+    checked: Optional[RankChecked] = None        # the task's `check`
+    # (step, rank) -> the check's optimizer findings of the settings that step used, for the
+    # steps compared and those before them whose files both hold them (step_optimizer_findings)
+    optimizers: Dict[Tuple[int, int], List[Dict[str, Any]]] = \
+        dataclasses.field(default_factory=dict)
 
 
 def _interrupted(dump: Dump, step: int, rank: int) -> bool:
@@ -200,6 +211,21 @@ def kept_entries(found: StepFound) -> List[Entry]:
     return []
 
 
+_LABELS = ("baseline", "candidate")
+
+
+def _step_optimizers(a: Dump, b: Dump, step: int, rank: int,
+                     out: Dict[Tuple[int, int], List[Dict[str, Any]]]) -> None:
+    """The optimizer findings of the settings (step, rank) used, into `out` where both dumps'
+    files hold them (a step that cannot be read: what compares it says why)."""
+    try:
+        found = step_optimizer_findings(a, b, step, rank, _LABELS)
+    except DumpError:
+        return
+    if found is not None:
+        out[(step, rank)] = found
+
+
 def _side_of(exc: DumpError, a: Dump, b: Dump, step: int, rank: int) -> str:
     text = str(exc)
     for side, dump in (("baseline", a), ("candidate", b)):
@@ -220,7 +246,12 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
         r = task.rank
         before: Dict[Tuple[int, int], bool] = {}
         unread: List[Tuple[Tuple[int, int], Note]] = []
+        optimizers: Dict[Tuple[int, int], List[Dict[str, Any]]] = {}
+        checked = None
+        if task.check is not None:      # its records kept for the compare of that step
+            checked = check_rank(a, b, task.check[0], task.check[1], r, _LABELS)
         for s in task.previous:
+            _step_optimizers(a, b, s, r, optimizers)
             try:
                 found = compare_step(a, b, s, r, task.same, task.mapping, noise,
                                      task.shim_pair)
@@ -236,6 +267,7 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
         steps: List[StepFound] = []
         unreadable: List[StepUnread] = []
         for s in task.steps:
+            _step_optimizers(a, b, s, r, optimizers)
             try:
                 out = compare_step(a, b, s, r, task.same, task.mapping, noise, task.shim_pair,
                                    task.spool, progress, task.keep_rows)
@@ -249,7 +281,8 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
             out.params_agree = params_agree(out.entries)
             out.entries = kept_entries(out)
             steps.append(out)
-        return RankFound(r, steps, before, unread, noise, unreadable)
+        return RankFound(r, steps, before, unread, noise, unreadable, checked,
+                         dict(sorted(optimizers.items())))
     finally:
         if dumps is None:
             a.close()

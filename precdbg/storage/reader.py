@@ -108,6 +108,8 @@ class Dump:
         self.run: Dict[str, Any] = {}
         self.partial: List[str] = []
         self._files: Dict[Tuple[int, int], List[Any]] = {}    # StepFile or MsprobeStep
+        # (step, rank) -> module_settings, while those files are open
+        self._settings: Dict[Tuple[Optional[int], Optional[int]], Dict[str, Any]] = {}
         self.source = "precdbg"          # or "msprobe": a dump msprobe wrote
         msprobe = msprobe_step_folders(path) if os.path.exists(path) else None
         if msprobe:
@@ -166,6 +168,7 @@ class Dump:
         if len(self._files) != 1:
             raise DumpError(f"{self.path}: holds {len(self._files)} steps/ranks, not one")
         parts = next(iter(self._files.values()))
+        self._settings.clear()
         for sf in parts:
             if isinstance(sf, StepFile):
                 sf.relabel(step, rank)
@@ -304,7 +307,17 @@ class Dump:
                         ) -> Dict[str, Tuple[str, Dict[str, Any]]]:
         """path -> (class, numeric layer settings) of every module of the step's module tree,
         e.g. `{"blocks.0.ln_1": ("LayerNorm", {"eps": 1e-05})}` (see precdbg.records.layers; a file
-        written before settings were recorded gives empty settings)."""
+        written before settings were recorded gives empty settings). Parsed once while the
+        step's files stay open (the check and the compare each ask), a new outer dict each
+        time; the settings themselves are shared: not to be changed."""
+        key = (step, rank)
+        known = self._settings.get(key)
+        if known is None:
+            known = self._settings[key] = self._read_module_settings(step, rank)
+        return dict(known)
+
+    def _read_module_settings(self, step: Optional[int], rank: Optional[int]
+                              ) -> Dict[str, Tuple[str, Dict[str, Any]]]:
         from ..records.layers import parse_settings
         for sf in self._asked(step, rank):
             paths = sf.strings("modules", "path")
@@ -368,11 +381,13 @@ class Dump:
         not those keeping a copy of their columns for the next read; `forget`: their
         attributes let go of too (read again if asked: a caller done with the files, some
         14 KB each as Python objects, 29 MB over 1,024 ranks of two dumps)."""
+        self._settings.clear()
         for sf in self._files.get((step, rank), []):
             if isinstance(sf, StepFile) and not (unless_kept and sf.keeps_columns):
                 sf.close(forget)
 
     def close(self) -> None:
+        self._settings.clear()
         for parts in self._files.values():
             for sf in parts:
                 sf.close()

@@ -4,6 +4,7 @@ and `--step S` judged against step S-1; Ctrl-C (a KeyboardInterrupt in the main 
 leaves no worker behind; `--jobs 0` is refused."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 
 import pytest
@@ -64,3 +65,38 @@ def test_jobs_zero_is_refused(tmp_path, capsys):
     a = S.write_dump(tmp_path / "a")
     assert main(["compare", a, a, "--jobs", "0"]) == 2
     assert "--jobs" in capsys.readouterr().err
+
+
+def _lr_on_rank_1(root: str, lr: float) -> None:
+    """Rank 1's manifest in run.json says another learning rate (the check finds it on that
+    rank only: its own optimizer settings)."""
+    path = f"{root}/run.json"
+    with open(path) as handle:
+        run = json.load(handle)
+    run["manifests"]["1"]["optimizers"][0]["param_groups"][0]["hyper"]["lr"] = lr
+    with open(path, "w") as handle:
+        json.dump(run, handle)
+
+
+@pytest.mark.parametrize("other_lr", [False, True])
+def test_another_ranks_optimizer_set_up_decides_how_every_rank_is_judged(tmp_path, other_lr):
+    """The check of each rank after the first runs where the compare reads it; an optimizer
+    difference found only there still decides the noise policy of every rank: step 1's
+    parameters judged by their update where the optimizers are set up alike, by rounding
+    where they are not, in one process and in workers alike."""
+    base = dict(ranks=(0, 1), steps=(0, 1))
+    a = S.write_dump(tmp_path / "a", **base)
+    b = S.write_dump(tmp_path / "b", **dict(base, gelu_ulps=1))
+    if other_lr:
+        _lr_on_rank_1(b, 0.2)
+    result = _same(a, b)
+    codes = [note["code"] for note in result["notes"]]
+    optimizer = [f for f in result["setup"] if f["kind"] == "optimizer"]
+    assert result["verdict"] == "match"
+    if other_lr:
+        assert "judged_by_rounding" in codes and "judged_by_update" not in codes
+        assert [(f["rank"], f["hyperparameter"], f["a"], f["b"]) for f in optimizer] == \
+            [(1, "lr", "0.1", "0.2")]
+    else:
+        assert "judged_by_update" in codes and "judged_by_rounding" not in codes
+        assert optimizer == []

@@ -161,3 +161,33 @@ def test_same_shortcut_agrees_with_the_long_way():
     for va in values:
         for vb in values:
             assert _same(va, vb) == _same_long_way(va, vb), (va, vb)
+
+
+def test_a_compare_reads_each_step_file_once(tmp_path, monkeypatch):
+    """The check's ranks after its first are checked where the compare reads them, and the
+    optimizer settings of each step are taken there too: every step file's columns and
+    attributes are read once by a compare of three ranks over two steps (that match: the
+    verdict's own step is read again for its call site)."""
+    from precdbg.compare import compare_dumps
+    reads = {"columns": [], "attrs": []}
+    read_columns, read_attrs = step_reader.StepFile._read_columns, \
+        step_reader.StepFile._read_attrs
+
+    def columns(self):
+        reads["columns"].append(self.path)
+        return read_columns(self)
+
+    def attrs(self, handle):
+        reads["attrs"].append(self.path)
+        return read_attrs(self, handle)
+    monkeypatch.setattr(step_reader.StepFile, "_read_columns", columns)
+    monkeypatch.setattr(step_reader.StepFile, "_read_attrs", attrs)
+    base = dict(ranks=(0, 1, 2), steps=(0, 1))
+    a = S.write_dump(tmp_path / "a", **base)
+    b = S.write_dump(tmp_path / "b", **dict(base, gelu_ulps=1))
+    result = compare_dumps(a, b)
+    assert result["verdict"] == "match"
+    files = sorted(f"{root}/step{s}/rank{r}.h5" for root in (a, b) for s in (0, 1)
+                   for r in (0, 1, 2))
+    assert sorted(reads["columns"]) == files
+    assert sorted(reads["attrs"]) == files
