@@ -18,7 +18,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DumpError
-from ..storage.reader import Dump, open_dump
+from ..storage.reader import Dump, RecordTable, open_dump
 from .checker import Checker
 from .values import _CONDITIONS, SEVERITIES, _KIND_ORDER, _Run, semantics  # noqa: F401
 
@@ -76,11 +76,14 @@ class RankChecked:
 
 
 def check_rank(da: Dump, db: Dump, step_a: int, step_b: int, rank: int,
-               labels: Tuple[str, str]) -> RankChecked:
+               labels: Tuple[str, str], tables: Optional[Tuple[RecordTable, RecordTable]] = None
+               ) -> RankChecked:
     """The check of one more rank (`SetupCheck.others`): what a compare runs where it reads
-    that rank's files, so that they are read once."""
+    that rank's files, so that they are read once (`tables`: both sides' records, read by the
+    compare; the check only reads them)."""
+    ta, tb = tables if tables is not None else (None, None)
     try:
-        other = Checker(_Run(da, labels[0], step_a, rank), _Run(db, labels[1], step_b, rank))
+        other = Checker(_Run(da, labels[0], step_a, rank, ta), _Run(db, labels[1], step_b, rank, tb))
         other.run()
     except DumpError as exc:
         return RankChecked(rank, [], [], f"step {step_a} rank {rank} not checked: {exc}")

@@ -179,8 +179,11 @@ def stat_gap(ra: Dict[str, Any], rb: Dict[str, Any]) -> float:
 class _Run:
     """One side of the check: its manifest, the records of the checked step, derived views."""
 
-    def __init__(self, dump: Dump, label: str, step: int, rank: int) -> None:
+    def __init__(self, dump: Dump, label: str, step: int, rank: int,
+                 table: Optional[RecordTable] = None) -> None:
         self.dump, self.label, self.step, self.rank = dump, label, step, rank
+        if table is not None:       # read already by the caller (a compare, which reads on)
+            self.__dict__["table"] = table
         self.run = dump.run or {}
         self.framework = dump.setting("framework")     # the step files say it without run.json
         # a job's ranks each keep their own manifest (`manifests`); older dumps hold one

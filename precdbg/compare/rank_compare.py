@@ -25,7 +25,7 @@ from ..check import RankChecked, check_rank, step_optimizer_findings
 from ..errors import DumpError
 from ..records.schema import Direction, RecordKind, Role
 from ..storage.common_records import common_records
-from ..storage.reader import Dump, open_dump
+from ..storage.reader import Dump, RecordTable, open_dump
 from .align.alignment import align, rename_module
 from .judge.entries import Entry, StepCompare
 from .judge.judges import judge_pairs
@@ -127,13 +127,16 @@ def _setting_differences(a: Dump, b: Dump, step: int, rank: int, mapping: Any) -
 
 def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: Any,
                  noise: NoisePolicy, shim_pair: bool = False, spool: bool = False,
-                 progress: StepProgress = None, keep_rows: bool = True) -> StepFound:
-    """Align, judge and sort into entries one (step, rank) of both dumps."""
+                 progress: StepProgress = None, keep_rows: bool = True,
+                 tables: Optional[Tuple[RecordTable, RecordTable]] = None) -> StepFound:
+    """Align, judge and sort into entries one (step, rank) of both dumps (`tables`: their
+    records, read already)."""
     def report(done: int, total: int, phase: str) -> None:
         if progress is not None:
             progress(step, rank, done, total, phase)
     # a precdbg dump against msprobe's: the records both tools write, compared on what both measure
-    ta, tb, _ = common_records(a, a.records(step, rank), b, b.records(step, rank), step, rank)
+    ra, rb = tables if tables is not None else (a.records(step, rank), b.records(step, rank))
+    ta, tb, _ = common_records(a, ra, b, rb, step, rank)
     report(0, 0, "aligning")
     al = align(ta, tb, same, mapping)
     interrupted = (_interrupted(a, step, rank), _interrupted(b, step, rank))
@@ -226,6 +229,18 @@ def _step_optimizers(a: Dump, b: Dump, step: int, rank: int,
         out[(step, rank)] = found
 
 
+def _both_records(a: Dump, b: Dump, steps: Tuple[int, int], rank: int
+                  ) -> Optional[Tuple[RecordTable, RecordTable]]:
+    """Both sides' records of the check's steps, or None where a file cannot be read (what
+    reads it next says why)."""
+    if steps[0] != steps[1]:
+        return None
+    try:
+        return a.records(steps[0], rank), b.records(steps[1], rank)
+    except DumpError:
+        return None
+
+
 def _side_of(exc: DumpError, a: Dump, b: Dump, step: int, rank: int) -> str:
     text = str(exc)
     for side, dump in (("baseline", a), ("candidate", b)):
@@ -247,9 +262,10 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
         before: Dict[Tuple[int, int], bool] = {}
         unread: List[Tuple[Tuple[int, int], Note]] = []
         optimizers: Dict[Tuple[int, int], List[Dict[str, Any]]] = {}
-        checked = None
-        if task.check is not None:      # its records kept for the compare of that step
-            checked = check_rank(a, b, task.check[0], task.check[1], r, _LABELS)
+        checked, tables = None, None
+        if task.check is not None:      # the records read once, for the check and the compare
+            tables = _both_records(a, b, task.check, r)
+            checked = check_rank(a, b, task.check[0], task.check[1], r, _LABELS, tables)
         for s in task.previous:
             _step_optimizers(a, b, s, r, optimizers)
             try:
@@ -270,11 +286,14 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
             _step_optimizers(a, b, s, r, optimizers)
             try:
                 out = compare_step(a, b, s, r, task.same, task.mapping, noise, task.shim_pair,
-                                   task.spool, progress, task.keep_rows)
+                                   task.spool, progress, task.keep_rows,
+                                   tables if task.check == (s, s) else None)
             except DumpError as exc:     # named; the rank's other steps are still compared
                 unreadable.append(StepUnread(s, r, _side_of(exc, a, b, s, r), str(exc)))
                 continue
             finally:                     # one (step, rank) pair of files open at a time
+                if task.check == (s, s):
+                    tables = None
                 a.release(s, r, forget=True)
                 b.release(s, r, forget=True)
             noise.settle(r, out.entries)
