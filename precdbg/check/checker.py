@@ -27,6 +27,9 @@ class Checker:
         self.values_differ = False
         self.setting_diffs = setting_differences(a.module_settings, b.module_settings)
         self.settings_explained: Set[Tuple[str, str]] = set()
+        # what optimizers() found where both runs' step files hold the settings of the step
+        # (run_check.step_optimizer_findings of that step); None where it did not run so
+        self.step_optimizer_findings: Optional[List[Dict[str, Any]]] = None
 
     def add(self, severity: str, kind: str, message: str, a: Any = None, b: Any = None,
             **extra: Any) -> None:
@@ -55,7 +58,10 @@ class Checker:
                               "seed, determinism, environment, device and version checks "
                               "skipped")
         else:
+            first = len(self.findings)
             self.optimizers()
+            if self.a.step_optimizers is not None and self.b.step_optimizers is not None:
+                self.step_optimizer_findings = self.findings[first:]
             setup.seeds()
             setup.determinism()
             setup.platform()

@@ -73,6 +73,8 @@ class RankChecked:
     findings: List[Dict[str, Any]]
     setting_diffs: List[Any]
     unread: str = ""
+    # `step_optimizer_findings` of the checked step, where the check found them on the way
+    step_optimizers: Optional[List[Dict[str, Any]]] = None
 
 
 def check_rank(da: Dump, db: Dump, step_a: int, step_b: int, rank: int,
@@ -87,7 +89,8 @@ def check_rank(da: Dump, db: Dump, step_a: int, step_b: int, rank: int,
         other.run()
     except DumpError as exc:
         return RankChecked(rank, [], [], f"step {step_a} rank {rank} not checked: {exc}")
-    return RankChecked(rank, other.findings, other.setting_diffs)
+    return RankChecked(rank, other.findings, other.setting_diffs,
+                       step_optimizers=other.step_optimizer_findings)
 
 
 def _merge_rank(findings: List[Dict[str, Any]], setting_diffs: List[Any],

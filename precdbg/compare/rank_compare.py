@@ -283,7 +283,11 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
         steps: List[StepFound] = []
         unreadable: List[StepUnread] = []
         for s in task.steps:
-            _step_optimizers(a, b, s, r, optimizers)
+            if checked is not None and checked.step_optimizers is not None and \
+                    task.check == (s, s):     # found by the check of this step already
+                optimizers[(s, r)] = checked.step_optimizers
+            else:
+                _step_optimizers(a, b, s, r, optimizers)
             try:
                 out = compare_step(a, b, s, r, task.same, task.mapping, noise, task.shim_pair,
                                    task.spool, progress, task.keep_rows,

@@ -100,3 +100,41 @@ def test_another_ranks_optimizer_set_up_decides_how_every_rank_is_judged(tmp_pat
     else:
         assert "judged_by_update" in codes and "judged_by_rounding" not in codes
         assert optimizer == []
+
+
+def test_a_ranks_step_optimizers_found_by_its_check_are_those_of_the_step(tmp_path):
+    """Where a rank's check reads the optimizer settings its step files hold, the compare takes
+    its findings for that step rather than reading them again: the same as
+    `step_optimizer_findings` of that (step, rank), another lr on rank 1 included."""
+    import h5py
+    from precdbg.check import check_rank, step_optimizer_findings
+    from precdbg.storage.reader import open_dump
+    from precdbg.storage.step_checks import reseal
+    base = dict(ranks=(0, 1), steps=(0, 1))
+    roots = S.write_dump(tmp_path / "a", **base), S.write_dump(tmp_path / "b", **base)
+    for root in roots:
+        with open(f"{root}/run.json") as handle:
+            optimizers = json.load(handle)["manifest"]["optimizers"]
+        for step in (0, 1):
+            for rank in (0, 1):
+                lr = 0.2 if (root, step, rank) == (roots[1], 1, 1) else 0.1
+                optimizers[0]["param_groups"][0]["hyper"]["lr"] = lr
+                path = f"{root}/step{step}/rank{rank}.h5"
+                with h5py.File(path, "r+") as handle:
+                    handle.attrs["optimizers"] = json.dumps(optimizers)
+                reseal(path)
+    a, b = open_dump(roots[0]), open_dump(roots[1])
+    labels = ("baseline", "candidate")
+    try:
+        for step in (0, 1):
+            checked = check_rank(a, b, step, step, 1, labels)
+            assert checked.step_optimizers == step_optimizer_findings(a, b, step, 1, labels)
+            lrs = [(f["hyperparameter"], f["a"], f["b"]) for f in checked.step_optimizers]
+            assert lrs == ([("lr", "0.1", "0.2")] if step == 1 else [])
+    finally:
+        a.close()
+        b.close()
+    # the compare of step 1 (rank 1 checked in its task) says so under "setup"
+    found = [(f["kind"], f.get("rank"), f.get("hyperparameter"))
+             for f in _same(*roots, step=1)["setup"]]
+    assert ("optimizer", 1, "lr") in found
