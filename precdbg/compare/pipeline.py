@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..errors import DumpError
 from ..storage.common_records import LIMITS, MINDSPORE_API_CALLS
 from ..storage.reader import Dump, open_dump
+from ..storage.step_reader import StepFile
 from ..records.naming import vocabulary
 from ..records.schema import RecordKind, Task
 from .align.alignment import load_mapping
@@ -252,8 +253,8 @@ class _Taken:
     """What the ranks found, taken as each rank's result arrives (in any order) and handed
     over in the order one process compares them: (step, rank)."""
 
-    def __init__(self, store: RowStore) -> None:
-        self.store = store
+    def __init__(self, store: RowStore, dumps: Tuple[Dump, Dump]) -> None:
+        self.store, self.dumps = store, dumps
         self._found: Dict[Tuple[int, int], StepFound] = {}
         self._ranks: Dict[int, RankFound] = {}
         self.before: Dict[Tuple[int, int], bool] = {}
@@ -272,12 +273,23 @@ class _Taken:
 
     def take(self, found: RankFound) -> None:
         for st in found.steps:
+            self._know_statuses(st)
             self.store.add(st.rows)
             st.rows = RowChunk(st.step, st.rank, st.rows.facts)     # the rows are stored
             self._found[(st.step, st.rank)] = st
         found.steps = []
         found.noise.forget_steps()      # the rank is done: kept until merged, without its state
         self._ranks[found.rank] = found
+
+    def _know_statuses(self, st: StepFound) -> None:
+        """The step files' status as the rank's task read it: this process does not open
+        them again to say which steps are not whole (`Dump.warnings`)."""
+        for side, dump in zip(("baseline", "candidate"), self.dumps):
+            files = [sf for sf in dump.files(st.step, st.rank) if isinstance(sf, StepFile)]
+            statuses = st.statuses.get(side, [])
+            if len(files) == len(statuses):
+                for sf, status in zip(files, statuses):
+                    sf.know_status(status)
 
     def finish(self, noise: NoisePolicy) -> None:
         """Merge in (step, rank) order; the ranks' noise policies into `noise`."""
@@ -369,7 +381,7 @@ class _RankRunner:
     def __call__(self, store: RowStore, noise: NoisePolicy) -> "_Taken":
         """Every rank compared, their results merged (`_Taken.finish`; their noise policies
         into `noise`)."""
-        taken = _Taken(store)
+        taken = _Taken(store, self.dumps)
         done = _progress_of_ranks(self.progress, self.total, taken)
         progress, total = self.progress, self.total
         if self.parallel and self.engine is None:

@@ -26,6 +26,7 @@ from ..errors import DumpError
 from ..records.schema import Direction, RecordKind, Role
 from ..storage.common_records import common_records
 from ..storage.reader import Dump, RecordTable, open_dump
+from ..storage.step_reader import StepFile
 from .align.alignment import align, rename_module
 from .judge.entries import Entry, StepCompare
 from .judge.judges import judge_pairs
@@ -84,6 +85,9 @@ class StepFound:
     params_agree: Optional[bool] = None
     # per side, report.notes.file_why of each of its files (read while they are open)
     whys: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    # per side, step_status of each of its step files (known to the main process so, which
+    # did not open them where a worker compared them)
+    statuses: Dict[str, List[Dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -187,11 +191,20 @@ def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: An
         paired = {("a", name) for name in ta["entry"][al.pairs_a].tolist()} | \
             {("b", name) for name in tb["entry"][al.pairs_b].tolist()}
         one_run = [u for u in unmatched if (u["side"], u["name"]) not in paired]
-    whys = {side: [file_why(sf) for sf in d.files(step, rank)]
-            for side, d in (("baseline", a), ("candidate", b))}
+    sides = (("baseline", a), ("candidate", b))
+    whys = {side: [file_why(sf) for sf in d.files(step, rank)] for side, d in sides}
+    statuses = {side: _statuses(d, step, rank) for side, d in sides}
     return StepFound(step, rank, make_chunk(step, rank, facts, step_rows, spool, keep_rows),
                      unmatched, one_run, structural, unfinished, list(sc.entries.values()),
-                     whys=whys)
+                     whys=whys, statuses=statuses)
+
+
+def _statuses(dump: Dump, step: int, rank: int) -> List[Dict[str, Any]]:
+    """step_status of each step file of (step, rank), [] where one cannot say."""
+    try:
+        return [sf.status() for sf in dump.files(step, rank) if isinstance(sf, StepFile)]
+    except DumpError:
+        return []
 
 
 def params_agree(entries: List[Entry]) -> Optional[bool]:

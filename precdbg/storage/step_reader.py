@@ -380,6 +380,12 @@ class StepFile:
             self._status = {k: attrs.get(k) for k in STATUS_ATTRIBUTES}
         return self._status
 
+    def know_status(self, status: Dict[str, Any]) -> None:
+        """`status()` as another process read it of this same file (a compare's worker, which
+        read the file this process would otherwise open again to learn it)."""
+        if self._status is None:
+            self._status = {k: status.get(k) for k in STATUS_ATTRIBUTES}
+
     def close(self, forget: bool = False) -> None:
         """Close the file and let go of what was read of it (its attributes stay known, unless
         `forget`: a reader done with it, whose memory must not grow with the files it read;

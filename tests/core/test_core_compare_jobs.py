@@ -138,3 +138,27 @@ def test_a_ranks_step_optimizers_found_by_its_check_are_those_of_the_step(tmp_pa
     found = [(f["kind"], f.get("rank"), f.get("hyperparameter"))
              for f in _same(*roots, step=1)["setup"]]
     assert ("optimizer", 1, "lr") in found
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_workers_tell_the_main_process_what_it_would_open_files_again_for(
+        tmp_path, monkeypatch, interrupted):
+    """With workers, the main process reads the attributes of the check's first rank only:
+    whether each other step file holds a whole step comes back with its rank's result, and
+    the steps that are not whole are named as one process names them."""
+    from precdbg.storage import step_reader
+    opened = []
+    read_attrs = step_reader.StepFile._read_attrs
+
+    def attrs(self, handle):
+        opened.append(self.path)
+        return read_attrs(self, handle)
+    monkeypatch.setattr(step_reader.StepFile, "_read_attrs", attrs)
+    base = dict(ranks=RANKS, steps=(0, 1))
+    a = S.write_dump(tmp_path / "a", **base)
+    b = S.write_dump(tmp_path / "b", **dict(base, interrupted=interrupted))
+    result = compare_dumps(a, b, jobs=2)
+    assert sorted(opened) == [f"{a}/step0/rank0.h5", f"{b}/step0/rank0.h5"]
+    incomplete = [f for f in result["setup"] if f["kind"] == "incomplete"]
+    assert len(incomplete) == (len(RANKS) * 2 if interrupted else 0)
+    assert dumps_indent1(compare_dumps(a, b, jobs=1)) == dumps_indent1(result)
