@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -49,7 +50,7 @@ from ...records.naming import is_known_op
 from ...storage.reader import RecordTable
 from ...records.schema import Direction, RecordKind, Role
 from ..align.alignment import rename_module
-from .inert import calls_changing_no_number
+from .inert import inert_orders
 from .structural_diff import StructuralDiff
 
 __all__ = ["StructuralDiff", "structural_differences", "argument_differences"]
@@ -67,6 +68,12 @@ CONSTANT_OPS = frozenset({"zeros", "ones", "empty", "full", "tensor", "as_tensor
                           "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
                           "new_empty", "new_full", "new_tensor"})
 _NOT_STRUCTURE = LAYOUT_OPS | CONSTANT_OPS
+_NOT_STRUCTURE_LIST = sorted(_NOT_STRUCTURE)
+# every column `_side` (with `inert_orders`) and `_call_arguments` read
+_STRUCTURE_COLUMNS = ("kind", "direction", "seq", "order", "entry", "module", "api", "op",
+                      "prefix", "role", "dtype", "arg_index", "numel", "producer", "tensor_id",
+                      "arg_key", "text")
+_CHUNK = 256         # rows of a str column copied at once: small temporaries, kept in cache
 _API, _MODULE = RecordKind.API, RecordKind.MODULE
 _CAST = "cast"                 # the canonical op of every dtype conversion (records/tables/ops.yaml)
 _FORWARD, _OUTPUT = Direction.FORWARD, Role.OUTPUT
@@ -76,6 +83,8 @@ _NOT_SETTINGS = frozenset({"inplace", "out", "device", "dtype", "non_blocking", 
                            "group", "generator", "name"})
 _SETTING_TYPES = {"py.float": float, "py.bool": lambda text: text == "True",
                   "py.str": str}
+# is_known_op per op once: the op table is read once per process (naming._alias_index)
+_is_known_op = functools.lru_cache(maxsize=4096)(is_known_op)
 
 
 @dataclasses.dataclass
@@ -91,15 +100,187 @@ class _Module:
     # `seq` of its casts that change no number (mostly: returned their input, to the dtype it
     # had): no call of its structure, but where the other run converts at that place, the same
     no_op_casts: set = dataclasses.field(default_factory=set)
+    # labels_and_no_ops, once asked (the calls are complete by then: `_side` made them)
+    _sorted: Optional[List[Tuple[str, bool]]] = dataclasses.field(default=None, repr=False,
+                                                                   compare=False)
 
     @property
     def labels(self) -> List[str]:
         """Its calls, no-op casts left out."""
-        return [label for seq, label in sorted(self.calls) if seq not in self.no_op_casts]
+        return [label for label, no_op in self._labels_and_no_ops() if not no_op]
 
     def labels_and_no_ops(self) -> List[Tuple[str, bool]]:
         """Its calls with its no-op casts, each with whether it is one."""
-        return [(label, seq in self.no_op_casts) for seq, label in sorted(self.calls)]
+        return list(self._labels_and_no_ops())
+
+    def _labels_and_no_ops(self) -> List[Tuple[str, bool]]:
+        if self._sorted is None:
+            self._sorted = [(label, seq in self.no_op_casts) for seq, label in sorted(self.calls)]
+        return self._sorted
+
+
+def _equal_rows(column: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """column[a] == column[b], pair by pair: a str column compared as bytes (numpy pads each
+    string with zeros: equal strings, equal bytes), neighbours in place, the other pairs a
+    slice at a time (no large temporary copy of the strings)."""
+    if column.dtype.kind in "US" and column.dtype.itemsize:
+        column = column.view(f"V{column.dtype.itemsize}")
+    out = np.empty(len(a), bool)
+    near = b == a + 1
+    if near.any():
+        out[near] = (column[1:] == column[:-1])[a[near]]
+    far = np.nonzero(~near)[0]
+    for i in range(0, len(far), _CHUNK):
+        at = far[i:i + _CHUNK]
+        out[at] = column[a[at]] == column[b[at]]
+    return out
+
+
+def _strings(column: np.ndarray, rows: np.ndarray) -> List[str]:
+    """column[rows].tolist(), a slice at a time."""
+    out: List[str] = []
+    for i in range(0, len(rows), _CHUNK):
+        out += column[rows[i:i + _CHUNK]].tolist()
+    return out
+
+
+def _entry_codes(table: RecordTable, idx: np.ndarray
+                 ) -> Tuple[np.ndarray, List[str], np.ndarray]:
+    """Of rows `idx` (in seq order): a code per row for its entry, 0, 1, ... in the order the
+    entries first occur, each code's entry, and each code's first row (position in idx). A
+    call's records share its entry and its `order`, so the codes come from the integer orders
+    where the rows bear that out (each order one entry, each entry one order), else from the
+    strings themselves."""
+    n, column = len(idx), table["entry"]
+    orders = table["order"][idx]
+    by_order = np.argsort(orders, kind="stable")
+    new = np.ones(n, bool)
+    new[1:] = orders[by_order[1:]] != orders[by_order[:-1]]
+    rows = idx[by_order]
+    heads = _strings(column, rows[new])
+    if _equal_rows(column, rows[:-1][~new[1:]], rows[1:][~new[1:]]).all() \
+            and len(set(heads)) == len(heads):
+        starts = by_order[new]                  # each order's first row (a stable sort)
+        by_start = np.argsort(starts, kind="stable")
+        rank = np.empty(len(starts), np.int64)
+        rank[by_start] = np.arange(len(starts))
+        code = np.empty(n, np.int64)
+        code[by_order] = rank[np.cumsum(new) - 1]
+        return code, [heads[i] for i in by_start.tolist()], starts[by_start]
+    seen: Dict[str, int] = {}
+    code = np.fromiter((seen.setdefault(e, len(seen)) for e in _strings(column, idx)),
+                       np.int64, n)
+    return code, list(seen), np.unique(code, return_index=True)[1]
+
+
+def _path_codes(table: RecordTable, idx: np.ndarray, modules: Optional[Mapping[str, str]]
+                ) -> Tuple[np.ndarray, List[str]]:
+    """A code per row of `idx` for its module path (renamed by `modules`, a mapping of b's
+    paths to a's), and each code's path. A call's records share their module: it is read run
+    by run."""
+    column = table["module"]
+    new = np.ones(len(idx), bool)
+    new[1:] = ~_equal_rows(column, idx[:-1], idx[1:])
+    ids: Dict[str, int] = {}
+    renamed: Dict[str, int] = {}
+    heads = _strings(column, idx[new])
+    for name in heads:
+        if name not in renamed:
+            renamed[name] = ids.setdefault(rename_module(name, modules) if modules else name,
+                                           len(ids))
+    code = np.fromiter((renamed[name] for name in heads), np.int64, len(heads))
+    return code[np.cumsum(new) - 1], list(ids)
+
+
+def _first_and_last(keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Where each distinct key first and last occurs, in the order of their first occurrence."""
+    _, first = np.unique(keys, return_index=True)
+    _, last = np.unique(keys[::-1], return_index=True)
+    by_first = np.argsort(first, kind="stable")
+    return first[by_first], (len(keys) - 1 - last)[by_first]
+
+
+def _module_calls(table: RecordTable, idx: np.ndarray, is_module: np.ndarray,
+                  entry_code: np.ndarray, path_code: np.ndarray, entries: List[str]
+                  ) -> Tuple[List[_Module], np.ndarray, np.ndarray, List[str]]:
+    """The module calls among rows `idx` (in seq order), one per module path and entry, in the
+    order they began: each with its first and last row (positions in idx) and its entry."""
+    rows = np.nonzero(is_module)[0]
+    first, last = _first_and_last(entry_code[rows] * (int(path_code.max()) + 1)
+                                  + path_code[rows])
+    first, last = rows[first], rows[last]
+    at = idx[first]
+    keys = [entries[c] for c in entry_code[first].tolist()]
+    calls = [_Module(entry, cls, op, seq, order) for entry, cls, op, seq, order in zip(
+        keys, table["api"][at].tolist(), table["op"][at].tolist(), table["seq"][at].tolist(),
+        table["order"][at].tolist())]
+    return calls, first, last, keys
+
+
+def _api_level_calls(table: RecordTable, idx: np.ndarray, path_code: np.ndarray,
+                     paths: List[str]) -> Tuple[List[_Module], np.ndarray, np.ndarray, List[str]]:
+    """Level api records no module calls, but each API record names its innermost module: the
+    calls a module path made in the step count as one call of it, so a cast one run makes in
+    a module (a softmax in bf16) is still a structural difference there. Not the root's path:
+    at level api it also holds the loss, the clipping and the optimizer. Each call is named by
+    its path's first call that counts as structure (no view, reshape), else by its first."""
+    root = paths.index("") if "" in paths else -1
+    rows = np.nonzero(path_code != root)[0]
+    first, last = _first_and_last(path_code[rows])
+    first, last = rows[first], rows[last]
+    named = rows[~np.isin(table["op"][idx[rows]], _NOT_STRUCTURE_LIST)]
+    named_path, named_first = np.unique(path_code[named], return_index=True)
+    name_row = first.copy()
+    where = np.searchsorted(named_path, path_code[first])
+    found = where < len(named_path)
+    found[found] = named_path[where[found]] == path_code[first[found]]
+    name_row[found] = named[named_first[where[found]]]
+    at = idx[first]
+    calls = [_Module(entry, "", "", seq, order) for entry, seq, order in zip(
+        table["entry"][idx[name_row]].tolist(), table["seq"][at].tolist(),
+        table["order"][at].tolist())]
+    return calls, first, last, [paths[p] for p in path_code[first].tolist()]
+
+
+def _running(path: np.ndarray, lo: np.ndarray, hi: np.ndarray, q_path: np.ndarray,
+             q_seq: np.ndarray) -> np.ndarray:
+    """Per query (a path's code, a seq), the call of that path running at that seq, -1 for none
+    (calls: each one's path and the first and last seq it spans, in the order they began): of
+    those running, the latest begun; of those begun at one seq, the first. Among each path's
+    calls sorted by where they began, the latest begun at or before seq is the one where it
+    alone began there and still runs; the other queries (it had returned, and an outer call of
+    that path may still run) look at each call of the path."""
+    out = np.full(len(q_path), -1, np.int64)
+    if not len(path) or not len(q_path):
+        return out
+    values, ranks = np.unique(np.concatenate([lo, q_seq]), return_inverse=True)
+    width = len(values) + 1
+    key = path * width + ranks[:len(lo)]
+    by_key = np.argsort(key, kind="stable")
+    keys = key[by_key]
+    tied = np.zeros(len(keys), bool)
+    tied[1:] = keys[1:] == keys[:-1]
+    tied[:-1] |= tied[1:]
+    at = np.searchsorted(keys, q_path * width + ranks[len(lo):], side="right") - 1
+    begun = at >= 0
+    at = np.maximum(at, 0)
+    call = by_key[at]
+    begun &= path[call] == q_path
+    alone = begun & ~tied[at] & (hi[call] >= q_seq)
+    out[alone] = call[alone]
+    rest = np.nonzero(begun & ~alone)[0]
+    if len(rest):
+        of_path: Dict[int, List[int]] = {}
+        for c, p in enumerate(path.tolist()):
+            of_path.setdefault(p, []).append(c)
+        los, his = lo.tolist(), hi.tolist()
+        for q, p, s in zip(rest.tolist(), q_path[rest].tolist(), q_seq[rest].tolist()):
+            best = -1
+            for c in of_path[p]:
+                if los[c] <= s <= his[c] and (best < 0 or los[c] > los[best]):
+                    best = c
+            out[q] = best
+    return out
 
 
 def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]],
@@ -110,93 +291,63 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
     between that call's first and last record: the root's path ("") also owns what runs
     outside the model (the loss, hooks in backward, clipping, the optimizer), which is no part
     of its structure. In a step the process ended inside (`interrupted`), a call with no
-    output recorded had not returned: it runs to the end of what was recorded, unfinished."""
-    forward = table["direction"] == _FORWARD
-    kind = table["kind"]
-    idx = np.nonzero(forward & (((kind == _API) & apis) | (kind == _MODULE)))[0]
+    output recorded had not returned: it runs to the end of what was recorded, unfinished.
+    Column by column; Python values only of each call's first record."""
+    forward, kind = table["direction"] == _FORWARD, table["kind"]
+    api, module = kind == _API, kind == _MODULE
+    idx = np.nonzero(forward & ((api & apis) | module))[0]
     idx = idx[np.argsort(table["seq"][idx], kind="stable")]
-    path_of = (lambda p: rename_module(p, modules)) if modules else (lambda p: p)  # noqa: E731
-    inert = calls_changing_no_number(table)
-    entry_col, module_col, op_col = table["entry"], table["module"], table["op"]
-    api_col, prefix_col, seq_col, order_col = table["api"], table["prefix"], table["seq"], \
-        table["order"]
-    found: Dict[str, Dict[str, _Module]] = {}             # path -> entry -> its call
-    spans: Dict[str, Dict[str, List[int]]] = {}          # path -> entry -> [first, last] seq
-    # the columns of the calls as Python values, by position in idx
-    kinds, entries, modules_of = kind[idx].tolist(), entry_col[idx].tolist(), \
-        module_col[idx].tolist()
-    ops, apis, prefixes = op_col[idx].tolist(), api_col[idx].tolist(), prefix_col[idx].tolist()
-    seqs, orders = seq_col[idx].tolist(), order_col[idx].tolist()
-    for k, kind_k in enumerate(kinds):
-        if kind_k != _MODULE:
-            continue
-        path, entry, seq = path_of(modules_of[k]), entries[k], seqs[k]
-        span = spans.setdefault(path, {}).setdefault(entry, [seq, seq])
-        span[0], span[1] = min(span[0], seq), max(span[1], seq)
-        calls = found.setdefault(path, {})
-        if entry not in calls:
-            calls[entry] = _Module(entry, apis[k], ops[k], seq, orders[k])
-    if api_level:
-        _api_level_calls(table, idx, path_of, found, spans)
-    if interrupted and len(idx):
-        returned = {str(e) for e in entry_col[idx][(kind[idx] == _MODULE)
-                                                   & (table["role"][idx] == _OUTPUT)]}
-        last = int(seq_col[idx].max())
-        for path, calls in found.items():
-            for entry, call in calls.items():
-                if entry not in returned:
-                    call.finished = False
-                    spans[path][entry][1] = last
-
-    def running(path: str, seq: int) -> Optional[_Module]:
-        """The call of `path` that was running at `seq` (the latest begun, when recursive)."""
-        best: Optional[str] = None
-        for entry, (lo, hi) in spans.get(path, {}).items():
-            if lo <= seq <= hi and (best is None or lo > spans[path][best][0]):
-                best = entry
-        return found[path][best] if best is not None else None
-
-    seen_entries = set()
-    for k, entry in enumerate(entries):
-        if entry in seen_entries:
-            continue
-        seen_entries.add(entry)
-        path, seq = path_of(modules_of[k]), seqs[k]
-        if kinds[k] == _MODULE:
-            caller = running(path.rpartition(".")[0], seq) if path else None
-            if caller is not None:
-                caller.calls.append((seq, f"{path.rpartition('.')[2]}:{apis[k]}"))
-        elif ops[k] not in _NOT_STRUCTURE and (orders[k] not in inert or ops[k] == _CAST):
-            caller = running(path, seq)
-            if caller is not None:
-                label = f"{prefixes[k]}.{apis[k]}" if by_name else ops[k]
-                caller.calls.append((seq, label))
-                if orders[k] in inert:           # changes no number: its input returned,
-                    caller.no_op_casts.add(seq)     # an integer result, or one nothing reads
-    return {path: sorted(calls.values(), key=lambda m: m.seq) for path, calls in found.items()}
-
-
-def _api_level_calls(table: RecordTable, idx: np.ndarray, path_of: Callable[[str], str],
-                     found: Dict[str, Dict[str, _Module]],
-                     spans: Dict[str, Dict[str, List[int]]]) -> None:
-    """Level api records no module calls, but each API record names its innermost module: the
-    calls a module path made in the step count as one call of it, so a cast one run makes in
-    a module (a softmax in bf16) is still a structural difference there. Not the root's path:
-    at level api it also holds the loss, the clipping and the optimizer."""
-    module_col, seq_col, order_col = table["module"], table["seq"], table["order"]
-    entry_col, op_col = table["entry"], table["op"]
-    named = set()          # paths named by a call that counts as structure (no view, reshape)
-    for i in idx.tolist():
-        path, seq = path_of(str(module_col[i])), int(seq_col[i])
-        if not path:
-            continue
-        span = spans.setdefault(path, {}).setdefault(path, [seq, seq])
-        span[0], span[1] = min(span[0], seq), max(span[1], seq)
-        if path not in found:
-            found[path] = {path: _Module(str(entry_col[i]), "", "", seq, int(order_col[i]))}
-        if path not in named and op_col[i] not in _NOT_STRUCTURE:
-            named.add(path)
-            found[path][path].entry = str(entry_col[i])
+    if not len(idx):
+        return {}
+    seq, is_module = table["seq"][idx], module[idx]
+    entry_code, entries, first = _entry_codes(table, idx)
+    path_code, paths = _path_codes(table, idx, modules)
+    calls, begin, end, keys = (_api_level_calls(table, idx, path_code, paths) if api_level else
+                               _module_calls(table, idx, is_module, entry_code, path_code,
+                                             entries))
+    call_path, lo, hi = path_code[begin], seq[begin], seq[end]
+    if interrupted:
+        returned = {entries[c] for c in
+                    entry_code[is_module & (table["role"][idx] == _OUTPUT)].tolist()}
+        unfinished = np.array([key not in returned for key in keys], bool)
+        for k in np.nonzero(unfinished)[0].tolist():
+            calls[k].finished = False
+        hi = np.where(unfinished, seq.max(), hi)
+    # each entry's first record: a module's call counts for its parent, an API call for its own
+    rows = idx[first]
+    inert = np.isin(table["order"][rows], inert_orders(table, api, forward))
+    # of the API calls that may count, their ops (layout, constants and no-op casts do not)
+    maybe = np.nonzero(~is_module[first])[0]
+    ops = _strings(table["op"], rows[maybe])
+    counted = np.zeros(len(rows), bool)
+    counted[maybe] = np.fromiter((op not in _NOT_STRUCTURE for op in ops), bool, len(ops)) & (
+        ~inert[maybe] | np.fromiter((op == _CAST for op in ops), bool, len(ops)))
+    ids = {path: code for code, path in enumerate(paths)}
+    parent = np.array([ids.get(path.rpartition(".")[0], -1) if path else -1 for path in paths],
+                      np.int64)
+    child = is_module[first] & (parent[path_code[first]] >= 0)
+    ask = np.nonzero(child | counted)[0]
+    caller = _running(call_path, lo, hi, np.where(child[ask], parent[path_code[first[ask]]],
+                                                  path_code[first[ask]]), seq[first[ask]])
+    hit = ask[caller >= 0]
+    rows = rows[hit]
+    classes = table["api"][rows].tolist()
+    labels = [f"{p}.{a}" for p, a in zip(table["prefix"][rows].tolist(), classes)] \
+        if by_name else table["op"][rows].tolist()
+    names = [path.rpartition(".")[2] for path in paths]
+    for c, s, is_child, p, cls, label, no_op in zip(
+            caller[caller >= 0].tolist(), seq[first[hit]].tolist(), child[hit].tolist(),
+            path_code[first[hit]].tolist(), classes, labels, inert[hit].tolist()):
+        if is_child:
+            calls[c].calls.append((s, f"{names[p]}:{cls}"))
+        else:
+            calls[c].calls.append((s, label))
+            if no_op:                            # changes no number: its input returned,
+                calls[c].no_op_casts.add(s)      # an integer result, or one nothing reads
+    found: Dict[str, List[_Module]] = {}
+    for p, call in zip(call_path.tolist(), calls):
+        found.setdefault(paths[p], []).append(call)
+    return found
 
 
 def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
@@ -207,7 +358,9 @@ def _calls_compared(calls_a: List[_Module], calls_b: List[_Module]
     run's cast returned its input (see `_apart`) count as the same."""
     if len(calls_a) == len(calls_b):
         for ma, mb in zip(calls_a, calls_b):
-            if _apart(ma.labels_and_no_ops(), mb.labels_and_no_ops()):
+            # the same calls (nearly always): not apart, and no need to ask
+            calls, other = ma._labels_and_no_ops(), mb._labels_and_no_ops()
+            if calls != other and _apart(calls, other):
                 return ma, mb, ma.labels, mb.labels
         return calls_a[0], calls_b[0], calls_a[0].labels, calls_a[0].labels
     la = [c for m in calls_a for c in m.labels_and_no_ops()]
@@ -237,39 +390,42 @@ def _call_arguments(table: RecordTable, path_of: Callable[[str], str]
                     ) -> Dict[Tuple[str, str, str], Tuple[str, str, object]]:
     """(module path, entry, keyword) -> (API, canonical op, value) of each forward API call's
     keyword arguments that can be a setting of it (see the module's text)."""
-    kind, role, dtype = table["kind"], table["role"], table["dtype"]
-    idx = np.nonzero((kind == _API) & (table["direction"] == _FORWARD)
-                     & (role == Role.INPUT) & np.isin(dtype, list(_SETTING_TYPES)))[0]
+    idx = np.nonzero(np.isin(table["dtype"], list(_SETTING_TYPES)))[0]
+    idx = idx[(table["kind"][idx] == _API) & (table["direction"][idx] == _FORWARD)
+              & (table["role"][idx] == Role.INPUT)]
     out: Dict[Tuple[str, str, str], Tuple[str, str, object]] = {}
-    keys, ops, texts = table["arg_key"], table["op"], table["text"]
-    for i in idx.tolist():
-        key, op = str(keys[i]), str(ops[i])
+    keys, ops, types, texts = (table[name][idx].tolist() for name in ("arg_key", "op", "dtype",
+                                                                       "text"))
+    modules, entries, apis = (table[name][idx].tolist() for name in ("module", "entry", "api"))
+    for key, op, kind_of, text, module, entry, api in zip(keys, ops, types, texts, modules,
+                                                         entries, apis):
         if not key or key.isdigit() or key in _NOT_SETTINGS or op in _NOT_STRUCTURE \
                 or op == _CAST:
             continue
         try:
-            value = _SETTING_TYPES[str(dtype[i])](str(texts[i]))
+            value = _SETTING_TYPES[kind_of](text)
         except ValueError:
             continue
-        out[(path_of(str(table["module"][i])), str(table["entry"][i]), key)] = (
-            str(table["api"][i]), op, value)
+        out[(path_of(module), entry, key)] = (api, op, value)
     return out
 
 
 def argument_differences(ta: RecordTable, tb: RecordTable,
-                         modules: Optional[Mapping[str, str]] = None
+                         modules: Optional[Mapping[str, str]] = None, same_columns: bool = False
                          ) -> List[SettingDifference]:
     """The settings of calls (keyword arguments, see the module's text) that differ between the
     same call of two runs of one framework, by the path of the module that makes the call
     (`modules` maps a path of b to a's), each (module, API, argument, values) once, in the
-    baseline's order."""
+    baseline's order. `same_columns`: b's structure columns are a's (`_same_structure`), and
+    no `modules`: b's arguments are a's, read once."""
     if not len(ta) or not len(tb):
         return []
-    args_b = _call_arguments(tb, (lambda p: rename_module(p, modules)) if modules
-                             else (lambda p: p))
+    args_a = _call_arguments(ta, lambda p: p)
+    args_b = args_a if same_columns and not modules else _call_arguments(
+        tb, (lambda p: rename_module(p, modules)) if modules else (lambda p: p))
     out: List[SettingDifference] = []
     seen = set()
-    for (path, entry, key), (api, op, va) in _call_arguments(ta, lambda p: p).items():
+    for (path, entry, key), (api, op, va) in args_a.items():
         other = args_b.get((path, entry, key))
         if other is None or same_setting(va, other[2]):
             continue
@@ -300,20 +456,25 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
         return []
     modules = (mapping or {}).get("modules") or None
     by_module: Dict[str, List[SettingDifference]] = {}
-    calls = argument_differences(ta, tb, modules) if same_framework else []
+    # b's structure is a's (nearly always, within one framework): b's calls are a's, read once
+    same = modules is None and _same_structure(ta, tb)
+    calls = argument_differences(ta, tb, modules, same) if same_framework else []
     # a module's call passing on its own setting (BatchNorm's eps to batch_norm) says it again
     calls = [c for c in calls if not any(
         s.path_a == c.path_a and same_setting(s.a, c.a) and same_setting(s.b, c.b)
         for s in settings)]
     for difference in list(settings) + calls:
         by_module.setdefault(difference.path_a, []).append(difference)
+    if same and interrupted[0] == interrupted[1] and not by_module:
+        return []         # the same modules making the same calls, no setting apart
     # API calls count among a module's calls only where both runs captured them (a dump of
     # level module against one of level mix: the calls one run did not record are no change)
     apis = bool((ta["kind"] == _API).any()) and bool((tb["kind"] == _API).any())
     # two dumps of level api: each module path's API calls stand for its calls
     api_level = apis and not (ta["kind"] == _MODULE).any() and not (tb["kind"] == _MODULE).any()
     mods_a = _side(ta, same_framework, None, apis, interrupted[0], api_level)
-    mods_b = _side(tb, same_framework, modules, apis, interrupted[1], api_level)
+    mods_b = mods_a if same and interrupted[0] == interrupted[1] else \
+        _side(tb, same_framework, modules, apis, interrupted[1], api_level)
     out: List[StructuralDiff] = []
     for path, calls_a in mods_a.items():
         calls_b = mods_b.get(path)
@@ -333,7 +494,7 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
         # a layer the op table knows (Linear, GELU, LayerNorm, ...) that became another is a
         # difference by itself; a user's class under another name (GPT2Block vs Block, a
         # subclass) only when it also calls something else
-        known = is_known_op(ma.op) and is_known_op(mb.op)
+        known = _is_known_op(ma.op) and _is_known_op(mb.op)
         class_differs = (ma.op != mb.op and known) or \
             (same_framework and ma.cls != mb.cls and (calls_differ or known))
         changed = by_module.get(path, [])
@@ -348,6 +509,26 @@ def structural_differences(ta: RecordTable, tb: RecordTable, step: int, rank: in
                                       (len(calls_a), len(calls_b)) if repeated else None))
     out.sort(key=lambda d: d.seq)
     return _outermost_first_only(out)
+
+
+def _same_structure(ta: RecordTable, tb: RecordTable) -> bool:
+    """Whether the columns `_side` and `_call_arguments` read are the same in both tables, value
+    for value (and dtype for dtype)."""
+    if len(ta) != len(tb):
+        return False
+    for name in _STRUCTURE_COLUMNS:
+        if (name in ta) != (name in tb):
+            return False
+        if name not in ta:
+            continue
+        a, b = ta[name], tb[name]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype.kind in "US" and a.dtype.itemsize:      # as bytes: memcmp, not str by str
+            a, b = a.view(f"V{a.dtype.itemsize}"), b.view(f"V{b.dtype.itemsize}")
+        if not bool((a == b).all()):
+            return False
+    return True
 
 
 def _outermost_first_only(diffs: List[StructuralDiff]) -> List[StructuralDiff]:

@@ -60,28 +60,31 @@ class UnfinishedStep:
 
 
 def _module_calls(table: RecordTable, path_of: Callable[[str], str]) -> _Calls:
+    """Each forward module call by (its path, k-th call of that path), in the order the paths
+    were first called: its entry, the seq of its first record, whether it returned (an output
+    record). Column by column; Python values only of each call's first record."""
     out: _Calls = {}
     if not len(table):
         return out
-    mask = (table["kind"] == _MODULE) & (table["direction"] == _FORWARD)
-    idx = np.nonzero(mask)[0]
+    idx = np.nonzero((table["kind"] == _MODULE) & (table["direction"] == _FORWARD))[0]
     idx = idx[np.argsort(table["seq"][idx], kind="stable")]
-    entries, modules, roles, seqs = (table["entry"][idx], table["module"][idx],
-                                     table["role"][idx], table["seq"][idx])
-    calls: Dict[str, List[str]] = {}           # path -> its entries in call order
-    first: Dict[str, int] = {}
-    returned = set()
-    for entry, module, role, seq in zip(entries.tolist(), modules.tolist(), roles.tolist(),
-                                        seqs.tolist()):
-        entry, path = str(entry), path_of(str(module))
-        if entry not in first:
-            first[entry] = int(seq)
-            calls.setdefault(path, []).append(entry)
-        if role == _OUTPUT:
-            returned.add(entry)
+    if not len(idx):
+        return out
+    entry_col = table["entry"]
+    seen: Dict[str, int] = {}           # entry -> its code, in the order entries first occur
+    code = np.fromiter((seen.setdefault(e, len(seen)) for e in entry_col[idx].tolist()),
+                       np.int64, len(idx))
+    first = np.unique(code, return_index=True)[1]      # each entry's first record (code order)
+    returned = np.zeros(len(seen), bool)
+    returned[code[table["role"][idx] == _OUTPUT]] = True
+    rows = idx[first]
+    calls: Dict[str, List[int]] = {}     # path -> its calls (entry codes) in call order
+    for c, module in enumerate(table["module"][rows].tolist()):
+        calls.setdefault(path_of(module), []).append(c)
+    entries, seqs, done = list(seen), table["seq"][rows].tolist(), returned.tolist()
     for path, listed in calls.items():
-        for k, entry in enumerate(listed):
-            out[(path, k)] = (entry, first[entry], entry in returned)
+        for k, c in enumerate(listed):
+            out[(path, k)] = (entries[c], seqs[c], done[c])
     return out
 
 
@@ -102,6 +105,8 @@ def unfinished_step(ta: RecordTable, tb: RecordTable, pairs_a: np.ndarray, pairs
     candidate's module paths to the baseline's (a name mapping file)."""
     if not len(ta) or not len(tb):
         return None
+    if not len(only_a) and not len(only_b):
+        return None          # every record has its counterpart: neither run stopped early
     calls = (_module_calls(ta, lambda p: p), _module_calls(tb, rename or (lambda p: p)))
     tables, pairs, only = (ta, tb), (pairs_a, pairs_b), (only_a, only_b)
     for short in (0, 1):
