@@ -228,16 +228,12 @@ def _api_level_calls(table: RecordTable, idx: np.ndarray, path_code: np.ndarray,
     rows = np.nonzero(path_code != root)[0]
     first, last = _first_and_last(path_code[rows])
     first, last = rows[first], rows[last]
-    named = rows[~np.isin(table["op"][idx[rows]], _NOT_STRUCTURE_LIST)]
-    named_path, named_first = np.unique(path_code[named], return_index=True)
-    name_row = first.copy()
-    where = np.searchsorted(named_path, path_code[first])
-    found = where < len(named_path)
-    found[found] = named_path[where[found]] == path_code[first[found]]
-    name_row[found] = named[named_first[where[found]]]
+    named = rows[~np.isin(table["op"][idx[rows]], _NOT_STRUCTURE_LIST)][::-1]
+    name_of = dict(zip(path_code[named].tolist(), named.tolist()))    # the first one wins
+    name_row = [name_of.get(p, r) for p, r in zip(path_code[first].tolist(), first.tolist())]
     at = idx[first]
     calls = [_Module(entry, "", "", seq, order) for entry, seq, order in zip(
-        table["entry"][idx[name_row]].tolist(), table["seq"][at].tolist(),
+        table["entry"][idx[np.asarray(name_row, np.int64)]].tolist(), table["seq"][at].tolist(),
         table["order"][at].tolist())]
     return calls, first, last, [paths[p] for p in path_code[first].tolist()]
 
@@ -320,8 +316,8 @@ def _side(table: RecordTable, by_name: bool, modules: Optional[Mapping[str, str]
     maybe = np.nonzero(~is_module[first])[0]
     ops = _strings(table["op"], rows[maybe])
     counted = np.zeros(len(rows), bool)
-    counted[maybe] = np.fromiter((op not in _NOT_STRUCTURE for op in ops), bool, len(ops)) & (
-        ~inert[maybe] | np.fromiter((op == _CAST for op in ops), bool, len(ops)))
+    counted[maybe] = [op not in _NOT_STRUCTURE and (not no_op or op == _CAST)
+                      for op, no_op in zip(ops, inert[maybe].tolist())]
     ids = {path: code for code, path in enumerate(paths)}
     parent = np.array([ids.get(path.rpartition(".")[0], -1) if path else -1 for path in paths],
                       np.int64)
