@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -18,13 +19,91 @@ from .one_run_writer import WriterIndex, writer_of
 from .pairs import PairTable
 from .rows import ArgDiff, Evidence, Producer, Row, Source
 
-__all__ = ["Entry", "StepEntries", "StepCompare", "all_zero_side"]
+__all__ = ["Entry", "StepEntries", "StepCompare", "all_zero_side", "call_codes",
+           "string_hashes"]
 
 _BACKWARD, _NONE = Direction.BACKWARD, Direction.NONE
 _PARAM, _MODULE = RecordKind.PARAM, RecordKind.MODULE
 _PARAM_GRAD = RecordKind.PARAM_GRAD
 _READ_ROLES = sorted(r.value for r in READ_ROLES)
 _BIG = 1e308
+
+
+def call_codes(t: RecordTable, rows: np.ndarray) -> np.ndarray:
+    """Per row of `rows` (of `t`), the code of its call, the key of its entry (its direction and
+    name): 0, 1, ... in the order the calls first occur in `rows`, as numbering each new
+    (direction, entry) met in a walk of the rows would, without reading the names into Python
+    (`_table_call_codes`)."""
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if not len(rows):
+        return np.zeros(0, dtype=np.int64)
+    code = _table_call_codes(t)[rows]
+    first = np.full(int(code.max()) + 1, len(rows), dtype=np.int64)
+    np.minimum.at(first, code, np.arange(len(rows), dtype=np.int64))
+    met = np.flatnonzero(first < len(rows))
+    rank = np.zeros(len(first), dtype=np.int64)
+    rank[met[np.argsort(first[met], kind="stable")]] = np.arange(len(met), dtype=np.int64)
+    return rank[code]
+
+
+def _table_call_codes(t: RecordTable) -> np.ndarray:
+    """Per record of `t`, a code of its (direction, entry), equal for equal keys: a run of equal
+    keys (a call's records are together) counts once, the runs' keys are told apart by a hash
+    of their code points, and each run is checked against its code's first run (where two keys
+    share a hash, the names are read instead). Computed once per table (the rounding floors and
+    the entries ask for the same); no large temporary arrays of strings."""
+    direction, entry = t["direction"], t["entry"]
+    cached = _last_codes[0]
+    if cached is not None and cached[0]() is direction and cached[1]() is entry:
+        return cached[2]
+    code = _hashed_keys(direction, entry)
+    if code is None:
+        found: Dict[Tuple[str, str], int] = {}
+        code = np.asarray([found.setdefault(key, len(found)) for key in
+                           zip(direction.tolist(), entry.tolist())], dtype=np.int64).reshape(-1)
+    _last_codes[0] = (weakref.ref(direction), weakref.ref(entry), code)
+    return code
+
+
+_last_codes: List[Optional[Tuple[Any, Any, np.ndarray]]] = [None]
+_HASH_WEIGHTS = np.random.default_rng(50).random(1024) + 0.5
+_CHUNK = 256        # rows of strings compared at once
+
+
+def string_hashes(column: np.ndarray, shift: int = 0) -> Optional[np.ndarray]:
+    """A float per string of a numpy str column (None for another column): a weighted sum of
+    its code points, equal for equal strings (padding adds 0)."""
+    if column.dtype.kind != "U" or not column.dtype.isnative or column.ndim != 1:
+        return None
+    width = column.dtype.itemsize // 4
+    if not width or not len(column):
+        return np.zeros(len(column), np.float64)
+    units = np.ascontiguousarray(column).view(np.uint32).reshape(len(column), width)
+    return np.einsum("ij,j->i", units, np.resize(_HASH_WEIGHTS[shift:], width))
+
+
+def _hashed_keys(direction: np.ndarray, entry: np.ndarray) -> Optional[np.ndarray]:
+    """_table_call_codes by hashes; None where two keys share one (or a column is not of str)."""
+    n = len(entry)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    hash_entry, hash_direction = string_hashes(entry, 0), string_hashes(direction, 512)
+    if hash_entry is None or hash_direction is None:
+        return None
+    new = np.ones(n, dtype=bool)
+    new[1:] = (entry[1:] != entry[:-1]) | (direction[1:] != direction[:-1])
+    heads = np.flatnonzero(new)
+    _, first, inverse = np.unique(hash_entry[heads] * 3.0 + hash_direction[heads],
+                                  return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    again = np.flatnonzero(first[inverse] != np.arange(len(heads)))   # not its code's first
+    mine, theirs = heads[again], heads[first[inverse[again]]]
+    for at in range(0, len(again), _CHUNK):
+        part = slice(at, at + _CHUNK)
+        if not (np.array_equal(entry[mine[part]], entry[theirs[part]]) and
+                np.array_equal(direction[mine[part]], direction[theirs[part]])):
+            return None
+    return inverse[np.cumsum(new) - 1]
 
 
 @dataclasses.dataclass(eq=False)

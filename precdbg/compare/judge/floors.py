@@ -38,15 +38,17 @@ pairs without a floor (nearly all) are judged exactly as before.
 """
 from __future__ import annotations
 
+import heapq
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
 from ...storage.reader import RecordTable
+from .entries import call_codes, string_hashes
 from .metrics import worst_error
 from .pairs import PairTable
-from ...records.schema import NO_PRODUCER, READ_ROLES, Role, scalar_mask
+from ...records.schema import NO_PRODUCER, Role, scalar_mask
 
 __all__ = ["JUDGE_ID", "rounding_floors", "apply_floors"]
 
@@ -106,91 +108,234 @@ def _summed_from(op: str, dx: Tuple[int, ...], dy: Tuple[int, ...]) -> bool:
 def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray
                     ) -> np.ndarray:
     """Per pair, the norm below which a difference is rounding (0: none). Calls are visited in
-    the baseline's emission order; producers and tensors are linked on the baseline's side."""
+    the baseline's emission order; producers and tensors are linked on the baseline's side.
+
+    Only the calls that can hold a floor are visited (`_Calls`): a call where one begins (a dx
+    summed from a dy of non-zero norm) and a call after one visited that reads or writes what
+    that one gave a floor. Any other call would find nothing carried in and begin nothing, so
+    visiting it would change nothing: the floors are those of visiting every call in order."""
     n = len(ia)
     floor = np.zeros(n, dtype=np.float64)
     if n == 0:
         return floor
     own_column = np.fmax(_norms(a, ia), _norms(b, ib))
-    own = own_column.tolist()
-    roles = a["role"][ia].tolist()
-    seqs = a["seq"][ia].tolist()
-    producers = a["producer"][ia].tolist() if "producer" in a else [NO_PRODUCER] * n
-    tensors = a["tensor_id"][ia].tolist()
-    ops = a["op"][ia].tolist()
-    shapes: List[Tuple[int, ...]] = []
-
-    def shape(p: int) -> Tuple[int, ...]:          # the record's dimensions (all, when first asked)
-        if not shapes:
-            dims, ndim = a["shape"][ia].tolist(), a["ndim"][ia].tolist()
-            shapes.extend(tuple(d[:k]) for d, k in zip(dims, ndim))
-        return shapes[p]
-    scalar = scalar_mask(b["dtype"][ib]).tolist()
-    calls: Dict[Tuple[str, str], List[int]] = {}
-    first: Dict[Tuple[str, str], int] = {}          # a call's first seq: the order visited
-    dy_calls, dx_calls = set(), set()
-    for p, key in enumerate(zip(a["direction"][ia].tolist(), a["entry"][ia].tolist())):
-        if scalar[p]:
-            continue
-        members = calls.get(key)
-        if members is None:
-            calls[key], first[key] = [p], seqs[p]
-        else:
-            members.append(p)
-            if seqs[p] < first[key]:
-                first[key] = seqs[p]
-        if roles[p] == _GRAD_OUTPUT:
-            dy_calls.add(key)
-        elif roles[p] == _GRAD_INPUT:
-            dx_calls.add(key)
-    # a floor begins at a dx summed from its call's dy: every call visited before the first
-    # call with both has none, and passes none on
-    begins = [first[key] for key in dy_calls & dx_calls]
-    if not begins:
+    calls = _Calls.of(a, b, ia, ib, own_column)
+    if calls is None:
         return floor
-    start = min(begins)
+    own, read, seqs, producers, tensors = calls.own, calls.read, calls.seq, calls.producer, \
+        calls.tensor
+    bounds, summed_from = calls.bounds, calls.summed_from
+    by_producer, producer_lo, producer_hi = calls.by_producer, calls.producer_lo, \
+        calls.producer_hi
+    by_tensor_id, tensor_lo, tensor_hi = calls.by_tensor_id, calls.tensor_lo, calls.tensor_hi
+    heap = list(calls.seeds)
+    queued = set(heap)
     by_seq: Dict[int, float] = {}
     by_tensor: Dict[int, float] = {}
-    summed: Dict[Tuple[str, Tuple[int, ...], Tuple[int, ...]], bool] = {}   # _summed_from's
-    floors = [0.0] * n
-    for key in sorted(calls, key=first.__getitem__):
-        if first[key] < start:
-            continue
+    floors: Dict[int, float] = {}       # member -> its floor, of the members visited
+    while heap:
+        c = heapq.heappop(heap)
         carried: List[Tuple[float, float]] = []      # (floor, norm) of the reads with one
-        dys: List[int] = []
         writes: List[int] = []
-        for p in calls[key]:
-            role = roles[p]
-            if role not in READ_ROLES:
-                writes.append(p)
+        for k in range(bounds[c], bounds[c + 1]):
+            if not read[k]:
+                writes.append(k)
                 continue
-            f = max(by_seq.get(producers[p], 0.0), by_tensor.get(tensors[p], 0.0))
-            floors[p] = f
+            f = max(by_seq.get(producers[k], 0.0), by_tensor.get(tensors[k], 0.0))
+            floors[k] = f
             if f > 0.0:
-                carried.append((f, own[p]))
-            if role == _GRAD_OUTPUT:
-                dys.append(p)
-        sums = _carried_sums(carried, [own[p] for p in writes]) if carried and writes else None
-        for w, p in enumerate(writes):
+                carried.append((f, own[k]))
+        sums = _carried_sums(carried, [own[k] for k in writes]) if carried and writes else None
+        for w, k in enumerate(writes):
             f = sums[w] if sums is not None else 0.0
-            if dys and roles[p] == _GRAD_INPUT:      # summed from dy: its rounding scales with dy
-                op, dx = ops[p], shape(p)
-                for q in dys:
-                    if own[q] > f:
-                        asked = (op, dx, shape(q))
-                        found = summed.get(asked)
-                        if found is None:
-                            found = summed[asked] = _summed_from(*asked)
-                        if found:
-                            f = own[q]
-            t = tensors[p]
+            for q in summed_from.get(k, ()):     # summed from dy: its rounding scales with dy
+                if own[q] > f:
+                    f = own[q]
+            t = tensors[k]
             f = max(f, by_tensor.get(t, 0.0))
-            floors[p] = f
+            floors[k] = f
             if f > 0.0:
-                by_seq[seqs[p]] = f
+                s = seqs[k]
+                if s not in by_seq or t not in by_tensor:   # the calls after c it reaches
+                    for d in by_producer[producer_lo[k]:producer_hi[k]] + \
+                            by_tensor_id[tensor_lo[k]:tensor_hi[k]]:
+                        if d > c and d not in queued:
+                            queued.add(d)
+                            heapq.heappush(heap, d)
+                by_seq[s] = f
                 by_tensor[t] = max(f, by_tensor.get(t, 0.0))
-    floor[:] = floors
+    if floors:
+        found = np.fromiter(floors.keys(), dtype=np.int64, count=len(floors))
+        floor[calls.pair[found]] = np.fromiter(floors.values(), dtype=np.float64,
+                                               count=len(floors))
     return np.where(floor > own_column, floor, 0.0)
+
+
+class _Calls:
+    """The calls of a step's pairs as rounding_floors walks them: their tensor records
+    ("members"; a non-tensor argument's pair is in no call) grouped by call, the calls in the
+    order they are visited (by their first seq, then as first met in pair order), each member's
+    Python values, which members share a producer or a tensor, and per dx the dys of its call
+    it is summed from (`_summed_from`)."""
+
+    @classmethod
+    def of(cls, a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
+           own_column: np.ndarray) -> Optional["_Calls"]:
+        """The calls; None where no floor begins (no dx is summed from a dy)."""
+        members = np.flatnonzero(~scalar_mask(b["dtype"])[ib])
+        if not len(members):
+            return None
+        rows = ia[members]
+        role = a["role"]
+        dy, dx = (role == _GRAD_OUTPUT)[rows], (role == _GRAD_INPUT)[rows]
+        if not dy.any() or not dx.any():
+            return None
+        code = call_codes(a, ia)[members]
+        ncodes = int(code.max()) + 1
+        has_dy, has_dx = np.zeros(ncodes, dtype=bool), np.zeros(ncodes, dtype=bool)
+        has_dy[code[dy]] = True
+        has_dx[code[dx]] = True
+        if not (has_dy & has_dx).any():
+            return None
+        seq = a["seq"][rows].astype(np.int64)
+        first_seq = np.full(ncodes, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first_seq, code, seq)
+        first_met = np.full(ncodes, len(members), dtype=np.int64)
+        np.minimum.at(first_met, code, np.arange(len(members), dtype=np.int64))
+        present = np.flatnonzero(first_met < len(members))
+        visit = present[np.lexsort((first_met[present], first_seq[present]))]
+        rank = np.zeros(ncodes, dtype=np.int64)
+        rank[visit] = np.arange(len(visit), dtype=np.int64)
+        call = rank[code]
+        by_call = np.argsort(call, kind="stable")           # by call, each in pair order
+        rows, call, seq, dy, dx = rows[by_call], call[by_call], seq[by_call], dy[by_call], \
+            dx[by_call]
+        members = members[by_call]
+        summed_from, begins = _dx_summed_from(a, rows, call, dx, dy, own_column[members])
+        if not begins:
+            return None
+        # the calls before the first where a floor begins are never visited: left out
+        first = min(begins)
+        base = int(np.searchsorted(call, first))
+        self = cls()
+        self.summed_from = {k - base: [q - base for q in dys] for k, dys in summed_from.items()}
+        self.seeds = sorted(c - first for c in begins)
+        self.pair = members[base:]
+        rows, call, seq, dy = rows[base:], call[base:] - first, seq[base:], dy[base:]
+        self.bounds = np.searchsorted(call, np.arange(len(visit) - first + 1)).tolist()
+        self.own = own_column[self.pair].tolist()
+        self.read = (dy | (role == Role.INPUT)[rows]).tolist()
+        self.seq = seq.tolist()
+        producer = a["producer"][rows].astype(np.int64) if "producer" in a else \
+            np.full(len(rows), NO_PRODUCER, dtype=np.int64)
+        tensor = a["tensor_id"][rows].astype(np.int64)
+        self.producer, self.tensor = producer.tolist(), tensor.tolist()
+        # per member, where the members it reaches lie: those whose producer is its seq, and
+        # those of its tensor, in the members sorted by producer, by tensor
+        order = np.argsort(producer, kind="stable")
+        keys = producer[order]
+        self.by_producer = call[order].tolist()
+        self.producer_lo = np.searchsorted(keys, seq, "left").tolist()
+        self.producer_hi = np.searchsorted(keys, seq, "right").tolist()
+        order = np.argsort(tensor, kind="stable")
+        keys = tensor[order]
+        self.by_tensor_id = call[order].tolist()
+        self.tensor_lo = np.searchsorted(keys, tensor, "left").tolist()
+        self.tensor_hi = np.searchsorted(keys, tensor, "right").tolist()
+        return self
+
+
+def _dx_summed_from(a: RecordTable, rows: np.ndarray, call: np.ndarray, dx: np.ndarray,
+                    dy: np.ndarray, own: np.ndarray) -> Tuple[Dict[int, List[int]], Set[int]]:
+    """Per dx (its index k in `rows`, the members sorted by call), the dys q of its call that it
+    is summed from (`_summed_from` of its op, its shape and q's), in order; and the calls where
+    a floor begins (such a q of non-zero norm). `_summed_from` is asked once per (op, dx shape,
+    dy shape), and only where the dx has fewer elements than the dy by a product of their
+    dimensions in floats (within 1e-15 of the exact one; dy's raised by _SLACK): where that
+    says no, so would `_summed_from`."""
+    ks, qs = np.flatnonzero(dx), np.flatnonzero(dy)
+    # each dx against each dy of its call, dys in order
+    lo = np.searchsorted(call[qs], call[ks], "left")
+    count = np.searchsorted(call[qs], call[ks], "right") - lo
+    k = np.repeat(ks, count)
+    q = qs[np.repeat(lo - np.cumsum(count) + count, count) + np.arange(int(count.sum()))]
+    if not len(k):
+        return {}, set()
+    either = np.concatenate([k, q])
+    ndim = a["ndim"][rows[either]].astype(np.int64)
+    dims = a["shape"][rows[either]].astype(np.int64)
+    kept = np.arange(dims.shape[1]) < ndim[:, None]
+    odd = (kept & (dims < 0)).any(axis=1) | (ndim < 0)      # not a shape: always a maybe
+    size = np.where(kept, dims, 1).astype(np.float64).prod(axis=1)
+    dx_size = np.where(odd, -np.inf, size)[:len(k)]
+    dy_size = np.where(odd, np.inf, np.where(ndim > 0, size * (1.0 + _SLACK), -np.inf))[len(k):]
+    maybe = np.flatnonzero(dx_size < dy_size)
+    k, q = k[maybe], q[maybe]
+    if not len(k):
+        return {}, set()
+    chosen = _ask_summed_from(a, rows[k], rows[q])
+    k, q = k[chosen], q[chosen]
+    out: Dict[int, List[int]] = {}
+    begins: Set[int] = set()
+    for dx_k, dy_q, c, norm in zip(k.tolist(), q.tolist(), call[k].tolist(), own[q].tolist()):
+        out.setdefault(dx_k, []).append(dy_q)
+        if norm > 0.0:
+            begins.add(c)
+    return out, begins
+
+
+_SLACK = 1e-9       # a float product of a shape's dimensions against its exact one: 1e-15 apart
+_WEIGHTS = np.random.default_rng(45).random(64) + 0.5
+
+
+def _ask_summed_from(a: RecordTable, dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """`_summed_from(op, dx shape, dy shape)` per pair of records (`dx[i]`, `dy[i]`, the op
+    dx's), asked once per distinct question: the questions are told apart by a hash of the op's
+    code points and the dimensions, and each checked equal to the first with its hash (where
+    one is not, each pair is asked as is)."""
+    ops = a["op"][dx]
+    shape_dx, shape_dy = _shapes_as_rows(a, dx), _shapes_as_rows(a, dy)
+    op_hash = string_hashes(ops)
+    if op_hash is not None:
+        weights = _WEIGHTS[:shape_dx.shape[1]]
+        question = op_hash * 7.0 + np.einsum("ij,j->i", shape_dx.astype(np.float64), weights) * \
+            3.0 + np.einsum("ij,j->i", shape_dy.astype(np.float64), weights[::-1])
+        _, first, inverse = np.unique(question, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        again = np.flatnonzero(first[inverse] != np.arange(len(dx)))
+        same = first[inverse[again]]
+        if np.array_equal(ops[again], ops[same]) and \
+                np.array_equal(shape_dx[again], shape_dx[same]) and \
+                np.array_equal(shape_dy[again], shape_dy[same]):
+            answers = [_summed_from(*asked) for asked in _questions(a, dx[first], dy[first])]
+            return np.asarray(answers, dtype=bool)[inverse]
+    found: Dict[Tuple[str, Tuple[int, ...], Tuple[int, ...]], bool] = {}
+    answers = []
+    for asked in _questions(a, dx, dy):
+        known = found.get(asked)
+        if known is None:
+            known = found[asked] = _summed_from(*asked)
+        answers.append(known)
+    return np.asarray(answers, dtype=bool)
+
+
+def _questions(a: RecordTable, dx: np.ndarray, dy: np.ndarray
+               ) -> List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]]:
+    """(op, dx's dimensions, dy's dimensions) per pair of records, as Python values."""
+    def dims(rows: np.ndarray) -> List[Tuple[int, ...]]:
+        return [tuple(d[:n]) for d, n in zip(a["shape"][rows].tolist(), a["ndim"][rows].tolist())]
+    return list(zip(a["op"][dx].tolist(), dims(dx), dims(dy)))
+
+
+def _shapes_as_rows(a: RecordTable, rows: np.ndarray) -> np.ndarray:
+    """Per record, its dimensions `shape[:ndim]` as a row equal where they are: their number,
+    then each (0 past the last)."""
+    ndim = a["ndim"][rows].astype(np.int64)
+    dims = a["shape"][rows].astype(np.int64)
+    width = dims.shape[1]
+    kept = np.clip(np.where(ndim < 0, width + ndim, ndim), 0, width)    # len(range(width)[:ndim])
+    return np.concatenate([kept[:, None], np.where(np.arange(width) < kept[:, None], dims, 0)],
+                          axis=1)
 
 
 def _carried_sums(carried: List[Tuple[float, float]], norms: List[float]) -> List[float]:
