@@ -204,7 +204,9 @@ class StepCompare:
     def __init__(self, ta: RecordTable, tb: RecordTable, al: Alignment) -> None:
         self.ta, self.tb, self.al = ta, tb, al
         self.entries: Dict[Tuple[str, str], Entry] = {}
-        self._paired: Tuple[List[int], List[int], List[Entry]] = ([], [], [])
+        # the paired rows of a and b, each pair's entry (its index in the list)
+        self._paired: Tuple[np.ndarray, np.ndarray, np.ndarray, List[Entry]] = \
+            (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), [])
         self._entry_of: Optional[Tuple[Dict[int, Entry], Dict[int, Entry]]] = None
         self.unpaired = (set(al.only_a.tolist()), set(al.only_b.tolist()))
         self.reads: List[Tuple[Evidence, int, int]] = []
@@ -226,8 +228,10 @@ class StepCompare:
 
     def _entry_maps(self) -> Tuple[Dict[int, Entry], Dict[int, Entry]]:
         if self._entry_of is None:
-            rows_a, rows_b, entries = self._paired
-            self._entry_of = (dict(zip(rows_a, entries)), dict(zip(rows_b, entries)))
+            rows_a, rows_b, code, entries = self._paired
+            paired = [entries[g] for g in code.tolist()] if len(code) else []
+            self._entry_of = (dict(zip(rows_a.tolist(), paired)),
+                              dict(zip(rows_b.tolist(), paired)))
         return self._entry_of
 
     def add_pairs(self, t: PairTable, bad_rows: Sequence[Row]) -> None:
@@ -239,69 +243,66 @@ class StepCompare:
         n = len(ia)
         if not n:
             return
-        direction, name_a = ta["direction"][ia].tolist(), ta["entry"][ia].tolist()
-        group: Dict[Tuple[str, str], int] = {}
-        first: List[int] = []
-        codes = []
-        for p, key in enumerate(zip(direction, name_a)):
-            g = group.get(key)
-            if g is None:
-                g = group[key] = len(first)
-                first.append(p)
-            codes.append(g)
-        code = np.asarray(codes, dtype=np.int64)
+        code = call_codes(ta, ia)           # 0, 1, ... as the entries first occur
+        ngroups = int(code.max()) + 1
         by_group = np.argsort(code, kind="stable")
-        starts = np.searchsorted(code[by_group], np.arange(len(first)))
+        starts = np.searchsorted(code[by_group], np.arange(ngroups))
+        first = by_group[starts]            # each entry's first pair
         seq = ta["seq"][ia].astype(np.int64)
         diverged = np.asarray(t.diverged, dtype=bool)
         seq_min = np.minimum.reduceat(seq[by_group], starts).tolist()
         bad_seq = np.minimum.reduceat(np.where(diverged, seq, 1 << 62)[by_group], starts).tolist()
-        kind = ta["kind"][ia]
-        differs = (kind == _PARAM.value) & (ta["trainable"][ia].astype(bool)
-                                      != tb["trainable"][ib].astype(bool))
+        differs = (ta["kind"] == _PARAM.value)[ia] & (ta["trainable"][ia].astype(bool)
+                                                     != tb["trainable"][ib].astype(bool))
         trainable = np.maximum.reduceat(differs[by_group], starts).tolist()
-        at = np.asarray(first, dtype=np.int64)
-        fields = [ta[c][ia[at]].tolist() for c in ("step", "rank", "direction", "kind", "entry")]
-        fields.append(tb["entry"][ib[at]].tolist())
-        fields += [ta[c][ia[at]].tolist() for c in ("module", "op", "order")]
+        scalar = scalar_mask(tb["dtype"])[ib]
+        read = np.isin(ta["role"], _READ_ROLES)[ia]
+        tensor_ok = ~scalar & ~diverged
+        # what agrees: counted, and each agreeing read's checksum verdict kept, entry by entry
+        outputs_ok = np.bincount(code[tensor_ok & ~read], minlength=ngroups).tolist()
+        reads_ok = np.nonzero(tensor_ok & read)[0]
+        reads_ok = reads_ok[np.argsort(code[reads_ok], kind="stable")]   # by entry, in order
+        err = np.asarray(t.err, dtype=np.float64)[reads_ok]
+        err = np.where(np.isnan(err), 0.0, np.clip(err, -_BIG, _BIG))
+        # the largest error above 0 of each entry's agreeing reads (0.0: none)
+        worst = np.zeros(ngroups, dtype=np.float64)
+        np.maximum.at(worst, code[reads_ok], np.where(err > 0.0, err, 0.0))
+        worst = worst.tolist()
+        reads_of = np.bincount(code[reads_ok], minlength=ngroups)
+        reads_end = np.cumsum(reads_of).tolist()
+        reads_of = reads_of.tolist()
+        both = (ta["checksum"] != "")[ia[reads_ok]] & (tb["checksum"] != "")[ib[reads_ok]]
+        equal = np.asarray(t.checksum_equal, dtype=bool)[reads_ok]
+        sums = [None if not b else q for b, q in zip(both.tolist(), equal.tolist())]
+        tensors = t.tensors
+        agreeing = list(zip(ta["role"][ia[reads_ok]].tolist(),
+                            ta["arg_index"][ia[reads_ok]].tolist(), sums,
+                            [tensors[p] is None for p in reads_ok.tolist()]))
+        fields = [ta[c][ia[first]].tolist() for c in ("step", "rank", "direction", "kind", "entry")]
+        fields.append(tb["entry"][ib[first]].tolist())
+        fields += [ta[c][ia[first]].tolist() for c in ("module", "op", "order")]
         entries: List[Entry] = []
         for g, (step, rank, d, k, na, nb, module, op, order) in enumerate(zip(*fields)):
+            end = reads_end[g]
             e = Entry(step, rank, d, k, na, nb, module, op, order, seq_min[g],
-                      first_bad=bad_seq[g], trainable_differs=bool(trainable[g]))
+                      first_bad=bad_seq[g], inputs_ok=reads_of[g], outputs_ok=outputs_ok[g],
+                      inputs_ok_err=worst[g], reads_agreeing=agreeing[end - reads_of[g]:end],
+                      trainable_differs=bool(trainable[g]))
             entries.append(e)
             self.entries[(d, na)] = e
-        self._paired = (ia.tolist(), ib.tolist(), [entries[g] for g in codes])
+        self._paired = (ia, ib, code, entries)
         self._entry_of = None
-        scalar = scalar_mask(tb["dtype"][ib])
-        read = np.isin(ta["role"][ia], _READ_ROLES)
-        tensor_ok = ~scalar & ~diverged
-        # what agrees: counted, and each agreeing read's checksum verdict kept
-        outputs_ok = np.bincount(code[tensor_ok & ~read], minlength=len(first)).tolist()
-        reads_ok = np.nonzero(tensor_ok & read)[0]
-        err = np.asarray(t.err, dtype=np.float64)[reads_ok]
-        err = np.where(np.isnan(err), 0.0, np.clip(err, -_BIG, _BIG)).tolist()
-        both = (ta["checksum"][ia[reads_ok]] != "") & (tb["checksum"][ib[reads_ok]] != "")
-        equal = np.asarray(t.checksum_equal, dtype=bool)[reads_ok]
-        sums = [None if not b else bool(q) for b, q in zip(both.tolist(), equal.tolist())]
-        roles, args = ta["role"][ia[reads_ok]].tolist(), ta["arg_index"][ia[reads_ok]].tolist()
-        tensors = t.tensors
-        for p, role, arg, same, worst in zip(reads_ok.tolist(), roles, args, sums, err):
-            e = entries[codes[p]]
-            e.inputs_ok += 1
-            e.reads_agreeing.append((role, arg, same, tensors[p] is None))
-            if worst > e.inputs_ok_err:
-                e.inputs_ok_err = worst
-        for e, count in zip(entries, outputs_ok):
-            e.outputs_ok = count
         # what differs: evidence, from the rows of the pairs that differ
-        for p, row in zip(np.nonzero(diverged)[0].tolist(), bad_rows):
-            e, i, j = entries[codes[p]], int(ia[p]), int(ib[p])
-            if scalar[p]:                       # a non-tensor argument: a cause, not data
+        bad = np.nonzero(diverged)[0]
+        for p, g, i, j, is_scalar, is_read, row in zip(
+                bad.tolist(), code[bad].tolist(), ia[bad].tolist(), ib[bad].tolist(),
+                scalar[bad].tolist(), read[bad].tolist(), bad_rows):
+            e = entries[g]
+            if is_scalar:                       # a non-tensor argument: a cause, not data
                 e.args_bad.append(ArgDiff(row.role, row.arg_index, str(ta["arg_key"][i]),
                                           str(ta["text"][i]), str(tb["text"][j])))
                 continue
             ev = Evidence.of(row)
-            is_read = bool(read[p])
             (e.inputs_bad if is_read else e.outputs_bad).append(ev)
             if is_read or row.kind == _PARAM_GRAD:     # a dw may pass a dx on unchanged
                 self.reads.append((ev, i, j))

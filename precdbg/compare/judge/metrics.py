@@ -25,12 +25,13 @@ by up to 3.6e-4; the worst record stands at 0.59 of the float16 tolerance.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ...records.precision import MANTISSA_BITS, is_floating
 from ...storage.reader import RecordTable
+from .entries import string_hashes
 from .pairs import PairTable
 from ...records.schema import DTYPE_VALUE, RecordKind, is_scalar_dtype, scalar_mask
 
@@ -67,40 +68,58 @@ def _bits(precision: str) -> int:
     return MANTISSA_BITS.get(precision, 99)
 
 
-def _carried(t: RecordTable, idx: np.ndarray) -> np.ndarray:
+def _carried(t: RecordTable) -> np.ndarray:
     """Per record, the precision its values carry (its dtype where the file has no precision
     column or the record none)."""
-    dtype = t["dtype"][idx]
+    dtype = t["dtype"]
     if "precision" not in t:
         return dtype
-    prec = t["precision"][idx]
+    prec = t["precision"]
     return np.where(prec == "", dtype, prec)
 
 
-def _coarser(pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
-    """Per pair, the coarser of the two records' carried precisions."""
-    bits_a = np.array(per_value(pa.tolist(), _bits), dtype=np.int64)
-    bits_b = np.array(per_value(pb.tolist(), _bits), dtype=np.int64)
-    return np.where(bits_a < bits_b, pa, pb)
+def distinct(column: np.ndarray) -> Tuple[np.ndarray, List[Any]]:
+    """(per item, the index of its value in the list; the distinct values of `column`, as
+    Python values): a column of str told apart by a hash of its code points, each item checked
+    equal to its value's first item (where one is not, the values are read one by one)."""
+    hashes = string_hashes(column) if len(column) else None
+    if hashes is not None:
+        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        again = np.flatnonzero(first[inverse] != np.arange(len(column)))
+        same = first[inverse[again]]
+        if all(np.array_equal(column[again[at:at + _CHUNK]], column[same[at:at + _CHUNK]])
+               for at in range(0, len(again), _CHUNK)):
+            return inverse, column[first].tolist()
+    found: Dict[Any, int] = {}
+    codes = [found.setdefault(v, len(found)) for v in column.tolist()]
+    return np.asarray(codes, dtype=np.int64).reshape(-1), list(found)
+
+
+_CHUNK = 2048       # items of str compared at once
+
+
+def _as_codes(values: List[Any], fn: Callable[[Any], Any], dtype: Any) -> np.ndarray:
+    """`fn` of each of `values` (distinct()'s), as an array to index by distinct()'s codes."""
+    return np.array([fn(v) for v in values], dtype=dtype).reshape(-1)
 
 
 def _dtype_arguments_explained(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
-                               pa: np.ndarray, pb: np.ndarray, text_ok: np.ndarray
-                               ) -> np.ndarray:
+                               text_ok: np.ndarray) -> np.ndarray:
     """Pairs of a dtype argument naming two float dtypes (`torch.tensor(x, dtype=q.dtype)`
     under autocast in one run only) after the point where the runs' values already carry other
     precisions: a consequence of that precision difference (which `check` names), not a
     divergence of its own. The first such argument, before any value carries another
     precision, stays a divergence: it is where the precisions part (a cast to float16 in one
     run only)."""
-    dtype_b = b["dtype"][ib]
-    dtype_arg = (a["dtype"][ia] == DTYPE_VALUE) & (dtype_b == DTYPE_VALUE) & ~text_ok
+    dtype_arg = (a["dtype"] == DTYPE_VALUE)[ia] & (b["dtype"] == DTYPE_VALUE)[ib] & ~text_ok
     if not dtype_arg.any():
         return dtype_arg
-    texts_a, texts_b = a["text"][ia], b["text"][ib]
-    floats = np.array([is_floating(x) and is_floating(y)
-                       for x, y in zip(texts_a.tolist(), texts_b.tolist())], dtype=bool)
-    apart = (pa != pb) & ~scalar_mask(dtype_b)
+    args = np.flatnonzero(dtype_arg)          # whether both texts name floats: of these only
+    floats = np.zeros(len(ia), dtype=bool)
+    floats[args] = [is_floating(x) and is_floating(y) for x, y in
+                    zip(a["text"][ia[args]].tolist(), b["text"][ib[args]].tolist())]
+    apart = (_carried(a)[ia] != _carried(b)[ib]) & ~scalar_mask(b["dtype"])[ib]
     if not apart.any():
         return np.zeros_like(dtype_arg)
     seq = b["seq"][ib]
@@ -143,53 +162,71 @@ def stat_errors(t: PairTable) -> None:
     (msprobe's summary_mode xor) the checksums decide alone; a dtype argument explained by precisions already apart is
     status 'precision'."""
     a, b, ia, ib = t.a, t.b, t.ia, t.ib
-    col = lambda table, name, idx: table[name][idx]  # noqa: E731
-    numel_b = np.maximum(col(b, "numel", ib), 1).astype(np.float64)
-    numel_a = np.maximum(col(a, "numel", ia), 1).astype(np.float64)
-    rms_a = np.abs(col(a, "norm", ia)) / np.sqrt(numel_a)
-    rms_b = np.abs(col(b, "norm", ib)) / np.sqrt(numel_b)
+    min_a, min_b, max_a, max_b = a["min"][ia], b["min"][ib], a["max"][ia], b["max"][ib]
+    norm_a, norm_b = a["norm"][ia], b["norm"][ib]
+    numel_b = np.maximum(b["numel"][ib], 1).astype(np.float64)
+    numel_a = np.maximum(a["numel"][ia], 1).astype(np.float64)
+    rms_a = np.abs(norm_a) / np.sqrt(numel_a)
+    rms_b = np.abs(norm_b) / np.sqrt(numel_b)
     scale = np.nan_to_num(np.fmax(rms_a, rms_b), nan=0.0, posinf=0.0)
-    t.d_min = _rel(col(a, "min", ia), col(b, "min", ib),
-                   np.fmax(np.abs(np.nan_to_num(col(b, "min", ib))), scale))
-    t.d_max = _rel(col(a, "max", ia), col(b, "max", ib),
-                   np.fmax(np.abs(np.nan_to_num(col(b, "max", ib))), scale))
-    t.d_mean = _rel(col(a, "mean", ia), col(b, "mean", ib), scale)
+    t.d_min = _rel(min_a, min_b, np.fmax(np.abs(np.nan_to_num(min_b)), scale))
+    t.d_max = _rel(max_a, max_b, np.fmax(np.abs(np.nan_to_num(max_b)), scale))
+    t.d_mean = _rel(a["mean"][ia], b["mean"][ib], scale)
     t.d_pos_mean = pos_mean_errors(a, b, ia, ib, scale)
     # relative to the larger norm: an all-zero side (a gradient that never arrived) is a 100 %
     # difference, not one over the 1e-30 floor
-    t.d_norm = _rel(col(a, "norm", ia), col(b, "norm", ib),
-                    np.fmax(np.abs(np.nan_to_num(col(a, "norm", ia))),
-                            np.abs(np.nan_to_num(col(b, "norm", ib)))))
-    dtype_b = col(b, "dtype", ib)
-    pa, pb = _carried(a, ia), _carried(b, ib)
-    precision = _coarser(pa, pb)
-    coarse = np.array(per_value(precision.tolist(),
-                                lambda p: _bits(p) < MANTISSA_BITS["float32"]), dtype=bool)
+    t.d_norm = _rel(norm_a, norm_b, np.fmax(np.abs(np.nan_to_num(norm_a)),
+                                            np.abs(np.nan_to_num(norm_b))))
+    # the coarser of the two records' carried precisions, and its tolerance: per distinct
+    # precision of each table (a handful), not per pair
+    code_a, values_a = distinct(_carried(a))
+    code_b, values_b = distinct(_carried(b))
+    code_a, code_b = code_a[ia], code_b[ib]
+    a_coarser = _as_codes(values_a, _bits, np.int64)[code_a] < \
+        _as_codes(values_b, _bits, np.int64)[code_b]
+    coarse_of = lambda p: _bits(p) < MANTISSA_BITS["float32"]  # noqa: E731
+    coarse = np.where(a_coarser, _as_codes(values_a, coarse_of, bool)[code_a],
+                      _as_codes(values_b, coarse_of, bool)[code_b])
     t.extremes = np.where(coarse, _EXTREMES_FACTOR, 1.0)
     # err is in units of the tolerance of mean and norm: min and max count at 1/extremes
     err = worst_error(t)
-    tol = np.array(per_value(precision.tolist(), tolerance_of), dtype=np.float64)
-    t.tol = np.where(col(b, "kind", ib) == RecordKind.PARAM, np.minimum(tol, PARAM_TOLERANCE),
+    tol = np.where(a_coarser, _as_codes(values_a, tolerance_of, np.float64)[code_a],
+                   _as_codes(values_b, tolerance_of, np.float64)[code_b])
+    t.tol = np.where((b["kind"] == RecordKind.PARAM)[ib], np.minimum(tol, PARAM_TOLERANCE),
                      tol)
     t.shape_ok = np.all(a["shape"][ia] == b["shape"][ib], axis=1) & (
         a["ndim"][ia] == b["ndim"][ib])
-    t.counts_ok = (col(a, "nan_count", ia) == col(b, "nan_count", ib)) & (
-        col(a, "inf_count", ia) == col(b, "inf_count", ib))
-    scalar = scalar_mask(dtype_b)
-    text_ok = col(a, "text", ia) == col(b, "text", ib)
-    ck_a, ck_b = col(a, "checksum", ia), col(b, "checksum", ib)
-    t.checksum_equal = (ck_a != "") & (ck_a == ck_b)
-    t.precision_explained = _dtype_arguments_explained(a, b, ia, ib, pa, pb, text_ok)
+    t.counts_ok = (a["nan_count"][ia] == b["nan_count"][ib]) & (
+        a["inf_count"][ia] == b["inf_count"][ib])
+    scalar = scalar_mask(b["dtype"])[ib]
+    text_ok = _equal_text(a["text"], b["text"], ia, ib)
+    has_a, has_b = (a["checksum"] != "")[ia], (b["checksum"] != "")[ib]
+    t.checksum_equal = has_a & _equal_text(a["checksum"], b["checksum"], ia, ib)
+    t.precision_explained = _dtype_arguments_explained(a, b, ia, ib, text_ok)
     text_ok = text_ok | t.precision_explained
     # checksums without statistics on either side (msprobe's summary_mode xor): the checksums
     # decide both ways, as bit-for-bit equality or not (err 0 or inf)
-    no_stats = np.isnan(col(a, "min", ia)) & np.isnan(col(b, "min", ib)) & \
-        np.isnan(col(a, "max", ia)) & np.isnan(col(b, "max", ib))
-    checksum_only = ~scalar & no_stats & (ck_a != "") & (ck_b != "")
+    no_stats = np.isnan(min_a) & np.isnan(min_b) & np.isnan(max_a) & np.isnan(max_b)
+    checksum_only = ~scalar & no_stats & has_a & has_b
     err = np.where(checksum_only, np.where(t.checksum_equal, 0.0, np.inf), err)
     t.err = np.where(scalar, np.where(text_ok, 0.0, np.inf), err)
     t.diverged = np.where(scalar, ~text_ok, t.differs()) & ~t.checksum_equal
-    t.judged_by = np.where(t.checksum_equal | checksum_only, CHECKSUM, STATISTICS).astype(object)
+    judged_by = np.full(len(ia), STATISTICS, dtype=object)
+    judged_by[t.checksum_equal | checksum_only] = CHECKSUM
+    t.judged_by = judged_by
+
+
+def _equal_text(x: np.ndarray, y: np.ndarray, ix: np.ndarray, iy: np.ndarray) -> np.ndarray:
+    """`x[ix] == y[iy]` of two columns, for str columns compared only where neither is ""
+    (the text of a tensor's record, a missing checksum): "" equals only ""."""
+    if x.dtype.kind != "U" or y.dtype.kind != "U":
+        return x[ix] == y[iy]
+    empty_x, empty_y = (x == "")[ix], (y == "")[iy]
+    equal = empty_x & empty_y
+    some = np.flatnonzero(~empty_x & ~empty_y)
+    if len(some):
+        equal[some] = x[ix[some]] == y[iy[some]]
+    return equal
 
 
 def worst_error(t: PairTable, q: Any = slice(None)) -> np.ndarray:
@@ -208,13 +245,16 @@ def integer_plumbing(t: PairTable) -> None:
     meaning. They are no divergence there (status 'integer'). Where an integer difference
     matters (other token ids, other positions), the floating-point records that read it
     differ too, and all stay divergences."""
-    dtype_a, dtype_b = t.a["dtype"][t.ia], t.b["dtype"][t.ib]
+    diverged = t.diverged
+    bad = np.flatnonzero(diverged)      # only the pairs that differ are asked their dtypes
+    if not len(bad):
+        return
+    dtype_a, dtype_b = t.a["dtype"][t.ia[bad]], t.b["dtype"][t.ib[bad]]
     integer = np.array(per_value(dtype_a.tolist(), _is_integer), dtype=bool) & \
         np.array(per_value(dtype_b.tolist(), _is_integer), dtype=bool)
-    diverged = t.diverged
-    plumbing = diverged & integer
-    if not plumbing.any() or (diverged & ~integer).any():
+    if not integer.all():               # a float differs too
         return
+    plumbing = np.array(diverged, dtype=bool)      # every pair that differs: integer
     t.integer_plumbing = plumbing
     t.decide(plumbing, False, INTEGER_PLUMBING)
 
