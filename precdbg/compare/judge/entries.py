@@ -20,7 +20,7 @@ from .pairs import PairTable
 from .rows import ArgDiff, Evidence, Producer, Row, Source
 
 __all__ = ["Entry", "StepEntries", "StepCompare", "all_zero_side", "call_codes",
-           "string_hashes"]
+           "scalar_records", "string_hashes"]
 
 _BACKWARD, _NONE = Direction.BACKWARD, Direction.NONE
 _PARAM, _MODULE = RecordKind.PARAM, RecordKind.MODULE
@@ -66,6 +66,23 @@ def _table_call_codes(t: RecordTable) -> np.ndarray:
 
 
 _last_codes: List[Optional[Tuple[Any, Any, np.ndarray]]] = [None]
+
+
+def scalar_records(t: RecordTable) -> np.ndarray:
+    """`scalar_mask(t["dtype"])`: per record of `t`, whether it is a non-tensor argument's.
+    Computed once for the last table asked (the statistics, the rounding floors and the
+    entries ask of the candidate's)."""
+    dtype = t["dtype"]
+    cached = _last_scalar[0]
+    if cached is not None and cached[0]() is dtype:
+        return cached[1]
+    found = scalar_mask(dtype)
+    found.flags.writeable = False
+    _last_scalar[0] = (weakref.ref(dtype), found)
+    return found
+
+
+_last_scalar: List[Optional[Tuple[Any, np.ndarray]]] = [None]
 _HASH_WEIGHTS = np.random.default_rng(50).random(1024) + 0.5
 _CHUNK = 256        # rows of strings compared at once
 
@@ -255,8 +272,11 @@ class StepCompare:
         differs = (ta["kind"] == _PARAM.value)[ia] & (ta["trainable"][ia].astype(bool)
                                                      != tb["trainable"][ib].astype(bool))
         trainable = np.maximum.reduceat(differs[by_group], starts).tolist()
-        scalar = scalar_mask(tb["dtype"])[ib]
-        read = np.isin(ta["role"], _READ_ROLES)[ia]
+        scalar = scalar_records(tb)[ib]
+        read = np.zeros(len(ta["role"]), dtype=bool)
+        for r in _READ_ROLES:
+            read |= ta["role"] == r
+        read = read[ia]
         tensor_ok = ~scalar & ~diverged
         # what agrees: counted, and each agreeing read's checksum verdict kept, entry by entry
         outputs_ok = np.bincount(code[tensor_ok & ~read], minlength=ngroups).tolist()
@@ -281,15 +301,13 @@ class StepCompare:
         fields = [ta[c][ia[first]].tolist() for c in ("step", "rank", "direction", "kind", "entry")]
         fields.append(tb["entry"][ib[first]].tolist())
         fields += [ta[c][ia[first]].tolist() for c in ("module", "op", "order")]
-        entries: List[Entry] = []
-        for g, (step, rank, d, k, na, nb, module, op, order) in enumerate(zip(*fields)):
-            end = reads_end[g]
-            e = Entry(step, rank, d, k, na, nb, module, op, order, seq_min[g],
-                      first_bad=bad_seq[g], inputs_ok=reads_of[g], outputs_ok=outputs_ok[g],
-                      inputs_ok_err=worst[g], reads_agreeing=agreeing[end - reads_of[g]:end],
-                      trainable_differs=bool(trainable[g]))
-            entries.append(e)
-            self.entries[(d, na)] = e
+        parts = [agreeing[end - count:end] for end, count in zip(reads_end, reads_of)]
+        # every field in order, by position (a call with keywords costs twice as much)
+        entries: List[Entry] = list(map(
+            Entry, *fields, seq_min, bad_seq, [[] for _ in range(ngroups)],
+            [[] for _ in range(ngroups)], [[] for _ in range(ngroups)], reads_of, outputs_ok,
+            worst, parts, trainable))
+        self.entries.update(zip(zip(fields[2], fields[4]), entries))
         self._paired = (ia, ib, code, entries)
         self._entry_of = None
         # what differs: evidence, from the rows of the pairs that differ

@@ -45,10 +45,10 @@ from typing import Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from ...storage.reader import RecordTable
-from .entries import call_codes, string_hashes
+from .entries import call_codes, scalar_records, string_hashes
 from .metrics import worst_error
 from .pairs import PairTable
-from ...records.schema import NO_PRODUCER, Role, scalar_mask
+from ...records.schema import NO_PRODUCER, Role
 
 __all__ = ["JUDGE_ID", "rounding_floors", "apply_floors"]
 
@@ -182,7 +182,7 @@ class _Calls:
     def of(cls, a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarray,
            own_column: np.ndarray) -> Optional["_Calls"]:
         """The calls; None where no floor begins (no dx is summed from a dy)."""
-        members = np.flatnonzero(~scalar_mask(b["dtype"])[ib])
+        members = np.flatnonzero(~scalar_records(b)[ib])
         if not len(members):
             return None
         rows = ia[members]

@@ -31,9 +31,9 @@ import numpy as np
 
 from ...records.precision import MANTISSA_BITS, is_floating
 from ...storage.reader import RecordTable
-from .entries import string_hashes
+from .entries import scalar_records, string_hashes
 from .pairs import PairTable
-from ...records.schema import DTYPE_VALUE, RecordKind, is_scalar_dtype, scalar_mask
+from ...records.schema import DTYPE_VALUE, RecordKind, is_scalar_dtype
 
 __all__ = ["TOLERANCE", "STATISTICS", "CHECKSUM", "INTEGER_PLUMBING", "stat_errors",
            "integer_plumbing", "worst_error", "tensor_metrics", "tolerance_of"]
@@ -80,17 +80,22 @@ def _carried(t: RecordTable) -> np.ndarray:
 
 def distinct(column: np.ndarray) -> Tuple[np.ndarray, List[Any]]:
     """(per item, the index of its value in the list; the distinct values of `column`, as
-    Python values): a column of str told apart by a hash of its code points, each item checked
-    equal to its value's first item (where one is not, the values are read one by one)."""
-    hashes = string_hashes(column) if len(column) else None
-    if hashes is not None:
-        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        again = np.flatnonzero(first[inverse] != np.arange(len(column)))
-        same = first[inverse[again]]
-        if all(np.array_equal(column[again[at:at + _CHUNK]], column[same[at:at + _CHUNK]])
-               for at in range(0, len(again), _CHUNK)):
-            return inverse, column[first].tolist()
+    Python values): a run of equal items counts once, the runs of a column of str are told
+    apart by a hash of their code points, and each checked equal to its value's first run
+    (where one is not, the values are read one by one)."""
+    if column.ndim == 1 and column.dtype.kind == "U" and len(column):
+        new = np.ones(len(column), dtype=bool)
+        new[1:] = column[1:] != column[:-1]
+        heads = column[new]
+        hashes = string_hashes(heads)
+        if hashes is not None:
+            _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+            inverse = inverse.reshape(-1)
+            again = np.flatnonzero(first[inverse] != np.arange(len(heads)))
+            same = first[inverse[again]]
+            if all(np.array_equal(heads[again[at:at + _CHUNK]], heads[same[at:at + _CHUNK]])
+                   for at in range(0, len(again), _CHUNK)):
+                return inverse[np.cumsum(new) - 1], heads[first].tolist()
     found: Dict[Any, int] = {}
     codes = [found.setdefault(v, len(found)) for v in column.tolist()]
     return np.asarray(codes, dtype=np.int64).reshape(-1), list(found)
@@ -119,7 +124,7 @@ def _dtype_arguments_explained(a: RecordTable, b: RecordTable, ia: np.ndarray, i
     floats = np.zeros(len(ia), dtype=bool)
     floats[args] = [is_floating(x) and is_floating(y) for x, y in
                     zip(a["text"][ia[args]].tolist(), b["text"][ib[args]].tolist())]
-    apart = (_carried(a)[ia] != _carried(b)[ib]) & ~scalar_mask(b["dtype"])[ib]
+    apart = (_carried(a)[ia] != _carried(b)[ib]) & ~scalar_records(b)[ib]
     if not apart.any():
         return np.zeros_like(dtype_arg)
     seq = b["seq"][ib]
@@ -194,11 +199,10 @@ def stat_errors(t: PairTable) -> None:
                    _as_codes(values_b, tolerance_of, np.float64)[code_b])
     t.tol = np.where((b["kind"] == RecordKind.PARAM)[ib], np.minimum(tol, PARAM_TOLERANCE),
                      tol)
-    t.shape_ok = np.all(a["shape"][ia] == b["shape"][ib], axis=1) & (
-        a["ndim"][ia] == b["ndim"][ib])
+    t.shape_ok = _equal_rows(a["shape"], b["shape"], ia, ib) & (a["ndim"][ia] == b["ndim"][ib])
     t.counts_ok = (a["nan_count"][ia] == b["nan_count"][ib]) & (
         a["inf_count"][ia] == b["inf_count"][ib])
-    scalar = scalar_mask(b["dtype"])[ib]
+    scalar = scalar_records(b)[ib]
     text_ok = _equal_text(a["text"], b["text"], ia, ib)
     has_a, has_b = (a["checksum"] != "")[ia], (b["checksum"] != "")[ib]
     t.checksum_equal = has_a & _equal_text(a["checksum"], b["checksum"], ia, ib)
@@ -211,9 +215,20 @@ def stat_errors(t: PairTable) -> None:
     err = np.where(checksum_only, np.where(t.checksum_equal, 0.0, np.inf), err)
     t.err = np.where(scalar, np.where(text_ok, 0.0, np.inf), err)
     t.diverged = np.where(scalar, ~text_ok, t.differs()) & ~t.checksum_equal
-    judged_by = np.full(len(ia), STATISTICS, dtype=object)
+    judged_by = np.empty(len(ia), dtype=object)
+    judged_by.fill(STATISTICS)
     judged_by[t.checksum_equal | checksum_only] = CHECKSUM
     t.judged_by = judged_by
+
+
+def _equal_rows(x: np.ndarray, y: np.ndarray, ix: np.ndarray, iy: np.ndarray) -> np.ndarray:
+    """`np.all(x[ix] == y[iy], axis=1)` of two 2-D columns; of integers, each row compared as
+    its bytes at once (equal integers, equal bytes)."""
+    if x.ndim == 2 and x.shape[1] and x.shape[1:] == y.shape[1:] and x.dtype == y.dtype and \
+            x.dtype.kind in "iu" and x.flags.c_contiguous and y.flags.c_contiguous:
+        row = np.dtype((np.void, x.dtype.itemsize * x.shape[1]))
+        return x.view(row).reshape(-1)[ix] == y.view(row).reshape(-1)[iy]
+    return np.all(x[ix] == y[iy], axis=1)
 
 
 def _equal_text(x: np.ndarray, y: np.ndarray, ix: np.ndarray, iy: np.ndarray) -> np.ndarray:
