@@ -33,17 +33,26 @@ def call_codes(t: RecordTable, rows: np.ndarray) -> np.ndarray:
     """Per row of `rows` (of `t`), the code of its call, the key of its entry (its direction and
     name): 0, 1, ... in the order the calls first occur in `rows`, as numbering each new
     (direction, entry) met in a walk of the rows would, without reading the names into Python
-    (`_table_call_codes`)."""
+    (`_table_call_codes`). Kept for the last rows asked (the floors', then the entries')."""
+    table_codes = _table_call_codes(t)
+    cached = _last_pair_codes[0]
+    if cached is not None and cached[0] is table_codes and cached[1]() is rows:
+        return cached[2]
+    asked = rows
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     if not len(rows):
         return np.zeros(0, dtype=np.int64)
-    code = _table_call_codes(t)[rows]
+    code = table_codes[rows]
     first = np.full(int(code.max()) + 1, len(rows), dtype=np.int64)
     np.minimum.at(first, code, np.arange(len(rows), dtype=np.int64))
     met = np.flatnonzero(first < len(rows))
     rank = np.zeros(len(first), dtype=np.int64)
     rank[met[np.argsort(first[met], kind="stable")]] = np.arange(len(met), dtype=np.int64)
-    return rank[code]
+    code = rank[code]
+    code.flags.writeable = False
+    if isinstance(asked, np.ndarray):
+        _last_pair_codes[0] = (table_codes, weakref.ref(asked), code)
+    return code
 
 
 def _table_call_codes(t: RecordTable) -> np.ndarray:
@@ -66,6 +75,7 @@ def _table_call_codes(t: RecordTable) -> np.ndarray:
 
 
 _last_codes: List[Optional[Tuple[Any, Any, np.ndarray]]] = [None]
+_last_pair_codes: List[Optional[Tuple[np.ndarray, Any, np.ndarray]]] = [None]
 
 
 def scalar_records(t: RecordTable) -> np.ndarray:
@@ -291,16 +301,17 @@ class StepCompare:
         reads_of = np.bincount(code[reads_ok], minlength=ngroups)
         reads_end = np.cumsum(reads_of).tolist()
         reads_of = reads_of.tolist()
-        both = (ta["checksum"] != "")[ia[reads_ok]] & (tb["checksum"] != "")[ib[reads_ok]]
+        read_a = ia[reads_ok]
+        both = (ta["checksum"] != "")[read_a] & (tb["checksum"] != "")[ib[reads_ok]]
         equal = np.asarray(t.checksum_equal, dtype=bool)[reads_ok]
-        sums = [None if not b else q for b, q in zip(both.tolist(), equal.tolist())]
+        sums = np.where(both, equal, None).tolist()    # None where not both have one
         tensors = t.tensors
-        agreeing = list(zip(ta["role"][ia[reads_ok]].tolist(),
-                            ta["arg_index"][ia[reads_ok]].tolist(), sums,
+        agreeing = list(zip(ta["role"][read_a].tolist(), ta["arg_index"][read_a].tolist(), sums,
                             [tensors[p] is None for p in reads_ok.tolist()]))
-        fields = [ta[c][ia[first]].tolist() for c in ("step", "rank", "direction", "kind", "entry")]
+        at_a = ia[first]
+        fields = [ta[c][at_a].tolist() for c in ("step", "rank", "direction", "kind", "entry")]
         fields.append(tb["entry"][ib[first]].tolist())
-        fields += [ta[c][ia[first]].tolist() for c in ("module", "op", "order")]
+        fields += [ta[c][at_a].tolist() for c in ("module", "op", "order")]
         parts = [agreeing[end - count:end] for end, count in zip(reads_end, reads_of)]
         # every field in order, by position (a call with keywords costs twice as much)
         entries: List[Entry] = list(map(

@@ -132,7 +132,7 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
     queued = set(heap)
     by_seq: Dict[int, float] = {}
     by_tensor: Dict[int, float] = {}
-    floors: Dict[int, float] = {}       # member -> its floor, of the members visited
+    floors: Dict[int, float] = {}       # member -> its floor, where above 0
     while heap:
         c = heapq.heappop(heap)
         carried: List[Tuple[float, float]] = []      # (floor, norm) of the reads with one
@@ -141,9 +141,14 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
             if not read[k]:
                 writes.append(k)
                 continue
-            f = max(by_seq.get(producers[k], 0.0), by_tensor.get(tensors[k], 0.0))
-            floors[k] = f
+            # max(by_seq's, by_tensor's), as max() picks; a floor of 0 is not kept (the
+            # floor of a member not visited)
+            f = by_seq.get(producers[k], 0.0)
+            g = by_tensor.get(tensors[k], 0.0)
+            if g > f:
+                f = g
             if f > 0.0:
+                floors[k] = f
                 carried.append((f, own[k]))
         sums = _carried_sums(carried, [own[k] for k in writes]) if carried and writes else None
         for w, k in enumerate(writes):
@@ -152,9 +157,11 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
                 if own[q] > f:
                     f = own[q]
             t = tensors[k]
-            f = max(f, by_tensor.get(t, 0.0))
-            floors[k] = f
+            g = by_tensor.get(t, 0.0)
+            if g > f:                            # max(f, g); NaN stays NaN, and is no floor
+                f = g
             if f > 0.0:
+                floors[k] = f
                 s = seqs[k]
                 if s not in by_seq or t not in by_tensor:   # the calls after c it reaches
                     for d in by_producer[producer_lo[k]:producer_hi[k]] + \
@@ -163,7 +170,7 @@ def rounding_floors(a: RecordTable, b: RecordTable, ia: np.ndarray, ib: np.ndarr
                             queued.add(d)
                             heapq.heappush(heap, d)
                 by_seq[s] = f
-                by_tensor[t] = max(f, by_tensor.get(t, 0.0))
+                by_tensor[t] = f                 # f >= what by_tensor held
     if floors:
         found = np.fromiter(floors.keys(), dtype=np.int64, count=len(floors))
         floor[calls.pair[found]] = np.fromiter(floors.values(), dtype=np.float64,
