@@ -72,7 +72,7 @@ def _module_calls(table: RecordTable, path_of: Callable[[str], str]) -> _Calls:
         return out
     entry_col = table["entry"]
     seen: Dict[str, int] = {}           # entry -> its code, in the order entries first occur
-    code = np.fromiter((seen.setdefault(e, len(seen)) for e in entry_col[idx].tolist()),
+    code = np.fromiter((seen.setdefault(str(e), len(seen)) for e in entry_col[idx].tolist()),
                        np.int64, len(idx))
     first = np.unique(code, return_index=True)[1]      # each entry's first record (code order)
     returned = np.zeros(len(seen), bool)
@@ -80,7 +80,7 @@ def _module_calls(table: RecordTable, path_of: Callable[[str], str]) -> _Calls:
     rows = idx[first]
     calls: Dict[str, List[int]] = {}     # path -> its calls (entry codes) in call order
     for c, module in enumerate(table["module"][rows].tolist()):
-        calls.setdefault(path_of(module), []).append(c)
+        calls.setdefault(path_of(str(module)), []).append(c)
     entries, seqs, done = list(seen), table["seq"][rows].tolist(), returned.tolist()
     for path, listed in calls.items():
         for k, c in enumerate(listed):
