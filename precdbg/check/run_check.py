@@ -85,7 +85,8 @@ def check_rank(da: Dump, db: Dump, step_a: int, step_b: int, rank: int,
     compare; the check only reads them)."""
     ta, tb = tables if tables is not None else (None, None)
     try:
-        other = Checker(_Run(da, labels[0], step_a, rank, ta), _Run(db, labels[1], step_b, rank, tb))
+        other = Checker(_Run(da, labels[0], step_a, rank, ta),
+                        _Run(db, labels[1], step_b, rank, tb))
         other.run()
     except DumpError as exc:
         return RankChecked(rank, [], [], f"step {step_a} rank {rank} not checked: {exc}")

@@ -14,7 +14,8 @@ import numpy as np
 from ...storage.reader import RecordTable
 from ..align.alignment import rename_module
 
-__all__ = ["entry_codes", "path_codes", "first_and_last", "running_calls", "equal_rows", "strings_of"]
+__all__ = ["entry_codes", "path_codes", "first_and_last", "running_calls", "equal_rows",
+           "strings_of"]
 
 _CHUNK = 256         # rows of a str column copied at once: small temporaries, kept in cache
 
