@@ -222,13 +222,19 @@ def stat_errors(t: PairTable) -> None:
 
 
 def _equal_rows(x: np.ndarray, y: np.ndarray, ix: np.ndarray, iy: np.ndarray) -> np.ndarray:
-    """`np.all(x[ix] == y[iy], axis=1)` of two 2-D columns; of integers, each row compared as
-    its bytes at once (equal integers, equal bytes)."""
-    if x.ndim == 2 and x.shape[1] and x.shape[1:] == y.shape[1:] and x.dtype == y.dtype and \
-            x.dtype.kind in "iu" and x.flags.c_contiguous and y.flags.c_contiguous:
-        row = np.dtype((np.void, x.dtype.itemsize * x.shape[1]))
-        return x.view(row).reshape(-1)[ix] == y.view(row).reshape(-1)[iy]
-    return np.all(x[ix] == y[iy], axis=1)
+    """`np.all(x[ix] == y[iy], axis=1)` of two 2-D columns of as many columns, a column at a
+    time, and none where each table holds one value throughout it (a shape's padding)."""
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1] or not len(ix):
+        return np.all(x[ix] == y[iy], axis=1)
+    equal = np.ones(len(ix), dtype=bool)
+    for j in range(x.shape[1]):
+        cx, cy = x[:, j], y[:, j]
+        if len(cx) and len(cy) and (cx == cx[0]).all() and (cy == cy[0]).all():
+            if not cx[0] == cy[0]:
+                equal[:] = False
+            continue
+        equal &= cx[ix] == cy[iy]
+    return equal
 
 
 def _equal_text(x: np.ndarray, y: np.ndarray, ix: np.ndarray, iy: np.ndarray) -> np.ndarray:
