@@ -207,24 +207,34 @@ def _statuses(dump: Dump, step: int, rank: int) -> List[Dict[str, Any]]:
         return []
 
 
-def params_agree(entries: List[Entry]) -> Optional[bool]:
+def params_agree(entries: List[Entry], apart: Optional[bool] = None) -> Optional[bool]:
     """Whether every parameter of a compared (step, rank) agrees at its start (None: it has
-    none): what report.notes.weights_agree_after reads of a step after the verdict's."""
+    none): what report.notes.weights_agree_after reads of a step after the verdict's.
+    `apart` False: no entry differs (the caller knows), so each parameter agrees."""
+    if apart is False:
+        return True if any(e.kind == _PARAM and e.direction == Direction.NONE
+                           for e in entries) else None
     params = [e for e in entries if e.kind == _PARAM and e.direction == Direction.NONE]
     if not params:
         return None
     return not any(e.diverged or e.trainable_differs for e in params)
 
 
-def kept_entries(found: StepFound) -> List[Entry]:
+def kept_entries(found: StepFound, apart: Optional[bool] = None) -> List[Entry]:
     """The entries the localizer needs of a compared (step, rank): all of them where anything
     differs (an entry, a structure, a run that stopped); none where nothing does (the rank
     still counts as compared: StepEntries.compared; its parameters' agreement is
-    `params_agree`)."""
-    if found.structural or found.unfinished or \
-            any(e.diverged or e.trainable_differs for e in found.entries):
+    `params_agree`). `apart`: whether an entry differs, where the caller knows."""
+    if apart is None:
+        apart = _entries_apart(found.entries)
+    if found.structural or found.unfinished or apart:
         return found.entries
     return []
+
+
+def _entries_apart(entries: List[Entry]) -> bool:
+    """Whether any entry differs (its records, or which parameter is trainable)."""
+    return any(e.diverged or e.trainable_differs for e in entries)
 
 
 _LABELS = ("baseline", "candidate")
@@ -313,9 +323,10 @@ def compare_rank(task: RankTask, dumps: Optional[Tuple[Dump, Dump]] = None,
                     tables = None
                 a.release(s, r, forget=True)
                 b.release(s, r, forget=True)
-            noise.settle(r, out.entries)
-            out.params_agree = params_agree(out.entries)
-            out.entries = kept_entries(out)
+            apart = _entries_apart(out.entries)
+            noise.settle_apart(r, apart)
+            out.params_agree = params_agree(out.entries, apart)
+            out.entries = kept_entries(out, apart)
             steps.append(out)
         return RankFound(r, steps, before, unread, noise, unreadable, checked,
                          dict(sorted(optimizers.items())))

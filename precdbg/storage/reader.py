@@ -234,6 +234,8 @@ class Dump:
         return sorted({r for _, r in self._files})
 
     def files(self, step: Optional[int] = None, rank: Optional[int] = None) -> List[Any]:
+        if step is not None and rank is not None:      # one (step, rank): no walk of them all
+            return list(self._files.get((step, rank), ()))
         out = []
         for (s, r), parts in sorted(self._files.items()):
             if (step is None or s == step) and (rank is None or r == rank):

@@ -105,7 +105,11 @@ class NoisePolicy:
     def settle(self, rank: int, entries: Sequence[Any]) -> None:
         """After a step of `rank` (its compare.entries.Entry list): a step that differs is no
         base for the next one (it is only relaxed after a step that agreed)."""
-        if any(e.diverged or e.trainable_differs for e in entries):
+        self.settle_apart(rank, any(e.diverged or e.trainable_differs for e in entries))
+
+    def settle_apart(self, rank: int, apart: bool) -> None:
+        """`settle`, told whether any entry of the step differs (`apart`)."""
+        if apart:
             self._last.pop(rank, None)
 
     def merge(self, other: "NoisePolicy") -> None:
