@@ -146,6 +146,8 @@ class SetupCheck:
                 if k == len(ranks) - 1:
                     raise
                 self.unread.append(f"step {sa} rank {first} not checked: {exc}")
+        for run in (self.run_a, self.run_b):   # its records: the compare's (the files keep
+            vars(run).pop("table", None)        # a copy for it), not held through every rank
         self.step_a, self.step_b = sa, sb
         self.rank_a, self.rank_b = first, (first if k else rb)
         self.others: List[int] = ranks[k + 1:]
