@@ -178,13 +178,10 @@ def compare_step(a: Dump, b: Dump, step: int, rank: int, same: bool, mapping: An
     noise.remember(step, rank, table)
     unmatched: List[Dict[str, Any]] = []
     for side, records, idx in (("a", ta, al.only_a), ("b", tb, al.only_b)):
-        for i in idx.tolist():
-            r = records.row(i)
-            unmatched.append({"side": side, "step": step, "rank": rank, "name": r["entry"],
-                              "kind": r["kind"], "module": r["module"], "op": r["op"],
-                              "role": r["role"], "arg_index": r["arg_index"]})
-            if r["kind"] == _PARAM and r["role"] == Role.PARAM:
-                sc.one_run_param(side, r, step, rank)
+        unmatched += _unmatched(side, step, rank, records, idx)
+        params = idx[(records["kind"][idx] == _PARAM) & (records["role"][idx] == Role.PARAM)]
+        for r in records.rows_of(params):
+            sc.one_run_param(side, r, step, rank)
     sc.resolve_reads()
     one_run: List[Dict[str, Any]] = []
     if unmatched:
@@ -205,6 +202,20 @@ def _statuses(dump: Dump, step: int, rank: int) -> List[Dict[str, Any]]:
         return [sf.status() for sf in dump.files(step, rank) if isinstance(sf, StepFile)]
     except DumpError:
         return []
+
+
+def _unmatched(side: str, step: int, rank: int, records: RecordTable, idx: np.ndarray
+               ) -> List[Dict[str, Any]]:
+    """The records `idx` of one side without counterpart, as the compare lists them (each
+    column read once for all of them, in the order of `idx`)."""
+    if not len(idx):
+        return []
+    names, kinds, modules, ops, roles, args = (records[c][idx].tolist() for c in (
+        "entry", "kind", "module", "op", "role", "arg_index"))
+    return [{"side": side, "step": step, "rank": rank, "name": name, "kind": kind,
+             "module": module, "op": op, "role": role, "arg_index": arg}
+            for name, kind, module, op, role, arg in zip(names, kinds, modules, ops, roles,
+                                                         args)]
 
 
 def params_agree(entries: List[Entry], apart: Optional[bool] = None) -> Optional[bool]:

@@ -369,11 +369,18 @@ class StepCompare:
     def resolve_reads(self) -> None:
         """Each differing read learns its producer: an entry of both runs, a record of one run
         only, or nothing captured; and what else wrote into the same memory before it."""
-        writers = self._writers() if self.reads else {}
+        if not self.reads:
+            return
+        writers = self._writers()
         one_run = (WriterIndex(self.ta, self.unpaired[0], "baseline"),
-                   WriterIndex(self.tb, self.unpaired[1], "candidate")) if self.reads else ()
+                   WriterIndex(self.tb, self.unpaired[1], "candidate"))
+        # the columns read per read, as Python values once; producers without counterpart
+        # named once per pair of producing records (many reads share one)
+        seq_a, storage_a = self.ta["seq"].tolist(), self.ta["storage"].tolist()
+        producer_a, producer_b = self.ta["producer"].tolist(), self.tb["producer"].tolist()
+        named: Dict[Tuple[Optional[int], Optional[int]], Producer] = {}
         for ev, i, j in self.reads:
-            seq, store = int(self.ta["seq"][i]), int(self.ta["storage"][i])
+            seq, store = seq_a[i], storage_a[i]
             seen = set()
             for s, k in writers.get(store, ()):
                 e = self.entry_of_a[k]
@@ -387,13 +394,16 @@ class StepCompare:
                 ev.producer = Producer(Source.ENTRY, entry)
             elif (ka is not None and ka in self.unpaired[0]) or \
                     (kb is not None and kb in self.unpaired[1]):
-                ev.producer = self._one_run(ka if ka in self.unpaired[0] else None,
-                                            kb if kb in self.unpaired[1] else None)
+                key = (ka if ka in self.unpaired[0] else None,
+                       kb if kb in self.unpaired[1] else None)
+                found = named.get(key)
+                if found is None:
+                    found = named[key] = self._one_run(*key)
+                ev.producer = found
             else:
                 ev.producer = Producer(Source.NONE)
-            if one_run:
-                ev.writer = writer_of(one_run[1], self.tb, j, int(self.tb["producer"][j])) \
-                    or writer_of(one_run[0], self.ta, i, int(self.ta["producer"][i]))
+            ev.writer = writer_of(one_run[1], self.tb, j, producer_b[j]) \
+                or writer_of(one_run[0], self.ta, i, producer_a[i])
 
     def _one_run(self, ka: Optional[int], kb: Optional[int]) -> Producer:
         """Producers without counterpart: named by the innermost module holding both, through
