@@ -215,6 +215,8 @@ def same_setting(va: Any, vb: Any) -> bool:
     if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
         if math.isnan(va) or math.isnan(vb):
             return math.isnan(va) and math.isnan(vb)
+        if math.isinf(va) or math.isinf(vb):    # an infinite bound (`min=-inf`): equal or not
+            return va == vb
         return abs(va - vb) <= _RTOL * max(abs(va), abs(vb))
     if isinstance(va, list) and isinstance(vb, list):
         return len(va) == len(vb) and all(same_setting(x, y) for x, y in zip(va, vb))

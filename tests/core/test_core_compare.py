@@ -380,3 +380,19 @@ def test_unusable_inputs_exit_2_with_one_line(tmp_path, reference):
     _one_line_error(_cli("inspect", str(tmp_path / "missing"), cwd=cwd))
     _one_line_error(_cli("scan", damaged, cwd=cwd))
     _one_line_error(_cli("check", reference, str(empty), cwd=cwd))
+
+
+@pytest.mark.parametrize("a,b,same", [
+    (float("-inf"), float("-inf"), True), (float("inf"), float("inf"), True),
+    (float("inf"), float("-inf"), False), (float("inf"), 1e308, False),
+    (float("nan"), float("nan"), True), (1e-5, 1e-5 * (1 + 1e-9), True), (1e-5, 1e-6, False),
+    ([0.0, float("-inf")], [0.0, float("-inf")], True), (True, False, False),
+    ("none", "tanh", False),
+])
+def test_equal_settings_agree_infinite_ones_too(a, b, same):
+    """A setting both runs give as the same infinity (a bound `min=-inf`) is the same setting;
+    infinities of the other sign, or a finite value, are not (`inf - inf` is NaN, and
+    `inf - -inf` is within any relative tolerance of inf)."""
+    from precdbg.records.layers import same_setting
+    assert same_setting(a, b) is same
+    assert same_setting(b, a) is same

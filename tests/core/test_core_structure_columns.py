@@ -353,6 +353,11 @@ def _variant(table: RecordTable, seed: int) -> RecordTable:
         columns = {k: c[keep] for k, c in columns.items()}
     if rng.random() < 0.2:                      # the same values, wider str columns
         columns["entry"] = columns["entry"].astype("U90")
+    floats = np.nonzero(columns["dtype"] == "py.float")[0]
+    if len(floats) and rng.random() < 0.5:      # a float keyword argument given otherwise
+        text = columns["text"].astype(object)
+        text[int(rng.choice(floats))] = "0.75"
+        columns["text"] = text.astype(str)
     return RecordTable(columns)
 
 
