@@ -131,8 +131,12 @@ class _Ray(_Engine):
                 yield self.ray.get(ref)
 
     def cancel(self, handles: List[Any]) -> None:
-        for ref in handles:
-            self.ray.cancel(ref, force=True)
+        # the tasks not done yet, each interrupted where it runs (a KeyboardInterrupt in its
+        # worker): killing the workers (force=True) races with their replies, which Ray 2.60's
+        # driver answers by aborting this process
+        _, running = self.ray.wait(list(handles), num_returns=len(handles), timeout=0)
+        for ref in running:
+            self.ray.cancel(ref, force=False)
 
     def close(self) -> None:
         if self.started:
